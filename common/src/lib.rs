@@ -1,5 +1,8 @@
 //! Shared by the controller and the webhook: the `PlatformInstance` types and schema, and the
-//! helpers both binaries use (telemetry, the health and metrics server).
+//! helpers both binaries use (logging, metrics, the health and metrics server).
 
 pub mod crd;
+pub mod http;
+pub mod metrics;
 pub mod schema;
+pub mod telemetry;

@@ -1,0 +1,489 @@
+//! A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC, service-account
+//! signing keys, an admin client certificate), kube-controller-manager, kube-scheduler and KWOK
+//! with one fake node. Every process is started, watched and stopped by pid; its output goes to
+//! a log file that is kept when a test fails.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::HarnessError;
+use crate::pki::{Pki, PkiFiles};
+use crate::tools::Tools;
+
+/// Which parts of a control plane to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// A short name used in folder and log names.
+    pub name: String,
+    /// Run kube-controller-manager, kube-scheduler and KWOK with one fake node. Without them
+    /// the control plane is a bare API server, such as the "inside" of a vCluster.
+    pub workloads: bool,
+    /// Extra kube-apiserver flags, such as `--runtime-config=...` to turn an API off.
+    pub apiserver_args: Vec<String>,
+    /// How long to wait for each part to become healthy.
+    pub timeout: Duration,
+}
+
+impl Options {
+    /// A full control plane (with workloads) named `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            workloads: true,
+            apiserver_args: Vec::new(),
+            timeout: Duration::from_secs(180),
+        }
+    }
+
+    /// Only etcd and the API server.
+    pub fn api_only(mut self) -> Self {
+        self.workloads = false;
+        self
+    }
+
+    /// Adds kube-apiserver flags.
+    pub fn apiserver_args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, args: I) -> Self {
+        self.apiserver_args.extend(args.into_iter().map(Into::into));
+        self
+    }
+}
+
+/// The name of the fake node KWOK manages.
+pub const NODE_NAME: &str = "kwok-node-0";
+
+struct Process {
+    name: &'static str,
+    child: Child,
+}
+
+/// A running control plane. Dropping it stops every process; its folder (data, certificates,
+/// logs) is removed unless the current thread is panicking, so a failed test keeps its logs.
+pub struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    server: String,
+    tools: Tools,
+    processes: Vec<Process>,
+    keep: bool,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("dir", &self.dir)
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+fn free_port() -> Result<u16, HarnessError> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| HarnessError::io(Path::new("127.0.0.1:0"), e))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| HarnessError::io(Path::new("127.0.0.1:0"), e))?
+        .port();
+    Ok(port)
+}
+
+/// The folder that holds every control plane's files: `$PLATFORM_OPERATOR_E2E_DIR`, or
+/// `platform-operator-e2e` under the system temporary folder.
+pub fn base_dir() -> PathBuf {
+    std::env::var_os("PLATFORM_OPERATOR_E2E_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("platform-operator-e2e"))
+}
+
+impl ControlPlane {
+    /// Starts a control plane and waits until it serves (and, with workloads, until its node is Ready).
+    pub async fn start(options: Options) -> Result<Self, HarnessError> {
+        let tools = Tools::locate()?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let dir = base_dir().join(format!("{}-{}-{stamp}", options.name, std::process::id()));
+        for sub in ["logs", "pki", "etcd", "apiserver-certs"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(|e| HarnessError::io(&dir, e))?;
+        }
+        let pki = Pki::issue()?;
+        let files = pki.write(&dir.join("pki"))?;
+        let mut cp = ControlPlane {
+            kubeconfig: dir.join("kubeconfig"),
+            dir,
+            server: String::new(),
+            tools,
+            processes: Vec::new(),
+            keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
+        };
+        if let Err(e) = cp.boot(&options, &pki, &files).await {
+            cp.keep = true;
+            return Err(HarnessError::Start {
+                message: e.to_string(),
+                logs: cp.dir.join("logs"),
+            });
+        }
+        Ok(cp)
+    }
+
+    async fn boot(
+        &mut self,
+        options: &Options,
+        pki: &Pki,
+        files: &PkiFiles,
+    ) -> Result<(), HarnessError> {
+        let deadline = options.timeout;
+        // etcd
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd_data = self.dir.join("etcd");
+        self.spawn(
+            "etcd",
+            &self.tools.etcd(),
+            &[
+                "--name=default".into(),
+                format!("--data-dir={}", etcd_data.display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=default={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        self.wait("etcd", deadline, || etcd_healthy(client_port))
+            .await?;
+
+        // kube-apiserver
+        let port = free_port()?;
+        self.server = format!("https://127.0.0.1:{port}");
+        let mut args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", files.serving_cert.display()),
+            format!("--tls-private-key-file={}", files.serving_key.display()),
+            format!("--client-ca-file={}", files.ca_cert.display()),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!(
+                "--service-account-key-file={}",
+                files.service_account_pub.display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                files.service_account_key.display()
+            ),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        args.extend(options.apiserver_args.iter().cloned());
+        self.spawn("kube-apiserver", &self.tools.bin("kube-apiserver"), &args)?;
+        self.write_kubeconfig(pki)?;
+        let client = self.client().await?;
+        self.wait("kube-apiserver", deadline, || {
+            let client = client.clone();
+            async move {
+                let req = http_get("/readyz")?;
+                client
+                    .request_text(req)
+                    .await
+                    .ok()
+                    .filter(|body| body.trim() == "ok")
+                    .map(|_| ())
+            }
+        })
+        .await?;
+
+        if options.workloads {
+            self.start_workloads(files, &client, deadline).await?;
+        }
+        Ok(())
+    }
+
+    async fn start_workloads(
+        &mut self,
+        files: &PkiFiles,
+        client: &kube::Client,
+        deadline: Duration,
+    ) -> Result<(), HarnessError> {
+        let kc = self.kubeconfig.display().to_string();
+        self.spawn(
+            "kube-controller-manager",
+            &self.tools.bin("kube-controller-manager"),
+            &[
+                format!("--kubeconfig={kc}"),
+                format!("--authentication-kubeconfig={kc}"),
+                format!("--authorization-kubeconfig={kc}"),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    files.service_account_key.display()
+                ),
+                format!("--root-ca-file={}", files.ca_cert.display()),
+                format!("--cluster-signing-cert-file={}", files.ca_cert.display()),
+                format!("--cluster-signing-key-file={}", files.ca_key.display()),
+                "--controllers=*".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        self.spawn(
+            "kube-scheduler",
+            &self.tools.bin("kube-scheduler"),
+            &[
+                format!("--kubeconfig={kc}"),
+                format!("--authentication-kubeconfig={kc}"),
+                format!("--authorization-kubeconfig={kc}"),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        let mut kwok_args = vec![
+            format!("--kubeconfig={kc}"),
+            "--manage-all-nodes=false".into(),
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+            format!("--server-address=127.0.0.1:{}", free_port()?),
+        ];
+        for stage in self.tools.kwok_stages()? {
+            kwok_args.push(format!("--config={}", stage.display()));
+        }
+        self.spawn("kwok", &self.tools.bin("kwok"), &kwok_args)?;
+
+        let nodes: Api<Node> = Api::all(client.clone());
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE_NAME,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": NODE_NAME,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "kubernetes.io/role": "agent",
+                    "type": "kwok"
+                }
+            },
+            "status": {
+                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "1000", "ephemeral-storage": "1Ti"},
+                "capacity": {"cpu": "32", "memory": "256Gi", "pods": "1000", "ephemeral-storage": "1Ti"}
+            }
+        }))
+        .map_err(|e| HarnessError::Pki(format!("node manifest: {e}")))?;
+        self.wait("the node object", deadline, || {
+            let nodes = nodes.clone();
+            let node = node.clone();
+            async move {
+                match nodes.create(&PostParams::default(), &node).await {
+                    Ok(_) => Some(()),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Some(()),
+                    Err(_) => None,
+                }
+            }
+        })
+        .await?;
+        self.wait("the KWOK node to be Ready", deadline, || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get(NODE_NAME).await.ok()?;
+                let ready = node
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then_some(())
+            }
+        })
+        .await?;
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), "default");
+        self.wait("the default service account", deadline, || {
+            let accounts = accounts.clone();
+            async move { accounts.get("default").await.ok().map(|_| ()) }
+        })
+        .await
+    }
+
+    fn spawn(
+        &mut self,
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+    ) -> Result<(), HarnessError> {
+        let log_path = self.dir.join("logs").join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).map_err(|e| HarnessError::io(&log_path, e))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| HarnessError::io(&log_path, e))?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .current_dir(&self.dir);
+        crate::process::die_with_parent(&mut command);
+        let child = command.spawn().map_err(|e| HarnessError::io(program, e))?;
+        self.processes.push(Process { name, child });
+        Ok(())
+    }
+
+    /// Polls `check` every 250 ms until it yields, a process dies, or `timeout` passes.
+    async fn wait<F, Fut>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> Result<(), HarnessError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<()>>,
+    {
+        let start = Instant::now();
+        loop {
+            if check().await.is_some() {
+                return Ok(());
+            }
+            for p in &mut self.processes {
+                if let Ok(Some(status)) = p.child.try_wait() {
+                    return Err(HarnessError::Exited {
+                        name: p.name,
+                        status: status.to_string(),
+                    });
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(HarnessError::Timeout {
+                    what: what.to_string(),
+                    after: timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn write_kubeconfig(&self, pki: &Pki) -> Result<(), HarnessError> {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": b64(&pki.ca_cert)}}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate-data": b64(&pki.admin_cert),
+                "client-key-data": b64(&pki.admin_key)
+            }}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin", "namespace": "default"}}],
+            "current-context": "e2e"
+        });
+        let yaml = serde_saphyr::to_string(&config)
+            .map_err(|e| HarnessError::Pki(format!("kubeconfig: {e}")))?;
+        std::fs::write(&self.kubeconfig, yaml).map_err(|e| HarnessError::io(&self.kubeconfig, e))
+    }
+
+    /// The admin kubeconfig file.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The API server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The folder of this control plane (data, certificates, `logs/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The binaries this control plane runs (kubectl and helm among them).
+    pub fn tools(&self) -> &Tools {
+        &self.tools
+    }
+
+    /// A new admin client.
+    pub async fn client(&self) -> Result<kube::Client, HarnessError> {
+        client_for(&self.kubeconfig).await
+    }
+
+    /// A `kubectl` command with this control plane's admin kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let mut c = Command::new(self.tools.bin("kubectl"));
+        c.env("KUBECONFIG", &self.kubeconfig);
+        c
+    }
+
+    /// Keeps the folder (and its logs) after the control plane stops.
+    pub fn keep_files(&mut self) {
+        self.keep = true;
+    }
+
+    /// Stops every process, newest first: SIGTERM, then SIGKILL after five seconds.
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.processes.pop() {
+            crate::process::terminate(&mut p.child, Duration::from_secs(5));
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+        if self.keep || std::thread::panicking() {
+            eprintln!(
+                "control plane files kept in {} (logs in logs/)",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A client for the kubeconfig at `path`.
+pub async fn client_for(path: &Path) -> Result<kube::Client, HarnessError> {
+    let kubeconfig =
+        Kubeconfig::read_from(path).map_err(|e| HarnessError::Client(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| HarnessError::Client(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| HarnessError::Client(e.to_string()))
+}
+
+fn http_get(path: &str) -> Option<http::Request<Vec<u8>>> {
+    http::Request::get(path).body(Vec::new()).ok()
+}
+
+async fn etcd_healthy(port: u16) -> Option<()> {
+    tokio::task::spawn_blocking(move || {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        stream
+            .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).ok()?;
+        body.contains("\"health\":\"true\"").then_some(())
+    })
+    .await
+    .ok()
+    .flatten()
+}

@@ -1,0 +1,90 @@
+//! One control plane shared by every test of a test binary, started on first use.
+//!
+//! It is started and owned by a keeper thread that lives until the test process exits, so its
+//! processes (spawned with a parent-death signal) end with the process, whatever the tests did.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::{ControlPlane, HarnessError, Options};
+
+/// What tests need from the shared control plane.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// Its admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// Its folder (logs in `logs/`).
+    pub dir: PathBuf,
+    /// The kubectl binary.
+    pub kubectl: PathBuf,
+    /// The helm binary.
+    pub helm: PathBuf,
+}
+
+impl Shared {
+    /// A new admin client (create one per test: clients belong to the test's runtime).
+    pub async fn client(&self) -> Result<kube::Client, HarnessError> {
+        crate::control_plane::client_for(&self.kubeconfig).await
+    }
+
+    /// A `kubectl` command with the admin kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let mut c = Command::new(&self.kubectl);
+        c.env("KUBECONFIG", &self.kubeconfig);
+        c
+    }
+}
+
+static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+
+/// The shared control plane, started on first call. Blocks while it starts.
+pub fn shared() -> Result<Shared, String> {
+    SHARED
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("control-plane-keeper".into())
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(r) => r,
+                        Err(e) => {
+                            let _ = tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    let started = runtime.block_on(ControlPlane::start(Options::new("shared")));
+                    match started {
+                        Ok(mut cp) => {
+                            cp.keep_files();
+                            eprintln!(
+                                "shared control plane at {} (files in {})",
+                                cp.server(),
+                                cp.dir().display()
+                            );
+                            let _ = tx.send(Ok(Shared {
+                                kubeconfig: cp.kubeconfig().to_path_buf(),
+                                dir: cp.dir().to_path_buf(),
+                                kubectl: cp.tools().bin("kubectl"),
+                                helm: cp.tools().bin("helm"),
+                            }));
+                            // Keep the control plane (and this thread) alive until the process exits.
+                            loop {
+                                std::thread::park();
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e.to_string()));
+                        }
+                    }
+                });
+            match spawned {
+                Ok(_) => rx.recv().unwrap_or_else(|e| Err(e.to_string())),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .clone()
+}

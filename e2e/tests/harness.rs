@@ -1,0 +1,140 @@
+//! End-to-end checks of the harness itself: workloads progress on the KWOK node, and a second
+//! API server is independent of the first.
+
+use std::time::{Duration, Instant};
+
+use e2e::cmd::run;
+use e2e::{ControlPlane, Options};
+
+fn kubectl_ok(cmd: std::process::Command, what: &str) -> String {
+    run(cmd, None)
+        .expect("kubectl runs")
+        .ok(what)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn deployments_and_jobs_progress_on_the_kwok_node() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let ns = format!("workloads-{}", std::process::id());
+    let mut create = cluster.kubectl();
+    create.args(["create", "namespace", &ns]);
+    kubectl_ok(create, "create namespace");
+    let manifest = format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: web, namespace: {ns} }}
+spec:
+  replicas: 2
+  selector: {{ matchLabels: {{ app: web }} }}
+  template:
+    metadata: {{ labels: {{ app: web }} }}
+    spec:
+      containers: [{{ name: web, image: registry.example/web@sha256:{d} }}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {{ name: once, namespace: {ns} }}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{{ name: once, image: registry.example/once@sha256:{d} }}]
+"#,
+        d = "0".repeat(64)
+    );
+    // The default service account appears shortly after the namespace; retry until pods admit.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut apply = cluster.kubectl();
+        apply.args(["apply", "--server-side", "-f", "-"]);
+        let out = run(apply, Some(&manifest)).expect("kubectl runs");
+        if out.success {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", out.stderr);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut wait = cluster.kubectl();
+    wait.args([
+        "-n",
+        &ns,
+        "rollout",
+        "status",
+        "deployment/web",
+        "--timeout=120s",
+    ]);
+    kubectl_ok(wait, "deployment rollout");
+    let mut wait = cluster.kubectl();
+    wait.args([
+        "-n",
+        &ns,
+        "wait",
+        "--for=condition=Complete",
+        "job/once",
+        "--timeout=120s",
+    ]);
+    kubectl_ok(wait, "job completion");
+    let mut pods = cluster.kubectl();
+    pods.args([
+        "-n",
+        &ns,
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={.items[*].spec.nodeName}",
+    ]);
+    let nodes = kubectl_ok(pods, "list pods");
+    assert!(
+        !nodes.is_empty()
+            && nodes
+                .split_whitespace()
+                .all(|n| n == e2e::control_plane::NODE_NAME),
+        "{nodes}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_api_server_is_independent() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let inner = ControlPlane::start(Options::new("inner").api_only())
+        .await
+        .expect("second API server starts");
+    let ns = format!("only-outside-{}", std::process::id());
+    let mut create = cluster.kubectl();
+    create.args(["create", "namespace", &ns]);
+    kubectl_ok(create, "create namespace outside");
+
+    let mut get = inner.kubectl();
+    get.args(["get", "namespace", &ns]);
+    let out = run(get, None).expect("kubectl runs");
+    assert!(
+        !out.success && out.stderr.contains("NotFound"),
+        "inner API server must not see {ns}: {out:?}"
+    );
+    let mut version = inner.kubectl();
+    version.args(["version", "-o", "json"]);
+    let v: serde_json::Value =
+        serde_json::from_str(&kubectl_ok(version, "kubectl version")).expect("json");
+    assert!(
+        v["serverVersion"]["gitVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("v1.35."),
+        "{v}"
+    );
+    assert!(
+        v["clientVersion"]["gitVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("v1.35."),
+        "{v}"
+    );
+    assert_ne!(inner.server(), "");
+    let dir = inner.dir().to_path_buf();
+    drop(inner);
+    assert!(
+        !dir.exists(),
+        "a passing test's control plane removes its folder"
+    );
+}
