@@ -6,3 +6,4 @@ pub mod http;
 pub mod metrics;
 pub mod schema;
 pub mod telemetry;
+pub mod version;
