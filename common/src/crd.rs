@@ -24,7 +24,7 @@ pub const DIGEST_IMAGE_PATTERN: &str = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 
 /// A request for one isolated copy of the di-framework platform, at one exact version, on one target.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "platform.di-framework.dev",
     version = "v1alpha1",

@@ -2,8 +2,10 @@
 //! helpers both binaries use (logging, metrics, the health and metrics server).
 
 pub mod crd;
+pub mod duration;
 pub mod http;
 pub mod metrics;
+pub mod names;
 pub mod schema;
 pub mod telemetry;
 pub mod version;

@@ -1,0 +1,86 @@
+//! Names, labels and annotations the operator gives to what it creates.
+
+/// The finalizer every instance carries until the operator has cleaned up after it.
+pub const FINALIZER: &str = "platform.di-framework.dev/instance";
+/// Annotation on a host namespace naming its instance as `<namespace>/<name>`.
+pub const INSTANCE_ANNOTATION: &str = "platform.di-framework.dev/instance";
+/// Label on every host namespace.
+pub const HOST_NAMESPACE_LABEL: &str = "platform.di-framework.dev/host-namespace";
+/// Annotation on an instance that allows `spec.version` to go below `status.installedVersion`.
+pub const ALLOW_DOWNGRADE_ANNOTATION: &str = "platform.di-framework.dev/allow-downgrade";
+/// The field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "platform-operator";
+
+const MAX_NAMESPACE: usize = 63;
+const HASH_LEN: usize = 8;
+
+/// The host namespace of instance `name` in `namespace`: `pi-<namespace>-<name>-<hash>`, at most
+/// 63 characters whatever the lengths of both, stable for the same instance, and distinct for
+/// distinct instances (the hash covers the full `<namespace>/<name>`, which truncation may cut).
+pub fn host_namespace(namespace: &str, name: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, format!("{namespace}/{name}").as_bytes());
+    let hash: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect::<String>()[..HASH_LEN].to_string();
+    // "pi-" + ns + "-" + name + "-" + hash
+    let budget = MAX_NAMESPACE - "pi-".len() - 2 - HASH_LEN;
+    let (ns_len, name_len) = split_budget(namespace.len(), name.len(), budget);
+    let ns_part = namespace[..ns_len].trim_end_matches('-');
+    let name_part = name[..name_len].trim_end_matches(['-', '.']).replace('.', "-");
+    format!("pi-{ns_part}-{name_part}-{hash}")
+}
+
+/// Shares `budget` characters between two parts, giving each at least half when both need it.
+fn split_budget(a: usize, b: usize, budget: usize) -> (usize, usize) {
+    if a + b <= budget {
+        return (a, b);
+    }
+    let half = budget / 2;
+    if a <= half {
+        (a, budget - a)
+    } else if b <= budget - half {
+        (budget - b, b)
+    } else {
+        (half, budget - half)
+    }
+}
+
+/// The Secret holding an instance's admin kubeconfig.
+pub fn kubeconfig_secret(name: &str) -> String {
+    format!("{name}-kubeconfig")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_dns_label(s: &str) -> bool {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    }
+
+    #[test]
+    fn host_namespace_is_stable_bounded_and_distinct() {
+        let short = host_namespace("team-a", "one");
+        assert!(short.starts_with("pi-team-a-one-"), "{short}");
+        assert_eq!(short, host_namespace("team-a", "one"));
+        let long_ns = "n".repeat(63);
+        let long_name = format!("{}.x", "m".repeat(250));
+        let mut seen = std::collections::HashSet::new();
+        for (ns, name) in [
+            ("team-a", "one"),
+            ("team-a", "two"),
+            ("team", "a-one"),
+            (long_ns.as_str(), long_name.as_str()),
+            (long_ns.as_str(), "m"),
+            ("a", long_name.as_str()),
+            (long_ns.as_str(), &long_name[..200]),
+            ("ns-with-trailing-", "name-"),
+        ] {
+            let host = host_namespace(ns, name);
+            assert!(is_dns_label(&host), "{ns}/{name} -> {host:?} ({} chars)", host.len());
+            assert!(seen.insert(host.clone()), "{ns}/{name} collides: {host}");
+        }
+    }
+}

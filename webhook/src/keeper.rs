@@ -1,0 +1,140 @@
+//! The certificate keeper: every tick (and whenever a webhook configuration changes) it reads the
+//! certificate Secret, serves its current generation, keeps the CA bundle in both webhook
+//! configurations, and takes the rotation step that is due.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use tokio::sync::Notify;
+
+use crate::cabundle::{self, Configurations};
+use crate::certs::{self, CertState, Resolver, Step, Subject};
+use crate::metrics::Metrics;
+
+/// What the keeper needs.
+#[derive(Clone)]
+pub struct Keeper {
+    /// Cluster access.
+    pub client: kube::Client,
+    /// The webhook's namespace (where the Secret lives).
+    pub namespace: String,
+    /// The certificate Secret's name.
+    pub secret: String,
+    /// What the serving certificate names.
+    pub subject: Subject,
+    /// The lifetime of each new generation.
+    pub lifetime: Duration,
+    /// The webhook configurations to keep the bundle in.
+    pub configs: Configurations,
+    /// The resolver the TLS listener serves from.
+    pub resolver: Arc<Resolver>,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+/// Seconds since the Unix epoch.
+pub fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// The interval between checks: a twentieth of the lifetime, between 1 and 30 seconds.
+pub fn tick(lifetime: Duration) -> Duration {
+    (lifetime / 20).clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+impl Keeper {
+    /// Reads (or creates) the Secret and returns the state to serve first.
+    pub async fn bootstrap(client: &kube::Client, namespace: &str, secret: &str, subject: &Subject, lifetime: Duration) -> Result<CertState, certs::CertError> {
+        let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let (state, _) = certs::load_or_create(&api, secret, namespace, subject, now(), lifetime.as_secs() as i64).await?;
+        Ok(state)
+    }
+
+    /// One pass: serve, publish, rotate. Returns the state it left in place.
+    pub async fn pass(&self) -> Result<CertState, String> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lifetime = self.lifetime.as_secs() as i64;
+        let now = now();
+        let (mut state, version) = certs::load_or_create(&api, &self.secret, &self.namespace, &self.subject, now, lifetime)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.serve(&state)?;
+        let bundle = state.bundle(now);
+        let written = cabundle::ensure(&self.client, &self.configs, &bundle).await.map_err(|e| e.to_string())?;
+        self.metrics.ca_bundle_writes.inc_by(written as u64);
+        let published = cabundle::published(&self.client, &self.configs, &bundle).await.map_err(|e| e.to_string())?;
+        let step = certs::plan(&state, now, published);
+        if step == Step::Keep {
+            return Ok(state);
+        }
+        if let Some(next) = certs::apply_step(&state, &step, &self.subject, now, lifetime).map_err(|e| e.to_string())? {
+            if certs::write(&api, &self.secret, &self.namespace, &next, now, &version).await.map_err(|e| e.to_string())? {
+                tracing::info!(?step, "certificate rotation step written");
+                self.metrics.rotations.with_label_values(&[step_label(&step)]).inc();
+                state = next;
+                let bundle = state.bundle(now);
+                let written = cabundle::ensure(&self.client, &self.configs, &bundle).await.map_err(|e| e.to_string())?;
+                self.metrics.ca_bundle_writes.inc_by(written as u64);
+                self.serve(&state)?;
+            }
+        }
+        Ok(state)
+    }
+
+    fn serve(&self, state: &CertState) -> Result<(), String> {
+        if self.resolver.swap(&state.current).map_err(|e| e.to_string())? {
+            tracing::info!(not_after = state.current.not_after, "serving a new certificate");
+        }
+        self.metrics.certificate_expiry.set(state.current.not_after);
+        Ok(())
+    }
+
+    /// Runs passes every tick and whenever a webhook configuration changes, forever.
+    pub async fn run(self) {
+        let changed = Arc::new(Notify::new());
+        tokio::spawn(watch_configs(self.client.clone(), self.configs.clone(), changed.clone()));
+        let tick = tick(self.lifetime);
+        loop {
+            if let Err(e) = self.pass().await {
+                tracing::warn!(error = %e, "certificate upkeep failed; retrying");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(tick) => {},
+                () = changed.notified() => {},
+            }
+        }
+    }
+}
+
+fn step_label(step: &Step) -> &'static str {
+    match step {
+        Step::Keep => "keep",
+        Step::Prepare => "prepare",
+        Step::Promote => "promote",
+        Step::Replace => "replace",
+    }
+}
+
+/// Notifies on every change of either webhook configuration, so a reset caBundle is put back
+/// at once rather than at the next tick.
+async fn watch_configs(client: kube::Client, configs: Configurations, changed: Arc<Notify>) {
+    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mutating = watcher::watcher(Api::<MutatingWebhookConfiguration>::all(client.clone()), by_name(&configs.mutating))
+        .default_backoff()
+        .map(|_| ())
+        .boxed();
+    let validating = watcher::watcher(Api::<ValidatingWebhookConfiguration>::all(client), by_name(&configs.validating))
+        .default_backoff()
+        .map(|_| ())
+        .boxed();
+    let mut events = futures::stream::select(mutating, validating);
+    while events.next().await.is_some() {
+        changed.notify_one();
+    }
+}

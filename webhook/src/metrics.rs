@@ -1,0 +1,71 @@
+//! The webhook's Prometheus metrics, all in the binary's one registry.
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// Every metric the webhook exports.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Reviews by webhook (`mutate`, `validate`), operation, result (`allowed`, `denied`,
+    /// `warned`, `error`) and rule.
+    pub reviews: IntCounterVec,
+    /// Review latency in seconds, by webhook.
+    pub duration: prometheus::HistogramVec,
+    /// TLS handshakes that failed.
+    pub tls_handshake_failures: IntCounter,
+    /// When the serving certificate expires (Unix seconds).
+    pub certificate_expiry: IntGauge,
+    /// Certificate rotation steps taken, by step.
+    pub rotations: IntCounterVec,
+    /// Objects in the NodePort cache, by kind.
+    pub cache_objects: IntGaugeVec,
+    /// caBundle writes to the webhook configurations.
+    pub ca_bundle_writes: IntCounter,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let reviews = IntCounterVec::new(
+            Opts::new("platform_operator_webhook_reviews_total", "Admission reviews by webhook, operation, result and rule."),
+            &["webhook", "operation", "result", "rule"],
+        )?;
+        let duration = prometheus::HistogramVec::new(
+            HistogramOpts::new("platform_operator_webhook_review_duration_seconds", "Time to answer one admission review.")
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+            &["webhook"],
+        )?;
+        let tls_handshake_failures = IntCounter::new(
+            "platform_operator_webhook_tls_handshake_failures_total",
+            "TLS handshakes on the admission port that failed.",
+        )?;
+        let certificate_expiry = IntGauge::new(
+            "platform_operator_webhook_certificate_expiry_timestamp_seconds",
+            "When the serving certificate expires, in Unix seconds.",
+        )?;
+        let rotations = IntCounterVec::new(
+            Opts::new("platform_operator_webhook_certificate_rotations_total", "Certificate rotation steps this replica wrote, by step."),
+            &["step"],
+        )?;
+        let cache_objects = IntGaugeVec::new(
+            Opts::new("platform_operator_webhook_cache_objects", "NodePort holders in the webhook's cache, by kind."),
+            &["kind"],
+        )?;
+        let ca_bundle_writes = IntCounter::new(
+            "platform_operator_webhook_ca_bundle_writes_total",
+            "Writes of the caBundle into the webhook configurations.",
+        )?;
+        registry.register(Box::new(reviews.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(tls_handshake_failures.clone()))?;
+        registry.register(Box::new(certificate_expiry.clone()))?;
+        registry.register(Box::new(rotations.clone()))?;
+        registry.register(Box::new(cache_objects.clone()))?;
+        registry.register(Box::new(ca_bundle_writes.clone()))?;
+        Ok(Self { reviews, duration, tls_handshake_failures, certificate_expiry, rotations, cache_objects, ca_bundle_writes })
+    }
+
+    /// The latency histogram of `webhook`.
+    pub fn timer(&self, webhook: &str) -> Histogram {
+        self.duration.with_label_values(&[webhook])
+    }
+}

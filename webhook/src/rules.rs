@@ -1,0 +1,459 @@
+//! The admission rules the CRD schema cannot express: defaults that depend on operator
+//! configuration, supported version range, downgrades, version changes during deletion, who may
+//! make the operator read a Secret, NodePort collisions, and warnings for risky but legal choices.
+//!
+//! Denials are one line: the field, what is wrong, and how to fix it.
+
+use std::sync::Arc;
+
+use common::crd::PlatformInstance;
+use common::names::{ALLOW_DOWNGRADE_ANNOTATION, host_namespace};
+use json_patch::{AddOperation, PatchOperation, jsonptr::PointerBuf};
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use kube::core::admission::Operation;
+use kube::ResourceExt;
+use serde_json::Value;
+
+use crate::index::{Holder, NodePortIndex};
+
+/// What the rules depend on from the operator's configuration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The platform version set when `spec.version` is left out.
+    pub default_version: String,
+    /// The lowest supported `MAJOR.MINOR`.
+    pub min_version: (u64, u64),
+    /// The highest supported `MAJOR.MINOR`.
+    pub max_version: (u64, u64),
+    /// The API server's NodePort range, inclusive.
+    pub node_port_range: (i32, i32),
+}
+
+/// One finding of a rule: its name (a bounded metric label) and a one-line message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// The rule.
+    pub rule: &'static str,
+    /// What to tell the requester.
+    pub message: String,
+}
+
+impl Finding {
+    fn new(rule: &'static str, message: impl Into<String>) -> Self {
+        Self { rule, message: message.into() }
+    }
+}
+
+/// The outcome of validation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Why the request is denied, if it is.
+    pub denial: Option<Finding>,
+    /// Warnings for an admitted request.
+    pub warnings: Vec<Finding>,
+}
+
+impl Verdict {
+    fn deny(finding: Finding) -> Self {
+        Self { denial: Some(finding), warnings: Vec::new() }
+    }
+}
+
+/// The JSON Patch operations that apply the defaults to a raw object: only what is missing, so
+/// applying the result and asking again yields no operation.
+pub fn defaults(settings: &Settings, object: &Value) -> Vec<PatchOperation> {
+    let mut ops = Vec::new();
+    match object.get("spec") {
+        Some(Value::Object(spec)) => {
+            if spec.get("version").is_none_or(Value::is_null) {
+                ops.push(add("/spec/version", Value::String(settings.default_version.clone())));
+            }
+        }
+        _ => ops.push(add("/spec", serde_json::json!({ "version": settings.default_version }))),
+    }
+    ops
+}
+
+fn add(path: &str, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path: PointerBuf::parse(path).unwrap_or_default(), value })
+}
+
+/// The rules that need no API call, for CREATE and UPDATE. `old` is the stored object on UPDATE.
+pub fn check_local(
+    settings: &Settings,
+    index: &NodePortIndex,
+    operation: &Operation,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
+) -> Verdict {
+    let mut warnings = Vec::new();
+
+    if let Some(old) = old.filter(|o| o.metadata.deletion_timestamp.is_some()) {
+        if new.spec.version != old.spec.version {
+            return Verdict::deny(Finding::new(
+                "deleting",
+                format!(
+                    "spec.version cannot change while the instance is being deleted (from {} to {}); wait for the deletion to finish, then create it again",
+                    old.spec.version.as_deref().unwrap_or("unset"),
+                    new.spec.version.as_deref().unwrap_or("unset")
+                ),
+            ));
+        }
+        // The controller removing its finalizer, or any other edit of a deleting instance, is
+        // always admitted so deletion can never hang on this webhook.
+        return Verdict::default();
+    }
+
+    if let Some(version) = new.spec.version.as_deref() {
+        let parsed = match common::version::parse_exact(version) {
+            Ok(v) => v,
+            Err(e) => return Verdict::deny(Finding::new("version", format!("spec.version: {e}"))),
+        };
+        let minor = (parsed.major, parsed.minor);
+        if minor < settings.min_version || minor > settings.max_version {
+            return Verdict::deny(Finding::new(
+                "version-range",
+                format!(
+                    "spec.version {version} is outside the versions this operator supports ({}.{}.x to {}.{}.x); choose a version in that range or upgrade the operator",
+                    settings.min_version.0, settings.min_version.1, settings.max_version.0, settings.max_version.1
+                ),
+            ));
+        }
+        let installed = old.and_then(|o| o.status.as_ref()).and_then(|s| s.installed_version.as_deref());
+        if let Some(installed) = installed
+            && let Ok(installed_v) = semver::Version::parse(installed)
+            && parsed < installed_v
+        {
+            let opted_in = new.annotations().get(ALLOW_DOWNGRADE_ANNOTATION).is_some_and(|v| v == "true");
+            if !opted_in {
+                return Verdict::deny(Finding::new(
+                    "downgrade",
+                    format!(
+                        "spec.version {version} is below the installed version {installed}; set the annotation {ALLOW_DOWNGRADE_ANNOTATION}=true to downgrade on purpose"
+                    ),
+                ));
+            }
+            warnings.push(Finding::new(
+                "downgrade",
+                format!("downgrading from {installed} to {version} because {ALLOW_DOWNGRADE_ANNOTATION}=true; the platform's state may not support it"),
+            ));
+        }
+    } else if matches!(operation, Operation::Create) {
+        warnings.push(Finding::new(
+            "default-version",
+            format!("spec.version is not set; the controller installs its default {}", settings.default_version),
+        ));
+    }
+
+    if let Some(gateway) = new.spec.platform.as_ref().and_then(|p| p.gateway.as_ref()) {
+        let port = gateway.http_node_port;
+        if port != 0 {
+            let (lo, hi) = settings.node_port_range;
+            if port < lo || port > hi {
+                return Verdict::deny(Finding::new(
+                    "node-port-range",
+                    format!("spec.platform.gateway.httpNodePort {port} is outside the API server's NodePort range {lo}-{hi}; choose a port in it, or 0 to keep the gateway in-instance"),
+                ));
+            }
+            let namespace = new.namespace().unwrap_or_default();
+            let name = new.name_any();
+            let own_host = host_namespace(&namespace, &name);
+            let taken = index.holders(port).into_iter().find(|h| match h {
+                Holder::Instance { namespace: ns, name: n } => !(ns == &namespace && n == &name),
+                Holder::Service { namespace: ns, .. } => ns != &own_host,
+            });
+            if let Some(holder) = taken {
+                return Verdict::deny(Finding::new(
+                    "node-port-conflict",
+                    format!("spec.platform.gateway.httpNodePort {port} is already used by {holder}; choose a free NodePort, or 0 to keep the gateway in-instance"),
+                ));
+            }
+            if let Some(endpoint) = gateway.http_endpoint.as_deref()
+                && let Some(p) = endpoint_port(endpoint)
+                && p != port
+            {
+                warnings.push(Finding::new(
+                    "endpoint-port",
+                    format!("spec.platform.gateway.httpEndpoint names port {p} but httpNodePort is {port}; make sure something forwards {p} to the NodePort"),
+                ));
+            }
+        }
+    }
+
+    let policy_changed = old.is_none_or(|o| o.spec.deletion_policy != new.spec.deletion_policy);
+    if new.spec.deletion_policy == common::crd::DeletionPolicy::Delete && policy_changed {
+        warnings.push(Finding::new(
+            "deletion-policy",
+            "spec.deletionPolicy is Delete: deleting this instance removes its storage and Pulumi state for good",
+        ));
+    }
+    Verdict { denial: None, warnings }
+}
+
+/// The port an http(s) URL names, explicitly or by its scheme.
+fn endpoint_port(url: &str) -> Option<i32> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let port = match host_port.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once(']').and_then(|(_, after)| after.strip_prefix(':')),
+        None => host_port.rsplit_once(':').map(|(_, p)| p),
+    };
+    match (port, scheme) {
+        (Some(p), _) => p.parse().ok(),
+        (None, "http") => Some(80),
+        (None, "https") => Some(443),
+        _ => None,
+    }
+}
+
+/// The Secret rule: whoever names `tenantAuth.clientSecretRef` (on create, or when changing it)
+/// must be allowed to `get` that Secret themselves, checked with a SubjectAccessReview for the
+/// request's user and groups. A Secret or key that does not exist yet is a warning.
+pub async fn check_secret_ref(
+    client: &kube::Client,
+    user: &UserInfo,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
+) -> Verdict {
+    let secret_ref = |pi: &PlatformInstance| {
+        pi.spec.platform.as_ref().and_then(|p| p.tenant_auth.as_ref()).map(|t| t.client_secret_ref.clone())
+    };
+    let Some(reference) = secret_ref(new) else { return Verdict::default() };
+    if old.is_some_and(|o| secret_ref(o).as_ref() == Some(&reference)) {
+        return Verdict::default();
+    }
+    let namespace = new.namespace().unwrap_or_default();
+    let field = "spec.platform.tenantAuth.clientSecretRef";
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            uid: user.uid.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.clone()),
+                verb: Some("get".into()),
+                resource: Some("secrets".into()),
+                group: Some(String::new()),
+                version: Some("v1".into()),
+                name: Some(reference.name.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let allowed = match reviews.create(&PostParams::default(), &review).await {
+        Ok(r) => r.status.is_some_and(|s| s.allowed && !s.denied.unwrap_or(false)),
+        Err(e) => {
+            return Verdict::deny(Finding::new(
+                "secret-access",
+                format!("{field}: could not check whether you may read Secret {namespace}/{} ({e}); retry, and check the webhook's permission to create SubjectAccessReviews", reference.name),
+            ));
+        }
+    };
+    if !allowed {
+        return Verdict::deny(Finding::new(
+            "secret-access",
+            format!(
+                "{field}: {} may not get Secret {namespace}/{}, so cannot make the operator read it; ask for read access to that Secret or name one you can read",
+                user.username.as_deref().unwrap_or("the requester"),
+                reference.name
+            ),
+        ));
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let warning = match secrets.get_opt(&reference.name).await {
+        Ok(None) => Some(format!(
+            "{field}: Secret {namespace}/{} does not exist yet; the controller waits for it and reports it in a condition",
+            reference.name
+        )),
+        Ok(Some(secret)) => {
+            let has_key = secret.data.as_ref().is_some_and(|d| d.contains_key(&reference.key))
+                || secret.string_data.as_ref().is_some_and(|d| d.contains_key(&reference.key));
+            (!has_key).then(|| {
+                format!(
+                    "{field}: Secret {namespace}/{} has no key {:?} yet; the controller waits for it and reports it in a condition",
+                    reference.name, reference.key
+                )
+            })
+        }
+        Err(e) => Some(format!("{field}: could not check that Secret {namespace}/{} exists ({e})", reference.name)),
+    };
+    Verdict { denial: None, warnings: warning.map(|m| Finding::new("secret-missing", m)).into_iter().collect() }
+}
+
+/// Everything the validating webhook checks for one request.
+pub async fn validate(
+    settings: &Settings,
+    index: &Arc<NodePortIndex>,
+    client: &kube::Client,
+    operation: &Operation,
+    user: &UserInfo,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
+) -> Verdict {
+    let local = check_local(settings, index, operation, new, old);
+    if local.denial.is_some() || old.is_some_and(|o| o.metadata.deletion_timestamp.is_some()) {
+        return local;
+    }
+    let secret = check_secret_ref(client, user, new, old).await;
+    if secret.denial.is_some() {
+        return secret;
+    }
+    Verdict { denial: None, warnings: local.warnings.into_iter().chain(secret.warnings).collect() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::crd::{DeletionPolicy, Gateway, PlatformInstanceSpec, PlatformInstanceStatus, PlatformSettings};
+
+    fn settings() -> Settings {
+        Settings { default_version: "6.0.22".into(), min_version: (6, 0), max_version: (6, 0), node_port_range: (30000, 32767) }
+    }
+
+    fn instance(version: Option<&str>, port: i32) -> PlatformInstance {
+        let mut pi = PlatformInstance::new(
+            "one",
+            PlatformInstanceSpec {
+                version: version.map(Into::into),
+                platform: Some(PlatformSettings {
+                    gateway: Some(Gateway { http_node_port: port, http_endpoint: None }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        pi.metadata.namespace = Some("team-a".into());
+        pi
+    }
+
+    fn installed(mut pi: PlatformInstance, version: &str) -> PlatformInstance {
+        pi.status = Some(PlatformInstanceStatus { installed_version: Some(version.into()), ..Default::default() });
+        pi
+    }
+
+    fn denied_by(v: &Verdict) -> Option<&'static str> {
+        v.denial.as_ref().map(|d| d.rule)
+    }
+
+    #[test]
+    fn defaults_are_minimal_and_idempotent() {
+        let s = settings();
+        let mut obj = serde_json::json!({"spec": {"target": {"type": "vcluster"}}});
+        let ops = defaults(&s, &obj);
+        assert_eq!(ops.len(), 1);
+        json_patch::patch(&mut obj, &ops).expect("applies");
+        assert_eq!(obj["spec"]["version"], "6.0.22");
+        assert!(defaults(&s, &obj).is_empty(), "a second pass changes nothing");
+        let given = serde_json::json!({"spec": {"version": "6.0.3"}});
+        assert!(defaults(&s, &given).is_empty(), "a given version is kept");
+        let mut bare = serde_json::json!({"metadata": {}});
+        let ops = defaults(&s, &bare);
+        json_patch::patch(&mut bare, &ops).expect("applies");
+        assert_eq!(bare["spec"]["version"], "6.0.22");
+    }
+
+    #[test]
+    fn version_range_and_downgrade() {
+        let s = settings();
+        let index = NodePortIndex::default();
+        let ok = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 0), None);
+        assert_eq!(ok, Verdict::default());
+        let v = check_local(&s, &index, &Operation::Create, &instance(Some("7.0.0"), 0), None);
+        assert_eq!(denied_by(&v), Some("version-range"));
+        assert!(v.denial.as_ref().is_some_and(|d| d.message.starts_with("spec.version 7.0.0") && d.message.contains("6.0.x")));
+        let v = check_local(&s, &index, &Operation::Create, &instance(Some("^6.0.0"), 0), None);
+        assert_eq!(denied_by(&v), Some("version"));
+
+        let old = installed(instance(Some("6.0.22"), 0), "6.0.22");
+        let v = check_local(&s, &index, &Operation::Update, &instance(Some("6.0.21"), 0), Some(&old));
+        assert_eq!(denied_by(&v), Some("downgrade"));
+        let mut opted = instance(Some("6.0.21"), 0);
+        opted.annotations_mut().insert(ALLOW_DOWNGRADE_ANNOTATION.into(), "true".into());
+        let v = check_local(&s, &index, &Operation::Update, &opted, Some(&old));
+        assert_eq!(v.denial, None);
+        assert_eq!(v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(), ["downgrade"]);
+        let v = check_local(&s, &index, &Operation::Update, &instance(Some("6.0.23"), 0), Some(&old));
+        assert_eq!(v, Verdict::default(), "an upgrade is fine");
+        let v = check_local(&s, &index, &Operation::Create, &instance(None, 0), None);
+        assert_eq!(v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(), ["default-version"]);
+    }
+
+    #[test]
+    fn deleting_instances_admit_everything_but_a_version_change() {
+        let s = settings();
+        let index = NodePortIndex::default();
+        let mut old = instance(Some("6.0.22"), 0);
+        old.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+        old.metadata.finalizers = Some(vec![common::names::FINALIZER.into()]);
+        let mut new = old.clone();
+        new.metadata.finalizers = None;
+        assert_eq!(check_local(&s, &index, &Operation::Update, &new, Some(&old)), Verdict::default());
+        // Even an otherwise invalid edit passes: deletion must never hang here.
+        new.spec.platform = Some(PlatformSettings {
+            gateway: Some(Gateway { http_node_port: 99, http_endpoint: None }),
+            ..Default::default()
+        });
+        assert_eq!(check_local(&s, &index, &Operation::Update, &new, Some(&old)), Verdict::default());
+        new.spec.version = Some("6.0.23".into());
+        assert_eq!(denied_by(&check_local(&s, &index, &Operation::Update, &new, Some(&old))), Some("deleting"));
+    }
+
+    #[test]
+    fn node_ports_must_be_in_range_and_free() {
+        let s = Settings { node_port_range: (30000, 30999), ..settings() };
+        let index = NodePortIndex::default();
+        let v = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 31000), None);
+        assert_eq!(denied_by(&v), Some("node-port-range"));
+
+        index.set(Holder::Instance { namespace: "team-b".into(), name: "two".into() }, vec![30080]);
+        let v = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 30080), None);
+        assert_eq!(denied_by(&v), Some("node-port-conflict"));
+        assert!(v.denial.is_some_and(|d| d.message.contains("PlatformInstance team-b/two")));
+
+        // Its own entry and the Services in its own host namespace do not conflict.
+        index.set(Holder::Instance { namespace: "team-a".into(), name: "one".into() }, vec![30090]);
+        index.set(Holder::Service { namespace: host_namespace("team-a", "one"), name: "gateway".into() }, vec![30090]);
+        let v = check_local(&s, &index, &Operation::Update, &instance(Some("6.0.22"), 30090), Some(&instance(Some("6.0.22"), 30090)));
+        assert_eq!(v.denial, None);
+        index.set(Holder::Service { namespace: "default".into(), name: "web".into() }, vec![30091]);
+        let v = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 30091), None);
+        assert!(v.denial.is_some_and(|d| d.message.contains("Service default/web")));
+    }
+
+    #[test]
+    fn warnings_for_risky_choices() {
+        let s = settings();
+        let index = NodePortIndex::default();
+        let mut pi = instance(Some("6.0.22"), 30080);
+        pi.spec.deletion_policy = DeletionPolicy::Delete;
+        if let Some(g) = pi.spec.platform.as_mut().and_then(|p| p.gateway.as_mut()) {
+            g.http_endpoint = Some("http://apps.example:8080".into());
+        }
+        let v = check_local(&s, &index, &Operation::Create, &pi, None);
+        let rules: Vec<&str> = v.warnings.iter().map(|w| w.rule).collect();
+        assert_eq!(rules, ["endpoint-port", "deletion-policy"]);
+        let again = check_local(&s, &index, &Operation::Update, &pi, Some(&pi));
+        let rules: Vec<&str> = again.warnings.iter().map(|w| w.rule).collect();
+        assert_eq!(rules, ["endpoint-port"], "an unchanged Delete policy is not re-warned");
+    }
+
+    #[test]
+    fn endpoint_ports() {
+        assert_eq!(endpoint_port("http://apps.example:30080"), Some(30080));
+        assert_eq!(endpoint_port("http://apps.example"), Some(80));
+        assert_eq!(endpoint_port("https://apps.example/x:1"), Some(443));
+        assert_eq!(endpoint_port("https://u:p@apps.example:8443/"), Some(8443));
+        assert_eq!(endpoint_port("apps.example"), None);
+        assert_eq!(endpoint_port("http://[::1]:30080/"), Some(30080));
+        assert_eq!(endpoint_port("https://[::1]/"), Some(443));
+    }
+}
