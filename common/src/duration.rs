@@ -12,10 +12,16 @@ pub struct DurationError {
 
 /// Parses a positive duration such as `30m` or `1h30m` (jiff's friendly format).
 pub fn parse(value: &str) -> Result<Duration, DurationError> {
-    let err = || DurationError { value: value.to_string() };
+    let err = || DurationError {
+        value: value.to_string(),
+    };
     let signed: k8s_openapi::jiff::SignedDuration = value.trim().parse().map_err(|_| err())?;
     let duration = Duration::try_from(signed).map_err(|_| err())?;
-    if duration.is_zero() { Err(err()) } else { Ok(duration) }
+    if duration.is_zero() {
+        Err(err())
+    } else {
+        Ok(duration)
+    }
 }
 
 #[cfg(test)]

@@ -18,13 +18,23 @@ const HASH_LEN: usize = 8;
 /// 63 characters whatever the lengths of both, stable for the same instance, and distinct for
 /// distinct instances (the hash covers the full `<namespace>/<name>`, which truncation may cut).
 pub fn host_namespace(namespace: &str, name: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, format!("{namespace}/{name}").as_bytes());
-    let hash: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect::<String>()[..HASH_LEN].to_string();
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{namespace}/{name}").as_bytes(),
+    );
+    let hash: String = digest
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..HASH_LEN]
+        .to_string();
     // "pi-" + ns + "-" + name + "-" + hash
     let budget = MAX_NAMESPACE - "pi-".len() - 2 - HASH_LEN;
     let (ns_len, name_len) = split_budget(namespace.len(), name.len(), budget);
     let ns_part = namespace[..ns_len].trim_end_matches('-');
-    let name_part = name[..name_len].trim_end_matches(['-', '.']).replace('.', "-");
+    let name_part = name[..name_len]
+        .trim_end_matches(['-', '.'])
+        .replace('.', "-");
     format!("pi-{ns_part}-{name_part}-{hash}")
 }
 
@@ -55,7 +65,8 @@ mod tests {
     fn is_dns_label(s: &str) -> bool {
         !s.is_empty()
             && s.len() <= 63
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !s.starts_with('-')
             && !s.ends_with('-')
     }
@@ -79,7 +90,11 @@ mod tests {
             ("ns-with-trailing-", "name-"),
         ] {
             let host = host_namespace(ns, name);
-            assert!(is_dns_label(&host), "{ns}/{name} -> {host:?} ({} chars)", host.len());
+            assert!(
+                is_dns_label(&host),
+                "{ns}/{name} -> {host:?} ({} chars)",
+                host.len()
+            );
             assert!(seen.insert(host.clone()), "{ns}/{name} collides: {host}");
         }
     }

@@ -83,7 +83,8 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-fn free_port() -> Result<u16, HarnessError> {
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16, HarnessError> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| HarnessError::io(Path::new("127.0.0.1:0"), e))?;
     let port = listener
@@ -472,16 +473,23 @@ fn http_get(path: &str) -> Option<http::Request<Vec<u8>>> {
 }
 
 async fn etcd_healthy(port: u16) -> Option<()> {
+    let (_, body) = plain_get(port, "/health").await?;
+    body.contains("\"health\":\"true\"").then_some(())
+}
+
+/// A plain-HTTP GET of `path` on `127.0.0.1:port`: the status code and the whole response text.
+pub async fn plain_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let path = path.to_string();
     tokio::task::spawn_blocking(move || {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        stream
-            .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .ok()?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body).ok()?;
-        body.contains("\"health\":\"true\"").then_some(())
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, text))
     })
     .await
     .ok()

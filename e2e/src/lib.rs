@@ -14,6 +14,11 @@ pub use shared::shared;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The repository's root folder.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// What can go wrong while running a control plane.
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {

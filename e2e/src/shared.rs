@@ -34,6 +34,64 @@ impl Shared {
         c.env("KUBECONFIG", &self.kubeconfig);
         c
     }
+
+    /// Runs kubectl with `args` (and `stdin`), returning its standard output or its error.
+    pub fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> Result<String, HarnessError> {
+        let mut cmd = self.kubectl();
+        cmd.args(args);
+        crate::cmd::run(cmd, stdin)?.ok(&format!("kubectl {}", args.join(" ")))
+    }
+
+    /// Applies the chart's PlatformInstance CRD (once per process) and waits until it is Established.
+    pub fn install_crd(&self) -> Result<(), HarnessError> {
+        static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+        DONE.get_or_init(|| {
+            let dir = crate::repo_root().join("charts/platform-operator/crds");
+            let dir = dir.to_string_lossy();
+            self.kubectl_ok(&["apply", "--server-side", "-f", &dir], None)
+                .map_err(|e| e.to_string())?;
+            self.kubectl_ok(
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    "crd/platforminstances.platform.di-framework.dev",
+                ],
+                None,
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|message| HarnessError::Command {
+            what: "installing the CRD".into(),
+            stderr: message,
+        })
+    }
+
+    /// Creates a namespace named `<prefix>-<pid>-<n>` with `labels`, and returns its name.
+    pub fn create_namespace(
+        &self,
+        prefix: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<String, HarnessError> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        );
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("      {k}: {v:?}"))
+            .collect();
+        let manifest = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n      e2e: \"true\"\n{}\n",
+            labels.join("\n")
+        );
+        self.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&manifest))?;
+        Ok(name)
+    }
 }
 
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();

@@ -3,8 +3,6 @@
 //! back with its defaults; bad input is rejected by the schema alone (no webhook runs here), with
 //! a message that names the field; `kubectl get pi -A` shows the printer columns.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use common::crd::{PlatformInstance, PlatformInstanceStatus};
 use e2e::cmd::{Outcome, run};
 use e2e::shared::Shared;
@@ -23,47 +21,16 @@ fn repo_file(rel: &str) -> String {
 
 /// The shared control plane with the CRD applied and Established.
 fn cluster() -> Shared {
-    static CRD: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     let shared = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
-    CRD.get_or_init(|| {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../charts/platform-operator/crds");
-        let mut apply = shared.kubectl();
-        apply.args(["apply", "--server-side", "-f"]).arg(&dir);
-        run(apply, None)
-            .expect("kubectl runs")
-            .ok("applying the CRD")
-            .expect("CRD applies");
-        let mut wait = shared.kubectl();
-        wait.args([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/{CRD_NAME}"),
-        ]);
-        run(wait, None)
-            .expect("kubectl runs")
-            .ok("waiting for Established")
-            .expect("CRD becomes Established");
-    });
+    shared.install_crd().unwrap_or_else(|e| panic!("{e}"));
     shared
 }
 
 /// A fresh namespace for one test.
 fn namespace(cluster: &Shared, prefix: &str) -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let name = format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    );
-    let mut create = cluster.kubectl();
-    create.args(["create", "namespace", &name]);
-    run(create, None)
-        .expect("kubectl runs")
-        .ok("creating a namespace")
-        .expect("namespace created");
-    name
+    cluster
+        .create_namespace(prefix, &[])
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn apply(cluster: &Shared, manifest: &str) -> Outcome {

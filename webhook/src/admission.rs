@@ -50,30 +50,54 @@ pub fn router(state: Arc<Admission>) -> Router {
 type Reply = Json<AdmissionReview<DynamicObject>>;
 
 /// A denial for a body that is not a PlatformInstance review, keeping its uid when it has one.
-fn invalid(uid: &str, message: String) -> AdmissionResponse {
+fn invalid(uid: &str, message: String) -> Box<AdmissionResponse> {
     let mut response = AdmissionResponse::invalid(message);
     response.uid = uid.to_string();
-    response
+    Box::new(response)
 }
 
 /// Reads a review of a PlatformInstance; the raw object is kept for defaulting.
-fn parse(body: &[u8]) -> Result<(AdmissionRequest<PlatformInstance>, Value), AdmissionResponse> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| invalid("", format!("the request body is not JSON ({e}); send an admission.k8s.io/v1 AdmissionReview")))?;
-    let uid = value.pointer("/request/uid").and_then(Value::as_str).unwrap_or_default().to_string();
-    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+fn parse(
+    body: &[u8],
+) -> Result<(AdmissionRequest<PlatformInstance>, Value), Box<AdmissionResponse>> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        invalid(
+            "",
+            format!(
+                "the request body is not JSON ({e}); send an admission.k8s.io/v1 AdmissionReview"
+            ),
+        )
+    })?;
+    let uid = value
+        .pointer("/request/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if api_version != "admission.k8s.io/v1" || kind != "AdmissionReview" {
         return Err(invalid(
             &uid,
-            format!("expected an admission.k8s.io/v1 AdmissionReview, got {api_version:?} {kind:?}; register this webhook with admissionReviewVersions [v1]"),
+            format!(
+                "expected an admission.k8s.io/v1 AdmissionReview, got {api_version:?} {kind:?}; register this webhook with admissionReviewVersions [v1]"
+            ),
         ));
     }
-    let raw_object = value.pointer("/request/object").cloned().unwrap_or(Value::Null);
+    let raw_object = value
+        .pointer("/request/object")
+        .cloned()
+        .unwrap_or(Value::Null);
     let review: AdmissionReview<PlatformInstance> = serde_json::from_value(value)
         .map_err(|e| invalid(&uid, format!("the review does not carry a valid PlatformInstance ({e}); this webhook only reviews platforminstances")))?;
-    let request: AdmissionRequest<PlatformInstance> =
-        review.try_into().map_err(|_| invalid(&uid, "the AdmissionReview has no request".to_string()))?;
+    let request: AdmissionRequest<PlatformInstance> = review
+        .try_into()
+        .map_err(|_| invalid(&uid, "the AdmissionReview has no request".to_string()))?;
     Ok((request, raw_object))
 }
 
@@ -87,7 +111,10 @@ fn operation_label(op: &Operation) -> &'static str {
 }
 
 fn count(metrics: &Metrics, webhook: &str, op: &str, result: &str, rule: &str) {
-    metrics.reviews.with_label_values(&[webhook, op, result, rule]).inc();
+    metrics
+        .reviews
+        .with_label_values(&[webhook, op, result, rule])
+        .inc();
 }
 
 async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
@@ -101,7 +128,9 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     };
     let op = operation_label(&request.operation);
     let response = AdmissionResponse::from(&request);
-    let deleting = raw.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+    let deleting = raw
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
     if !matches!(request.operation, Operation::Create | Operation::Update) || deleting {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
@@ -118,7 +147,11 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         }
         Err(e) => {
             count(&state.metrics, "mutate", op, "error", "patch");
-            Json(AdmissionResponse::from(&request).deny(format!("building the defaults patch failed: {e}")).into_review())
+            Json(
+                AdmissionResponse::from(&request)
+                    .deny(format!("building the defaults patch failed: {e}"))
+                    .into_review(),
+            )
         }
     }
 }
@@ -134,7 +167,11 @@ async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     };
     let op = operation_label(&request.operation);
     let mut response = AdmissionResponse::from(&request);
-    let Some(new) = request.object.as_ref().filter(|_| matches!(request.operation, Operation::Create | Operation::Update)) else {
+    let Some(new) = request
+        .object
+        .as_ref()
+        .filter(|_| matches!(request.operation, Operation::Create | Operation::Update))
+    else {
         count(&state.metrics, "validate", op, "allowed", "none");
         return Json(response.into_review());
     };

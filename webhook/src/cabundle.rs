@@ -4,7 +4,9 @@
 //! no `caBundle`) never clears it, and someone resetting it gets it put back.
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
@@ -15,7 +17,9 @@ pub const FIELD_MANAGER: &str = "platform-operator-webhook";
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
     /// Reading a webhook configuration failed.
-    #[error("reading {kind} {name} failed: {source}; check the webhook's RBAC on admissionregistration.k8s.io")]
+    #[error(
+        "reading {kind} {name} failed: {source}; check the webhook's RBAC on admissionregistration.k8s.io"
+    )]
     Read {
         /// Kind of configuration.
         kind: &'static str,
@@ -50,60 +54,124 @@ type Entries = Option<Vec<(String, Option<ByteString>)>>;
 
 async fn mutating_entries(client: &kube::Client, name: &str) -> Result<Entries, BundleError> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let found = api.get_opt(name).await.map_err(|source| BundleError::Read { kind: "MutatingWebhookConfiguration", name: name.into(), source })?;
-    Ok(found.map(|c| c.webhooks.unwrap_or_default().into_iter().map(|w| (w.name, w.client_config.ca_bundle)).collect()))
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|source| BundleError::Read {
+            kind: "MutatingWebhookConfiguration",
+            name: name.into(),
+            source,
+        })?;
+    Ok(found.map(|c| {
+        c.webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| (w.name, w.client_config.ca_bundle))
+            .collect()
+    }))
 }
 
 async fn validating_entries(client: &kube::Client, name: &str) -> Result<Entries, BundleError> {
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let found = api.get_opt(name).await.map_err(|source| BundleError::Read { kind: "ValidatingWebhookConfiguration", name: name.into(), source })?;
-    Ok(found.map(|c| c.webhooks.unwrap_or_default().into_iter().map(|w| (w.name, w.client_config.ca_bundle)).collect()))
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|source| BundleError::Read {
+            kind: "ValidatingWebhookConfiguration",
+            name: name.into(),
+            source,
+        })?;
+    Ok(found.map(|c| {
+        c.webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| (w.name, w.client_config.ca_bundle))
+            .collect()
+    }))
 }
 
 /// Whether every webhook of both configurations carries exactly `bundle`. A configuration that
 /// does not exist (yet) counts as not carrying it.
-pub async fn published(client: &kube::Client, configs: &Configurations, bundle: &str) -> Result<bool, BundleError> {
+pub async fn published(
+    client: &kube::Client,
+    configs: &Configurations,
+    bundle: &str,
+) -> Result<bool, BundleError> {
     let matches = |entries: Entries| {
-        entries.is_some_and(|e| !e.is_empty() && e.iter().all(|(_, b)| b.as_ref().map(|b| b.0.as_slice()) == Some(bundle.as_bytes())))
+        entries.is_some_and(|e| {
+            !e.is_empty()
+                && e.iter()
+                    .all(|(_, b)| b.as_ref().map(|b| b.0.as_slice()) == Some(bundle.as_bytes()))
+        })
     };
-    Ok(matches(mutating_entries(client, &configs.mutating).await?) && matches(validating_entries(client, &configs.validating).await?))
+    Ok(matches(mutating_entries(client, &configs.mutating).await?)
+        && matches(validating_entries(client, &configs.validating).await?))
 }
 
 /// Applies `bundle` to every webhook of both configurations that lacks it. Returns how many
 /// configurations were written. A missing configuration is skipped (it is retried on the next
 /// tick, for example while a chart is still installing).
-pub async fn ensure(client: &kube::Client, configs: &Configurations, bundle: &str) -> Result<usize, BundleError> {
+pub async fn ensure(
+    client: &kube::Client,
+    configs: &Configurations,
+    bundle: &str,
+) -> Result<usize, BundleError> {
     let mut written = 0;
     let params = PatchParams::apply(FIELD_MANAGER).force();
     if let Some(entries) = mutating_entries(client, &configs.mutating).await?
         && needs_write(&entries, bundle)
     {
         let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        let patch = apply_patch("MutatingWebhookConfiguration", &configs.mutating, &entries, bundle);
+        let patch = apply_patch(
+            "MutatingWebhookConfiguration",
+            &configs.mutating,
+            &entries,
+            bundle,
+        );
         api.patch(&configs.mutating, &params, &Patch::Apply(&patch))
             .await
-            .map_err(|source| BundleError::Write { kind: "MutatingWebhookConfiguration", name: configs.mutating.clone(), source })?;
+            .map_err(|source| BundleError::Write {
+                kind: "MutatingWebhookConfiguration",
+                name: configs.mutating.clone(),
+                source,
+            })?;
         written += 1;
     }
     if let Some(entries) = validating_entries(client, &configs.validating).await?
         && needs_write(&entries, bundle)
     {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        let patch = apply_patch("ValidatingWebhookConfiguration", &configs.validating, &entries, bundle);
+        let patch = apply_patch(
+            "ValidatingWebhookConfiguration",
+            &configs.validating,
+            &entries,
+            bundle,
+        );
         api.patch(&configs.validating, &params, &Patch::Apply(&patch))
             .await
-            .map_err(|source| BundleError::Write { kind: "ValidatingWebhookConfiguration", name: configs.validating.clone(), source })?;
+            .map_err(|source| BundleError::Write {
+                kind: "ValidatingWebhookConfiguration",
+                name: configs.validating.clone(),
+                source,
+            })?;
         written += 1;
     }
     Ok(written)
 }
 
 fn needs_write(entries: &[(String, Option<ByteString>)], bundle: &str) -> bool {
-    entries.iter().any(|(_, b)| b.as_ref().map(|b| b.0.as_slice()) != Some(bundle.as_bytes()))
+    entries
+        .iter()
+        .any(|(_, b)| b.as_ref().map(|b| b.0.as_slice()) != Some(bundle.as_bytes()))
 }
 
 /// The server-side apply patch that owns only `webhooks[*].clientConfig.caBundle`.
-fn apply_patch(kind: &str, name: &str, entries: &[(String, Option<ByteString>)], bundle: &str) -> serde_json::Value {
+fn apply_patch(
+    kind: &str,
+    name: &str,
+    entries: &[(String, Option<ByteString>)],
+    bundle: &str,
+) -> serde_json::Value {
     let ca = ByteString(bundle.as_bytes().to_vec());
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -119,7 +187,10 @@ mod tests {
 
     #[test]
     fn patch_touches_only_the_ca_bundle_of_each_webhook() {
-        let entries = vec![("a.example".to_string(), None), ("b.example".to_string(), Some(ByteString(b"old".to_vec())))];
+        let entries = vec![
+            ("a.example".to_string(), None),
+            ("b.example".to_string(), Some(ByteString(b"old".to_vec()))),
+        ];
         let patch = apply_patch("ValidatingWebhookConfiguration", "cfg", &entries, "PEM");
         let hooks = patch["webhooks"].as_array().expect("list");
         assert_eq!(hooks.len(), 2);
@@ -127,7 +198,10 @@ mod tests {
             let keys: Vec<&String> = hook.as_object().expect("object").keys().collect();
             assert_eq!(keys, ["clientConfig", "name"]);
             assert_eq!(hook["clientConfig"].as_object().expect("object").len(), 1);
-            assert_eq!(hook["clientConfig"]["caBundle"], "UEVN", "base64 of the bundle");
+            assert_eq!(
+                hook["clientConfig"]["caBundle"], "UEVN",
+                "base64 of the bundle"
+            );
         }
         assert!(needs_write(&entries, "PEM"));
         let done = vec![("a.example".to_string(), Some(ByteString(b"PEM".to_vec())))];

@@ -16,8 +16,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
 };
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -37,7 +37,9 @@ pub enum CertError {
     #[error("issuing a certificate failed: {0}")]
     Issue(#[from] rcgen::Error),
     /// The PEM in the Secret could not be loaded into rustls.
-    #[error("the certificate in the Secret cannot be served ({0}); delete the Secret to issue a new CA")]
+    #[error(
+        "the certificate in the Secret cannot be served ({0}); delete the Secret to issue a new CA"
+    )]
     Load(String),
     /// The Secret's state is not what this webhook writes.
     #[error("Secret {name} holds no readable {STATE_KEY} ({reason}); delete it to issue a new CA")]
@@ -48,7 +50,9 @@ pub enum CertError {
         reason: String,
     },
     /// Reading or writing the Secret failed.
-    #[error("{action} Secret {name} failed: {source}; check the webhook's RBAC on Secrets in its namespace")]
+    #[error(
+        "{action} Secret {name} failed: {source}; check the webhook's RBAC on Secrets in its namespace"
+    )]
     Api {
         /// What was attempted.
         action: &'static str,
@@ -83,7 +87,9 @@ pub struct Generation {
     pub cert: String,
     /// Serving key, PEM.
     pub key: String,
-    /// Start of validity.
+    /// When it was issued; the rotation schedule counts from here.
+    pub issued_at: i64,
+    /// Start of validity (a little before `issued_at`, for clock skew).
     pub not_before: i64,
     /// End of validity.
     pub not_after: i64,
@@ -92,7 +98,10 @@ pub struct Generation {
 impl std::fmt::Debug for Generation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print keys.
-        f.debug_struct("Generation").field("not_before", &self.not_before).field("not_after", &self.not_after).finish()
+        f.debug_struct("Generation")
+            .field("issued_at", &self.issued_at)
+            .field("not_after", &self.not_after)
+            .finish()
     }
 }
 
@@ -150,7 +159,7 @@ fn to_offset(unix: i64) -> time::OffsetDateTime {
 /// Issues a new CA and a serving certificate for `subject`, both valid from `now` for `lifetime_secs`.
 pub fn issue(subject: &Subject, now: i64, lifetime_secs: i64) -> Result<Generation, CertError> {
     // Allow for clock skew between replicas and the API server.
-    let not_before = now - 60;
+    let not_before = now - 60.min(lifetime_secs / 4);
     let not_after = now + lifetime_secs;
 
     let ca_key = KeyPair::generate()?;
@@ -158,9 +167,16 @@ pub fn issue(subject: &Subject, now: i64, lifetime_secs: i64) -> Result<Generati
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, format!("platform-operator-webhook-ca@{now}"));
+    dn.push(
+        DnType::CommonName,
+        format!("platform-operator-webhook-ca@{now}"),
+    );
     ca.distinguished_name = dn;
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     ca.not_before = to_offset(not_before);
     ca.not_after = to_offset(not_after);
     let issuer = CertifiedIssuer::self_signed(ca, ca_key)?;
@@ -168,21 +184,39 @@ pub fn issue(subject: &Subject, now: i64, lifetime_secs: i64) -> Result<Generati
     let key = KeyPair::generate()?;
     let mut leaf = CertificateParams::new(subject.sans())?;
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, format!("{}.{}.svc", subject.service, subject.namespace));
+    dn.push(
+        DnType::CommonName,
+        format!("{}.{}.svc", subject.service, subject.namespace),
+    );
     leaf.distinguished_name = dn;
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    leaf.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
     leaf.not_before = to_offset(not_before);
     leaf.not_after = to_offset(not_after);
     let cert = leaf.signed_by(&key, &issuer)?;
 
-    Ok(Generation { ca_cert: issuer.pem(), ca_key: ca_key_pem, cert: cert.pem(), key: key.serialize_pem(), not_before, not_after })
+    Ok(Generation {
+        ca_cert: issuer.pem(),
+        ca_key: ca_key_pem,
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        issued_at: now,
+        not_before,
+        not_after,
+    })
 }
 
 impl CertState {
     /// A first state: one fresh generation.
     pub fn new(subject: &Subject, now: i64, lifetime_secs: i64) -> Result<Self, CertError> {
-        Ok(Self { current: issue(subject, now, lifetime_secs)?, next: None, previous: None })
+        Ok(Self {
+            current: issue(subject, now, lifetime_secs)?,
+            next: None,
+            previous: None,
+        })
     }
 
     /// The CA bundle the webhook configurations must carry at `now`: the retired CA while it is
@@ -218,12 +252,12 @@ pub enum Step {
 /// configurations already carry the prepared CA.
 pub fn plan(state: &CertState, now: i64, next_published: bool) -> Step {
     let current = &state.current;
-    let span = (current.not_after - current.not_before).max(1);
+    let span = (current.not_after - current.issued_at).max(1);
     match &state.next {
         None if now >= current.not_after => Step::Replace,
-        None if now >= current.not_before + span / 2 => Step::Prepare,
+        None if now >= current.issued_at + span / 2 => Step::Prepare,
         None => Step::Keep,
-        Some(_) if next_published && now >= current.not_before + span * 3 / 4 => Step::Promote,
+        Some(_) if next_published && now >= current.issued_at + span * 3 / 4 => Step::Promote,
         Some(_) => Step::Keep,
     }
 }
@@ -238,9 +272,15 @@ pub fn apply_step(
 ) -> Result<Option<CertState>, CertError> {
     Ok(match step {
         Step::Keep => None,
-        Step::Prepare => Some(CertState { next: Some(issue(subject, now, lifetime_secs)?), ..state.clone() }),
+        Step::Prepare => Some(CertState {
+            next: Some(issue(subject, now, lifetime_secs)?),
+            ..state.clone()
+        }),
         Step::Promote => state.next.clone().map(|next| CertState {
-            previous: Some(RetiredCa { ca_cert: state.current.ca_cert.clone(), not_after: state.current.not_after }),
+            previous: Some(RetiredCa {
+                ca_cert: state.current.ca_cert.clone(),
+                not_after: state.current.not_after,
+            }),
             current: next,
             next: None,
         }),
@@ -250,36 +290,47 @@ pub fn apply_step(
 
 /// Loads a generation's certificate and key into the form rustls serves.
 pub fn certified_key(generation: &Generation) -> Result<Arc<CertifiedKey>, CertError> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(generation.cert.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| CertError::Load(format!("certificate: {e}")))?;
-    let key = PrivateKeyDer::from_pem_slice(generation.key.as_bytes()).map_err(|e| CertError::Load(format!("key: {e}")))?;
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(generation.cert.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| CertError::Load(format!("certificate: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(generation.key.as_bytes())
+        .map_err(|e| CertError::Load(format!("key: {e}")))?;
     let provider = rustls::crypto::ring::default_provider();
-    let signing = provider.key_provider.load_private_key(key).map_err(|e| CertError::Load(format!("key: {e}")))?;
+    let signing = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| CertError::Load(format!("key: {e}")))?;
     Ok(Arc::new(CertifiedKey::new(certs, signing)))
 }
 
 /// The certificate the TLS listener serves, swapped in place when the Secret changes.
 #[derive(Debug)]
 pub struct Resolver {
-    current: RwLock<(i64, Arc<CertifiedKey>)>,
+    current: RwLock<(String, Arc<CertifiedKey>)>,
 }
 
 impl Resolver {
     /// A resolver serving `generation`.
     pub fn new(generation: &Generation) -> Result<Self, CertError> {
-        Ok(Self { current: RwLock::new((generation.not_before, certified_key(generation)?)) })
+        Ok(Self {
+            current: RwLock::new((generation.cert.clone(), certified_key(generation)?)),
+        })
     }
 
     /// Serves `generation` from the next handshake on; returns whether it changed.
     pub fn swap(&self, generation: &Generation) -> Result<bool, CertError> {
-        let unchanged = self.current.read().map(|c| c.0 == generation.not_before).unwrap_or(false);
+        let unchanged = self
+            .current
+            .read()
+            .map(|c| c.0 == generation.cert)
+            .unwrap_or(false);
         if unchanged {
             return Ok(false);
         }
         let key = certified_key(generation)?;
         if let Ok(mut guard) = self.current.write() {
-            *guard = (generation.not_before, key);
+            *guard = (generation.cert.clone(), key);
         }
         Ok(true)
     }
@@ -293,29 +344,58 @@ impl ResolvesServerCert for Resolver {
 
 /// Reads the state from the Secret `name`; `None` when the Secret does not exist.
 pub async fn read(api: &Api<Secret>, name: &str) -> Result<Option<(CertState, String)>, CertError> {
-    let secret = api.get_opt(name).await.map_err(|source| CertError::Api { action: "reading", name: name.into(), source })?;
-    let Some(secret) = secret else { return Ok(None) };
+    let secret = api.get_opt(name).await.map_err(|source| CertError::Api {
+        action: "reading",
+        name: name.into(),
+        source,
+    })?;
+    let Some(secret) = secret else {
+        return Ok(None);
+    };
     let version = secret.metadata.resource_version.clone().unwrap_or_default();
     let raw = secret
         .data
         .as_ref()
         .and_then(|d| d.get(STATE_KEY))
-        .ok_or_else(|| CertError::Corrupt { name: name.into(), reason: format!("no {STATE_KEY} key") })?;
-    let state = serde_json::from_slice(&raw.0).map_err(|e| CertError::Corrupt { name: name.into(), reason: e.to_string() })?;
+        .ok_or_else(|| CertError::Corrupt {
+            name: name.into(),
+            reason: format!("no {STATE_KEY} key"),
+        })?;
+    let state = serde_json::from_slice(&raw.0).map_err(|e| CertError::Corrupt {
+        name: name.into(),
+        reason: e.to_string(),
+    })?;
     Ok(Some((state, version)))
 }
 
-fn secret_for(name: &str, namespace: &str, state: &CertState, now: i64, resource_version: Option<String>) -> Secret {
+fn secret_for(
+    name: &str,
+    namespace: &str,
+    state: &CertState,
+    now: i64,
+    resource_version: Option<String>,
+) -> Secret {
     let mut data = std::collections::BTreeMap::new();
-    data.insert(STATE_KEY.to_string(), ByteString(serde_json::to_vec(state).unwrap_or_default()));
-    data.insert(BUNDLE_KEY.to_string(), ByteString(state.bundle(now).into_bytes()));
+    data.insert(
+        STATE_KEY.to_string(),
+        ByteString(serde_json::to_vec(state).unwrap_or_default()),
+    );
+    data.insert(
+        BUNDLE_KEY.to_string(),
+        ByteString(state.bundle(now).into_bytes()),
+    );
     Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
             resource_version,
             labels: Some(
-                [("app.kubernetes.io/managed-by".to_string(), "platform-operator-webhook".to_string())].into_iter().collect(),
+                [(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "platform-operator-webhook".to_string(),
+                )]
+                .into_iter()
+                .collect(),
             ),
             ..Default::default()
         },
@@ -339,12 +419,25 @@ pub async fn load_or_create(
         return Ok(found);
     }
     let state = CertState::new(subject, now, lifetime_secs)?;
-    match api.create(&PostParams::default(), &secret_for(name, namespace, &state, now, None)).await {
+    match api
+        .create(
+            &PostParams::default(),
+            &secret_for(name, namespace, &state, now, None),
+        )
+        .await
+    {
         Ok(created) => Ok((state, created.metadata.resource_version.unwrap_or_default())),
-        Err(kube::Error::Api(s)) if s.code == 409 => read(api, name)
-            .await?
-            .ok_or_else(|| CertError::Corrupt { name: name.into(), reason: "deleted right after it was created".into() }),
-        Err(source) => Err(CertError::Api { action: "creating", name: name.into(), source }),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            read(api, name).await?.ok_or_else(|| CertError::Corrupt {
+                name: name.into(),
+                reason: "deleted right after it was created".into(),
+            })
+        }
+        Err(source) => Err(CertError::Api {
+            action: "creating",
+            name: name.into(),
+            source,
+        }),
     }
 }
 
@@ -358,11 +451,21 @@ pub async fn write(
     now: i64,
     resource_version: &str,
 ) -> Result<bool, CertError> {
-    let secret = secret_for(name, namespace, state, now, Some(resource_version.to_string()));
+    let secret = secret_for(
+        name,
+        namespace,
+        state,
+        now,
+        Some(resource_version.to_string()),
+    );
     match api.replace(name, &PostParams::default(), &secret).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(source) => Err(CertError::Api { action: "updating", name: name.into(), source }),
+        Err(source) => Err(CertError::Api {
+            action: "updating",
+            name: name.into(),
+            source,
+        }),
     }
 }
 
@@ -371,16 +474,24 @@ mod tests {
     use super::*;
 
     fn subject() -> Subject {
-        Subject { service: "platform-operator-webhook".into(), namespace: "ops".into(), extra_sans: vec!["127.0.0.1".into()] }
+        Subject {
+            service: "platform-operator-webhook".into(),
+            namespace: "ops".into(),
+            extra_sans: vec!["127.0.0.1".into()],
+        }
     }
 
     #[test]
     fn issued_generation_loads_into_rustls() {
         let g = issue(&subject(), 1_000_000, 3600).expect("issues");
         assert_eq!(g.not_after, 1_003_600);
+        assert_eq!((g.issued_at, g.not_before), (1_000_000, 999_940));
         assert!(g.cert.starts_with("-----BEGIN CERTIFICATE-----"));
         certified_key(&g).expect("rustls accepts it");
-        assert!(!format!("{g:?}").contains("PRIVATE KEY"), "Debug never prints keys");
+        assert!(
+            !format!("{g:?}").contains("PRIVATE KEY"),
+            "Debug never prints keys"
+        );
     }
 
     #[test]
@@ -388,26 +499,51 @@ mod tests {
         let s = subject();
         let t0 = 1_000_000;
         let state = CertState::new(&s, t0, 400).expect("state");
-        let (nb, na) = (state.current.not_before, state.current.not_after);
+        let (nb, na) = (state.current.issued_at, state.current.not_after);
         let span = na - nb;
         assert_eq!(plan(&state, t0 + 10, false), Step::Keep);
         assert_eq!(plan(&state, nb + span / 2, false), Step::Prepare);
 
-        let prepared = apply_step(&state, &Step::Prepare, &s, nb + span / 2, 400).expect("ok").expect("changed");
-        assert_eq!(prepared.current, state.current, "preparing keeps serving the current generation");
+        let prepared = apply_step(&state, &Step::Prepare, &s, nb + span / 2, 400)
+            .expect("ok")
+            .expect("changed");
+        assert_eq!(
+            prepared.current, state.current,
+            "preparing keeps serving the current generation"
+        );
         let bundle = prepared.bundle(nb + span / 2);
-        assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 2, "the bundle carries both CAs");
-        assert_eq!(plan(&prepared, nb + span * 3 / 4, false), Step::Keep, "never promote before the bundle is published");
+        assert_eq!(
+            bundle.matches("BEGIN CERTIFICATE").count(),
+            2,
+            "the bundle carries both CAs"
+        );
+        assert_eq!(
+            plan(&prepared, nb + span * 3 / 4, false),
+            Step::Keep,
+            "never promote before the bundle is published"
+        );
         assert_eq!(plan(&prepared, nb + span * 3 / 4, true), Step::Promote);
-        assert_eq!(plan(&prepared, nb + span / 2 + 1, true), Step::Keep, "too early to promote");
+        assert_eq!(
+            plan(&prepared, nb + span / 2 + 1, true),
+            Step::Keep,
+            "too early to promote"
+        );
 
-        let promoted = apply_step(&prepared, &Step::Promote, &s, nb + span * 3 / 4, 400).expect("ok").expect("changed");
+        let promoted = apply_step(&prepared, &Step::Promote, &s, nb + span * 3 / 4, 400)
+            .expect("ok")
+            .expect("changed");
         assert_eq!(Some(promoted.current.clone()), prepared.next);
         let bundle = promoted.bundle(nb + span * 3 / 4);
-        assert!(bundle.contains(state.current.ca_cert.trim_end()), "the old CA stays while it is valid");
+        assert!(
+            bundle.contains(state.current.ca_cert.trim_end()),
+            "the old CA stays while it is valid"
+        );
         assert!(bundle.contains(promoted.current.ca_cert.trim_end()));
         let after_expiry = promoted.bundle(na + 1);
-        assert!(!after_expiry.contains(state.current.ca_cert.trim_end()), "an expired CA leaves the bundle");
+        assert!(
+            !after_expiry.contains(state.current.ca_cert.trim_end()),
+            "an expired CA leaves the bundle"
+        );
         assert_eq!(after_expiry.matches("BEGIN CERTIFICATE").count(), 1);
     }
 
@@ -416,9 +552,14 @@ mod tests {
         let s = subject();
         let state = CertState::new(&s, 1_000_000, 100).expect("state");
         assert_eq!(plan(&state, 1_000_200, false), Step::Replace);
-        let replaced = apply_step(&state, &Step::Replace, &s, 1_000_200, 100).expect("ok").expect("changed");
+        let replaced = apply_step(&state, &Step::Replace, &s, 1_000_200, 100)
+            .expect("ok")
+            .expect("changed");
         assert_ne!(replaced.current.ca_cert, state.current.ca_cert);
-        assert_eq!(apply_step(&state, &Step::Keep, &s, 1_000_200, 100).expect("ok"), None);
+        assert_eq!(
+            apply_step(&state, &Step::Keep, &s, 1_000_200, 100).expect("ok"),
+            None
+        );
     }
 
     #[test]

@@ -8,10 +8,10 @@ use std::sync::RwLock;
 use common::crd::PlatformInstance;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 
 /// Something that holds NodePorts.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -44,7 +44,9 @@ impl Holder {
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Holder::Instance { namespace, name } => write!(f, "PlatformInstance {namespace}/{name}"),
+            Holder::Instance { namespace, name } => {
+                write!(f, "PlatformInstance {namespace}/{name}")
+            }
             Holder::Service { namespace, name } => write!(f, "Service {namespace}/{name}"),
         }
     }
@@ -86,7 +88,10 @@ impl Inner {
             return;
         }
         for port in &ports {
-            self.by_port.entry(*port).or_default().insert(holder.clone());
+            self.by_port
+                .entry(*port)
+                .or_default()
+                .insert(holder.clone());
         }
         self.ports_of.insert(holder, ports);
     }
@@ -100,7 +105,9 @@ pub struct NodePortIndex {
 
 impl std::fmt::Debug for NodePortIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodePortIndex").field("holders", &self.len()).finish()
+        f.debug_struct("NodePortIndex")
+            .field("holders", &self.len())
+            .finish()
     }
 }
 
@@ -122,7 +129,13 @@ pub fn service_ports(svc: &Service) -> Vec<i32> {
         .spec
         .as_ref()
         .and_then(|s| s.ports.as_ref())
-        .map(|ports| ports.iter().filter_map(|p| p.node_port).filter(|p| *p != 0).collect())
+        .map(|ports| {
+            ports
+                .iter()
+                .filter_map(|p| p.node_port)
+                .filter(|p| *p != 0)
+                .collect()
+        })
         .unwrap_or_default();
     ports.sort_unstable();
     ports.dedup();
@@ -147,7 +160,12 @@ impl NodePortIndex {
     /// Replaces every holder of `kind` with `holders` (after a watch (re)lists).
     pub fn replace_kind(&self, kind: Kind, holders: Vec<(Holder, Vec<i32>)>) {
         if let Ok(mut inner) = self.inner.write() {
-            let stale: Vec<Holder> = inner.ports_of.keys().filter(|h| h.kind() == kind).cloned().collect();
+            let stale: Vec<Holder> = inner
+                .ports_of
+                .keys()
+                .filter(|h| h.kind() == kind)
+                .cloned()
+                .collect();
             for h in &stale {
                 inner.remove(h);
             }
@@ -160,7 +178,15 @@ impl NodePortIndex {
 
     /// Who holds `port`.
     pub fn holders(&self, port: i32) -> Vec<Holder> {
-        self.inner.read().map(|i| i.by_port.get(&port).map(|s| s.iter().cloned().collect()).unwrap_or_default()).unwrap_or_default()
+        self.inner
+            .read()
+            .map(|i| {
+                i.by_port
+                    .get(&port)
+                    .map(|s| s.iter().cloned().collect())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
     }
 
     /// How many holders of ports are known.
@@ -175,35 +201,55 @@ impl NodePortIndex {
 
     /// How many holders of `kind` are known.
     pub fn count(&self, kind: Kind) -> usize {
-        self.inner.read().map(|i| i.ports_of.keys().filter(|h| h.kind() == kind).count()).unwrap_or(0)
+        self.inner
+            .read()
+            .map(|i| i.ports_of.keys().filter(|h| h.kind() == kind).count())
+            .unwrap_or(0)
     }
 
     /// Whether both watches have listed everything once.
     pub fn synced(&self) -> bool {
         self.inner
             .read()
-            .map(|i| i.synced.get(&Kind::Instance).copied().unwrap_or(false) && i.synced.get(&Kind::Service).copied().unwrap_or(false))
+            .map(|i| {
+                i.synced.get(&Kind::Instance).copied().unwrap_or(false)
+                    && i.synced.get(&Kind::Service).copied().unwrap_or(false)
+            })
             .unwrap_or(false)
     }
 }
 
 fn instance_holder(pi: &PlatformInstance) -> Holder {
-    Holder::Instance { namespace: pi.namespace().unwrap_or_default(), name: pi.name_any() }
+    Holder::Instance {
+        namespace: pi.namespace().unwrap_or_default(),
+        name: pi.name_any(),
+    }
 }
 
 fn service_holder(svc: &Service) -> Holder {
-    Holder::Service { namespace: svc.namespace().unwrap_or_default(), name: svc.name_any() }
+    Holder::Service {
+        namespace: svc.namespace().unwrap_or_default(),
+        name: svc.name_any(),
+    }
 }
 
 /// Runs one watch into the index until the stream ends (it retries with backoff on errors).
-async fn follow<K, F, H>(index: &NodePortIndex, api: Api<K>, kind: Kind, ports: F, holder: H, on_change: &(dyn Fn() + Sync))
-where
+async fn follow<K, F, H>(
+    index: &NodePortIndex,
+    api: Api<K>,
+    kind: Kind,
+    ports: F,
+    holder: H,
+    on_change: &(dyn Fn() + Sync),
+) where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     F: Fn(&K) -> Vec<i32>,
     H: Fn(&K) -> Holder,
 {
     let mut staging: Vec<(Holder, Vec<i32>)> = Vec::new();
-    let mut stream = watcher::watcher(api, watcher::Config::default().any_semantic()).default_backoff().boxed();
+    let mut stream = watcher::watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .boxed();
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Apply(obj)) => index.set(holder(&obj), ports(&obj)),
@@ -220,8 +266,22 @@ where
 /// Keeps `index` current from watches on PlatformInstances and Services in every namespace.
 /// `on_change` runs after every event (for the cache-size gauge).
 pub async fn run(index: &NodePortIndex, client: kube::Client, on_change: &(dyn Fn() + Sync)) {
-    let instances = follow(index, Api::<PlatformInstance>::all(client.clone()), Kind::Instance, instance_ports, instance_holder, on_change);
-    let services = follow(index, Api::<Service>::all(client), Kind::Service, service_ports, service_holder, on_change);
+    let instances = follow(
+        index,
+        Api::<PlatformInstance>::all(client.clone()),
+        Kind::Instance,
+        instance_ports,
+        instance_holder,
+        on_change,
+    );
+    let services = follow(
+        index,
+        Api::<Service>::all(client),
+        Kind::Service,
+        service_ports,
+        service_holder,
+        on_change,
+    );
     tokio::join!(instances, services);
 }
 
@@ -230,11 +290,17 @@ mod tests {
     use super::*;
 
     fn svc(ns: &str, name: &str) -> Holder {
-        Holder::Service { namespace: ns.into(), name: name.into() }
+        Holder::Service {
+            namespace: ns.into(),
+            name: name.into(),
+        }
     }
 
     fn pi(ns: &str, name: &str) -> Holder {
-        Holder::Instance { namespace: ns.into(), name: name.into() }
+        Holder::Instance {
+            namespace: ns.into(),
+            name: name.into(),
+        }
     }
 
     #[test]
@@ -250,11 +316,17 @@ mod tests {
         index.remove(&svc("b", "web"));
         assert!(index.holders(30090).is_empty());
         index.replace_kind(Kind::Instance, vec![(pi("c", "two"), vec![30100])]);
-        assert!(index.holders(30081).is_empty(), "a relist drops holders that are gone");
+        assert!(
+            index.holders(30081).is_empty(),
+            "a relist drops holders that are gone"
+        );
         assert_eq!(index.count(Kind::Instance), 1);
         index.replace_kind(Kind::Service, vec![]);
         assert!(index.synced());
         index.set(pi("c", "two"), vec![]);
-        assert!(index.is_empty(), "an instance without a NodePort holds nothing");
+        assert!(
+            index.is_empty(),
+            "an instance without a NodePort holds nothing"
+        );
     }
 }

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
 use tokio::sync::Notify;
 
 use crate::cabundle::{self, Configurations};
@@ -40,7 +42,10 @@ pub struct Keeper {
 
 /// Seconds since the Unix epoch.
 pub fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 /// The interval between checks: a twentieth of the lifetime, between 1 and 30 seconds.
@@ -50,9 +55,23 @@ pub fn tick(lifetime: Duration) -> Duration {
 
 impl Keeper {
     /// Reads (or creates) the Secret and returns the state to serve first.
-    pub async fn bootstrap(client: &kube::Client, namespace: &str, secret: &str, subject: &Subject, lifetime: Duration) -> Result<CertState, certs::CertError> {
+    pub async fn bootstrap(
+        client: &kube::Client,
+        namespace: &str,
+        secret: &str,
+        subject: &Subject,
+        lifetime: Duration,
+    ) -> Result<CertState, certs::CertError> {
         let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let (state, _) = certs::load_or_create(&api, secret, namespace, subject, now(), lifetime.as_secs() as i64).await?;
+        let (state, _) = certs::load_or_create(
+            &api,
+            secret,
+            namespace,
+            subject,
+            now(),
+            lifetime.as_secs() as i64,
+        )
+        .await?;
         Ok(state)
     }
 
@@ -61,35 +80,62 @@ impl Keeper {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let lifetime = self.lifetime.as_secs() as i64;
         let now = now();
-        let (mut state, version) = certs::load_or_create(&api, &self.secret, &self.namespace, &self.subject, now, lifetime)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (mut state, version) = certs::load_or_create(
+            &api,
+            &self.secret,
+            &self.namespace,
+            &self.subject,
+            now,
+            lifetime,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         self.serve(&state)?;
         let bundle = state.bundle(now);
-        let written = cabundle::ensure(&self.client, &self.configs, &bundle).await.map_err(|e| e.to_string())?;
+        let written = cabundle::ensure(&self.client, &self.configs, &bundle)
+            .await
+            .map_err(|e| e.to_string())?;
         self.metrics.ca_bundle_writes.inc_by(written as u64);
-        let published = cabundle::published(&self.client, &self.configs, &bundle).await.map_err(|e| e.to_string())?;
+        let published = cabundle::published(&self.client, &self.configs, &bundle)
+            .await
+            .map_err(|e| e.to_string())?;
         let step = certs::plan(&state, now, published);
         if step == Step::Keep {
             return Ok(state);
         }
-        if let Some(next) = certs::apply_step(&state, &step, &self.subject, now, lifetime).map_err(|e| e.to_string())? {
-            if certs::write(&api, &self.secret, &self.namespace, &next, now, &version).await.map_err(|e| e.to_string())? {
-                tracing::info!(?step, "certificate rotation step written");
-                self.metrics.rotations.with_label_values(&[step_label(&step)]).inc();
-                state = next;
-                let bundle = state.bundle(now);
-                let written = cabundle::ensure(&self.client, &self.configs, &bundle).await.map_err(|e| e.to_string())?;
-                self.metrics.ca_bundle_writes.inc_by(written as u64);
-                self.serve(&state)?;
-            }
+        let next = certs::apply_step(&state, &step, &self.subject, now, lifetime)
+            .map_err(|e| e.to_string())?;
+        if let Some(next) = next
+            && certs::write(&api, &self.secret, &self.namespace, &next, now, &version)
+                .await
+                .map_err(|e| e.to_string())?
+        {
+            tracing::info!(?step, "certificate rotation step written");
+            self.metrics
+                .rotations
+                .with_label_values(&[step_label(&step)])
+                .inc();
+            state = next;
+            let bundle = state.bundle(now);
+            let written = cabundle::ensure(&self.client, &self.configs, &bundle)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.metrics.ca_bundle_writes.inc_by(written as u64);
+            self.serve(&state)?;
         }
         Ok(state)
     }
 
     fn serve(&self, state: &CertState) -> Result<(), String> {
-        if self.resolver.swap(&state.current).map_err(|e| e.to_string())? {
-            tracing::info!(not_after = state.current.not_after, "serving a new certificate");
+        if self
+            .resolver
+            .swap(&state.current)
+            .map_err(|e| e.to_string())?
+        {
+            tracing::info!(
+                not_after = state.current.not_after,
+                "serving a new certificate"
+            );
         }
         self.metrics.certificate_expiry.set(state.current.not_after);
         Ok(())
@@ -98,7 +144,11 @@ impl Keeper {
     /// Runs passes every tick and whenever a webhook configuration changes, forever.
     pub async fn run(self) {
         let changed = Arc::new(Notify::new());
-        tokio::spawn(watch_configs(self.client.clone(), self.configs.clone(), changed.clone()));
+        tokio::spawn(watch_configs(
+            self.client.clone(),
+            self.configs.clone(),
+            changed.clone(),
+        ));
         let tick = tick(self.lifetime);
         loop {
             if let Err(e) = self.pass().await {
@@ -125,14 +175,20 @@ fn step_label(step: &Step) -> &'static str {
 /// at once rather than at the next tick.
 async fn watch_configs(client: kube::Client, configs: Configurations, changed: Arc<Notify>) {
     let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mutating = watcher::watcher(Api::<MutatingWebhookConfiguration>::all(client.clone()), by_name(&configs.mutating))
-        .default_backoff()
-        .map(|_| ())
-        .boxed();
-    let validating = watcher::watcher(Api::<ValidatingWebhookConfiguration>::all(client), by_name(&configs.validating))
-        .default_backoff()
-        .map(|_| ())
-        .boxed();
+    let mutating = watcher::watcher(
+        Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        by_name(&configs.mutating),
+    )
+    .default_backoff()
+    .map(|_| ())
+    .boxed();
+    let validating = watcher::watcher(
+        Api::<ValidatingWebhookConfiguration>::all(client),
+        by_name(&configs.validating),
+    )
+    .default_backoff()
+    .map(|_| ())
+    .boxed();
     let mut events = futures::stream::select(mutating, validating);
     while events.next().await.is_some() {
         changed.notify_one();

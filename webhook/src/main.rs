@@ -18,7 +18,11 @@ use webhook::rules::Settings;
 
 /// Command-line flags of the webhook.
 #[derive(Debug, Parser)]
-#[command(name = "webhook", version, about = "Admission webhook that defaults and validates PlatformInstances.")]
+#[command(
+    name = "webhook",
+    version,
+    about = "Admission webhook that defaults and validates PlatformInstances."
+)]
 struct Args {
     #[command(flatten)]
     ops: OpsArgs,
@@ -34,7 +38,11 @@ struct Args {
     namespace: String,
 
     /// The webhook's Service name; the serving certificate names <service>.<namespace>.svc.
-    #[arg(long, env = "WEBHOOK_SERVICE_NAME", default_value = "platform-operator-webhook")]
+    #[arg(
+        long,
+        env = "WEBHOOK_SERVICE_NAME",
+        default_value = "platform-operator-webhook"
+    )]
     service_name: String,
 
     /// Extra names or IP addresses in the serving certificate (comma-separated), such as 127.0.0.1 for a local run.
@@ -75,20 +83,32 @@ struct Args {
 }
 
 fn parse_default_version(value: &str) -> Result<String, String> {
-    common::version::parse_exact(value).map(|_| value.to_string()).map_err(|e| e.to_string())
+    common::version::parse_exact(value)
+        .map(|_| value.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_minor(value: &str) -> Result<(u64, u64), String> {
     let err = || format!("{value:?} is not MAJOR.MINOR, such as 6.0");
     let (major, minor) = value.split_once('.').ok_or_else(err)?;
-    Ok((major.parse().map_err(|_| err())?, minor.parse().map_err(|_| err())?))
+    Ok((
+        major.parse().map_err(|_| err())?,
+        minor.parse().map_err(|_| err())?,
+    ))
 }
 
 fn parse_port_range(value: &str) -> Result<(i32, i32), String> {
     let err = || format!("{value:?} is not a port range LOW-HIGH, such as 30000-32767");
     let (lo, hi) = value.split_once('-').ok_or_else(err)?;
-    let (lo, hi): (i32, i32) = (lo.trim().parse().map_err(|_| err())?, hi.trim().parse().map_err(|_| err())?);
-    if lo < 1 || hi > 65535 || lo > hi { Err(err()) } else { Ok((lo, hi)) }
+    let (lo, hi): (i32, i32) = (
+        lo.trim().parse().map_err(|_| err())?,
+        hi.trim().parse().map_err(|_| err())?,
+    );
+    if lo < 1 || hi > 65535 || lo > hi {
+        Err(err())
+    } else {
+        Ok((lo, hi))
+    }
 }
 
 #[tokio::main]
@@ -101,10 +121,23 @@ async fn main() -> anyhow::Result<()> {
     let registry = common::metrics::registry("webhook");
     let metrics = Metrics::register(&registry).context("registering metrics")?;
     let readiness = Readiness::default();
-    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
 
-    let subject = Subject { service: args.service_name.clone(), namespace: args.namespace.clone(), extra_sans: args.extra_san.clone() };
-    let state = Keeper::bootstrap(&client, &args.namespace, &args.tls_secret_name, &subject, args.cert_lifetime).await?;
+    let subject = Subject {
+        service: args.service_name.clone(),
+        namespace: args.namespace.clone(),
+        extra_sans: args.extra_san.clone(),
+    };
+    let state = Keeper::bootstrap(
+        &client,
+        &args.namespace,
+        &args.tls_secret_name,
+        &subject,
+        args.cert_lifetime,
+    )
+    .await?;
     let resolver = Arc::new(Resolver::new(&state.current)?);
     metrics.certificate_expiry.set(state.current.not_after);
     let keeper = Keeper {
@@ -132,8 +165,12 @@ async fn main() -> anyhow::Result<()> {
             let on_change = {
                 let index = index.clone();
                 move || {
-                    gauge.with_label_values(&["PlatformInstance"]).set(index.count(Kind::Instance) as i64);
-                    gauge.with_label_values(&["Service"]).set(index.count(Kind::Service) as i64);
+                    gauge
+                        .with_label_values(&["PlatformInstance"])
+                        .set(index.count(Kind::Instance) as i64);
+                    gauge
+                        .with_label_values(&["Service"])
+                        .set(index.count(Kind::Service) as i64);
                     readiness.set(index.synced());
                 }
             };
@@ -155,7 +192,12 @@ async fn main() -> anyhow::Result<()> {
     let tls_config = Arc::new(webhook::tls::server_config(resolver)?);
     let listener = tokio::net::TcpListener::bind(args.admission_bind_address)
         .await
-        .with_context(|| format!("listening on --admission-bind-address {}", args.admission_bind_address))?;
+        .with_context(|| {
+            format!(
+                "listening on --admission-bind-address {}",
+                args.admission_bind_address
+            )
+        })?;
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
     tracing::info!(admission = %listener.local_addr()?, ops = %ops.local_addr(), version = env!("CARGO_PKG_VERSION"), "webhook serving");
 
@@ -170,7 +212,8 @@ async fn main() -> anyhow::Result<()> {
         metrics.tls_handshake_failures.clone(),
         stopped(stop_rx.clone()),
     ));
-    let ops_server = tokio::spawn(ops.serve(ops_router(registry, readiness.clone()), stopped(stop_rx)));
+    let ops_server =
+        tokio::spawn(ops.serve(ops_router(registry, readiness.clone()), stopped(stop_rx)));
     shutdown_signal().await;
     tracing::info!("shutting down: finishing in-flight reviews");
     readiness.set(false);

@@ -1,6 +1,8 @@
 //! The webhook's Prometheus metrics, all in the binary's one registry.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 /// Every metric the webhook exports.
 #[derive(Clone, Debug)]
@@ -26,12 +28,20 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let reviews = IntCounterVec::new(
-            Opts::new("platform_operator_webhook_reviews_total", "Admission reviews by webhook, operation, result and rule."),
+            Opts::new(
+                "platform_operator_webhook_reviews_total",
+                "Admission reviews by webhook, operation, result and rule.",
+            ),
             &["webhook", "operation", "result", "rule"],
         )?;
         let duration = prometheus::HistogramVec::new(
-            HistogramOpts::new("platform_operator_webhook_review_duration_seconds", "Time to answer one admission review.")
-                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+            HistogramOpts::new(
+                "platform_operator_webhook_review_duration_seconds",
+                "Time to answer one admission review.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
             &["webhook"],
         )?;
         let tls_handshake_failures = IntCounter::new(
@@ -43,11 +53,17 @@ impl Metrics {
             "When the serving certificate expires, in Unix seconds.",
         )?;
         let rotations = IntCounterVec::new(
-            Opts::new("platform_operator_webhook_certificate_rotations_total", "Certificate rotation steps this replica wrote, by step."),
+            Opts::new(
+                "platform_operator_webhook_certificate_rotations_total",
+                "Certificate rotation steps this replica wrote, by step.",
+            ),
             &["step"],
         )?;
         let cache_objects = IntGaugeVec::new(
-            Opts::new("platform_operator_webhook_cache_objects", "NodePort holders in the webhook's cache, by kind."),
+            Opts::new(
+                "platform_operator_webhook_cache_objects",
+                "NodePort holders in the webhook's cache, by kind.",
+            ),
             &["kind"],
         )?;
         let ca_bundle_writes = IntCounter::new(
@@ -61,7 +77,15 @@ impl Metrics {
         registry.register(Box::new(rotations.clone()))?;
         registry.register(Box::new(cache_objects.clone()))?;
         registry.register(Box::new(ca_bundle_writes.clone()))?;
-        Ok(Self { reviews, duration, tls_handshake_failures, certificate_expiry, rotations, cache_objects, ca_bundle_writes })
+        Ok(Self {
+            reviews,
+            duration,
+            tls_handshake_failures,
+            certificate_expiry,
+            rotations,
+            cache_objects,
+            ca_bundle_writes,
+        })
     }
 
     /// The latency histogram of `webhook`.

@@ -10,11 +10,13 @@ use common::crd::PlatformInstance;
 use common::names::{ALLOW_DOWNGRADE_ANNOTATION, host_namespace};
 use json_patch::{AddOperation, PatchOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::authentication::v1::UserInfo;
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::core::admission::Operation;
-use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::index::{Holder, NodePortIndex};
@@ -43,7 +45,10 @@ pub struct Finding {
 
 impl Finding {
     fn new(rule: &'static str, message: impl Into<String>) -> Self {
-        Self { rule, message: message.into() }
+        Self {
+            rule,
+            message: message.into(),
+        }
     }
 }
 
@@ -58,7 +63,10 @@ pub struct Verdict {
 
 impl Verdict {
     fn deny(finding: Finding) -> Self {
-        Self { denial: Some(finding), warnings: Vec::new() }
+        Self {
+            denial: Some(finding),
+            warnings: Vec::new(),
+        }
     }
 }
 
@@ -69,16 +77,25 @@ pub fn defaults(settings: &Settings, object: &Value) -> Vec<PatchOperation> {
     match object.get("spec") {
         Some(Value::Object(spec)) => {
             if spec.get("version").is_none_or(Value::is_null) {
-                ops.push(add("/spec/version", Value::String(settings.default_version.clone())));
+                ops.push(add(
+                    "/spec/version",
+                    Value::String(settings.default_version.clone()),
+                ));
             }
         }
-        _ => ops.push(add("/spec", serde_json::json!({ "version": settings.default_version }))),
+        _ => ops.push(add(
+            "/spec",
+            serde_json::json!({ "version": settings.default_version }),
+        )),
     }
     ops
 }
 
 fn add(path: &str, value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation { path: PointerBuf::parse(path).unwrap_or_default(), value })
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::parse(path).unwrap_or_default(),
+        value,
+    })
 }
 
 /// The rules that need no API call, for CREATE and UPDATE. `old` is the stored object on UPDATE.
@@ -118,16 +135,24 @@ pub fn check_local(
                 "version-range",
                 format!(
                     "spec.version {version} is outside the versions this operator supports ({}.{}.x to {}.{}.x); choose a version in that range or upgrade the operator",
-                    settings.min_version.0, settings.min_version.1, settings.max_version.0, settings.max_version.1
+                    settings.min_version.0,
+                    settings.min_version.1,
+                    settings.max_version.0,
+                    settings.max_version.1
                 ),
             ));
         }
-        let installed = old.and_then(|o| o.status.as_ref()).and_then(|s| s.installed_version.as_deref());
+        let installed = old
+            .and_then(|o| o.status.as_ref())
+            .and_then(|s| s.installed_version.as_deref());
         if let Some(installed) = installed
             && let Ok(installed_v) = semver::Version::parse(installed)
             && parsed < installed_v
         {
-            let opted_in = new.annotations().get(ALLOW_DOWNGRADE_ANNOTATION).is_some_and(|v| v == "true");
+            let opted_in = new
+                .annotations()
+                .get(ALLOW_DOWNGRADE_ANNOTATION)
+                .is_some_and(|v| v == "true");
             if !opted_in {
                 return Verdict::deny(Finding::new(
                     "downgrade",
@@ -144,7 +169,10 @@ pub fn check_local(
     } else if matches!(operation, Operation::Create) {
         warnings.push(Finding::new(
             "default-version",
-            format!("spec.version is not set; the controller installs its default {}", settings.default_version),
+            format!(
+                "spec.version is not set; the controller installs its default {}",
+                settings.default_version
+            ),
         ));
     }
 
@@ -155,20 +183,27 @@ pub fn check_local(
             if port < lo || port > hi {
                 return Verdict::deny(Finding::new(
                     "node-port-range",
-                    format!("spec.platform.gateway.httpNodePort {port} is outside the API server's NodePort range {lo}-{hi}; choose a port in it, or 0 to keep the gateway in-instance"),
+                    format!(
+                        "spec.platform.gateway.httpNodePort {port} is outside the API server's NodePort range {lo}-{hi}; choose a port in it, or 0 to keep the gateway in-instance"
+                    ),
                 ));
             }
             let namespace = new.namespace().unwrap_or_default();
             let name = new.name_any();
             let own_host = host_namespace(&namespace, &name);
             let taken = index.holders(port).into_iter().find(|h| match h {
-                Holder::Instance { namespace: ns, name: n } => !(ns == &namespace && n == &name),
+                Holder::Instance {
+                    namespace: ns,
+                    name: n,
+                } => !(ns == &namespace && n == &name),
                 Holder::Service { namespace: ns, .. } => ns != &own_host,
             });
             if let Some(holder) = taken {
                 return Verdict::deny(Finding::new(
                     "node-port-conflict",
-                    format!("spec.platform.gateway.httpNodePort {port} is already used by {holder}; choose a free NodePort, or 0 to keep the gateway in-instance"),
+                    format!(
+                        "spec.platform.gateway.httpNodePort {port} is already used by {holder}; choose a free NodePort, or 0 to keep the gateway in-instance"
+                    ),
                 ));
             }
             if let Some(endpoint) = gateway.http_endpoint.as_deref()
@@ -190,7 +225,10 @@ pub fn check_local(
             "spec.deletionPolicy is Delete: deleting this instance removes its storage and Pulumi state for good",
         ));
     }
-    Verdict { denial: None, warnings }
+    Verdict {
+        denial: None,
+        warnings,
+    }
 }
 
 /// The port an http(s) URL names, explicitly or by its scheme.
@@ -199,7 +237,9 @@ fn endpoint_port(url: &str) -> Option<i32> {
     let authority = rest.split(['/', '?', '#']).next()?;
     let host_port = authority.rsplit('@').next()?;
     let port = match host_port.strip_prefix('[') {
-        Some(bracketed) => bracketed.split_once(']').and_then(|(_, after)| after.strip_prefix(':')),
+        Some(bracketed) => bracketed
+            .split_once(']')
+            .and_then(|(_, after)| after.strip_prefix(':')),
         None => host_port.rsplit_once(':').map(|(_, p)| p),
     };
     match (port, scheme) {
@@ -220,9 +260,15 @@ pub async fn check_secret_ref(
     old: Option<&PlatformInstance>,
 ) -> Verdict {
     let secret_ref = |pi: &PlatformInstance| {
-        pi.spec.platform.as_ref().and_then(|p| p.tenant_auth.as_ref()).map(|t| t.client_secret_ref.clone())
+        pi.spec
+            .platform
+            .as_ref()
+            .and_then(|p| p.tenant_auth.as_ref())
+            .map(|t| t.client_secret_ref.clone())
     };
-    let Some(reference) = secret_ref(new) else { return Verdict::default() };
+    let Some(reference) = secret_ref(new) else {
+        return Verdict::default();
+    };
     if old.is_some_and(|o| secret_ref(o).as_ref() == Some(&reference)) {
         return Verdict::default();
     }
@@ -249,11 +295,16 @@ pub async fn check_secret_ref(
     };
     let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
     let allowed = match reviews.create(&PostParams::default(), &review).await {
-        Ok(r) => r.status.is_some_and(|s| s.allowed && !s.denied.unwrap_or(false)),
+        Ok(r) => r
+            .status
+            .is_some_and(|s| s.allowed && !s.denied.unwrap_or(false)),
         Err(e) => {
             return Verdict::deny(Finding::new(
                 "secret-access",
-                format!("{field}: could not check whether you may read Secret {namespace}/{} ({e}); retry, and check the webhook's permission to create SubjectAccessReviews", reference.name),
+                format!(
+                    "{field}: could not check whether you may read Secret {namespace}/{} ({e}); retry, and check the webhook's permission to create SubjectAccessReviews",
+                    reference.name
+                ),
             ));
         }
     };
@@ -274,8 +325,14 @@ pub async fn check_secret_ref(
             reference.name
         )),
         Ok(Some(secret)) => {
-            let has_key = secret.data.as_ref().is_some_and(|d| d.contains_key(&reference.key))
-                || secret.string_data.as_ref().is_some_and(|d| d.contains_key(&reference.key));
+            let has_key = secret
+                .data
+                .as_ref()
+                .is_some_and(|d| d.contains_key(&reference.key))
+                || secret
+                    .string_data
+                    .as_ref()
+                    .is_some_and(|d| d.contains_key(&reference.key));
             (!has_key).then(|| {
                 format!(
                     "{field}: Secret {namespace}/{} has no key {:?} yet; the controller waits for it and reports it in a condition",
@@ -283,9 +340,18 @@ pub async fn check_secret_ref(
                 )
             })
         }
-        Err(e) => Some(format!("{field}: could not check that Secret {namespace}/{} exists ({e})", reference.name)),
+        Err(e) => Some(format!(
+            "{field}: could not check that Secret {namespace}/{} exists ({e})",
+            reference.name
+        )),
     };
-    Verdict { denial: None, warnings: warning.map(|m| Finding::new("secret-missing", m)).into_iter().collect() }
+    Verdict {
+        denial: None,
+        warnings: warning
+            .map(|m| Finding::new("secret-missing", m))
+            .into_iter()
+            .collect(),
+    }
 }
 
 /// Everything the validating webhook checks for one request.
@@ -306,16 +372,26 @@ pub async fn validate(
     if secret.denial.is_some() {
         return secret;
     }
-    Verdict { denial: None, warnings: local.warnings.into_iter().chain(secret.warnings).collect() }
+    Verdict {
+        denial: None,
+        warnings: local.warnings.into_iter().chain(secret.warnings).collect(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::crd::{DeletionPolicy, Gateway, PlatformInstanceSpec, PlatformInstanceStatus, PlatformSettings};
+    use common::crd::{
+        DeletionPolicy, Gateway, PlatformInstanceSpec, PlatformInstanceStatus, PlatformSettings,
+    };
 
     fn settings() -> Settings {
-        Settings { default_version: "6.0.22".into(), min_version: (6, 0), max_version: (6, 0), node_port_range: (30000, 32767) }
+        Settings {
+            default_version: "6.0.22".into(),
+            min_version: (6, 0),
+            max_version: (6, 0),
+            node_port_range: (30000, 32767),
+        }
     }
 
     fn instance(version: Option<&str>, port: i32) -> PlatformInstance {
@@ -324,7 +400,10 @@ mod tests {
             PlatformInstanceSpec {
                 version: version.map(Into::into),
                 platform: Some(PlatformSettings {
-                    gateway: Some(Gateway { http_node_port: port, http_endpoint: None }),
+                    gateway: Some(Gateway {
+                        http_node_port: port,
+                        http_endpoint: None,
+                    }),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -335,7 +414,10 @@ mod tests {
     }
 
     fn installed(mut pi: PlatformInstance, version: &str) -> PlatformInstance {
-        pi.status = Some(PlatformInstanceStatus { installed_version: Some(version.into()), ..Default::default() });
+        pi.status = Some(PlatformInstanceStatus {
+            installed_version: Some(version.into()),
+            ..Default::default()
+        });
         pi
     }
 
@@ -351,7 +433,10 @@ mod tests {
         assert_eq!(ops.len(), 1);
         json_patch::patch(&mut obj, &ops).expect("applies");
         assert_eq!(obj["spec"]["version"], "6.0.22");
-        assert!(defaults(&s, &obj).is_empty(), "a second pass changes nothing");
+        assert!(
+            defaults(&s, &obj).is_empty(),
+            "a second pass changes nothing"
+        );
         let given = serde_json::json!({"spec": {"version": "6.0.3"}});
         assert!(defaults(&s, &given).is_empty(), "a given version is kept");
         let mut bare = serde_json::json!({"metadata": {}});
@@ -364,26 +449,66 @@ mod tests {
     fn version_range_and_downgrade() {
         let s = settings();
         let index = NodePortIndex::default();
-        let ok = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 0), None);
+        let ok = check_local(
+            &s,
+            &index,
+            &Operation::Create,
+            &instance(Some("6.0.22"), 0),
+            None,
+        );
         assert_eq!(ok, Verdict::default());
-        let v = check_local(&s, &index, &Operation::Create, &instance(Some("7.0.0"), 0), None);
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Create,
+            &instance(Some("7.0.0"), 0),
+            None,
+        );
         assert_eq!(denied_by(&v), Some("version-range"));
-        assert!(v.denial.as_ref().is_some_and(|d| d.message.starts_with("spec.version 7.0.0") && d.message.contains("6.0.x")));
-        let v = check_local(&s, &index, &Operation::Create, &instance(Some("^6.0.0"), 0), None);
+        assert!(v.denial.as_ref().is_some_and(
+            |d| d.message.starts_with("spec.version 7.0.0") && d.message.contains("6.0.x")
+        ));
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Create,
+            &instance(Some("^6.0.0"), 0),
+            None,
+        );
         assert_eq!(denied_by(&v), Some("version"));
 
         let old = installed(instance(Some("6.0.22"), 0), "6.0.22");
-        let v = check_local(&s, &index, &Operation::Update, &instance(Some("6.0.21"), 0), Some(&old));
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Update,
+            &instance(Some("6.0.21"), 0),
+            Some(&old),
+        );
         assert_eq!(denied_by(&v), Some("downgrade"));
         let mut opted = instance(Some("6.0.21"), 0);
-        opted.annotations_mut().insert(ALLOW_DOWNGRADE_ANNOTATION.into(), "true".into());
+        opted
+            .annotations_mut()
+            .insert(ALLOW_DOWNGRADE_ANNOTATION.into(), "true".into());
         let v = check_local(&s, &index, &Operation::Update, &opted, Some(&old));
         assert_eq!(v.denial, None);
-        assert_eq!(v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(), ["downgrade"]);
-        let v = check_local(&s, &index, &Operation::Update, &instance(Some("6.0.23"), 0), Some(&old));
+        assert_eq!(
+            v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(),
+            ["downgrade"]
+        );
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Update,
+            &instance(Some("6.0.23"), 0),
+            Some(&old),
+        );
         assert_eq!(v, Verdict::default(), "an upgrade is fine");
         let v = check_local(&s, &index, &Operation::Create, &instance(None, 0), None);
-        assert_eq!(v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(), ["default-version"]);
+        assert_eq!(
+            v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(),
+            ["default-version"]
+        );
     }
 
     #[test]
@@ -392,41 +517,118 @@ mod tests {
         let index = NodePortIndex::default();
         let mut old = instance(Some("6.0.22"), 0);
         old.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
         old.metadata.finalizers = Some(vec![common::names::FINALIZER.into()]);
         let mut new = old.clone();
         new.metadata.finalizers = None;
-        assert_eq!(check_local(&s, &index, &Operation::Update, &new, Some(&old)), Verdict::default());
+        assert_eq!(
+            check_local(&s, &index, &Operation::Update, &new, Some(&old)),
+            Verdict::default()
+        );
         // Even an otherwise invalid edit passes: deletion must never hang here.
         new.spec.platform = Some(PlatformSettings {
-            gateway: Some(Gateway { http_node_port: 99, http_endpoint: None }),
+            gateway: Some(Gateway {
+                http_node_port: 99,
+                http_endpoint: None,
+            }),
             ..Default::default()
         });
-        assert_eq!(check_local(&s, &index, &Operation::Update, &new, Some(&old)), Verdict::default());
+        assert_eq!(
+            check_local(&s, &index, &Operation::Update, &new, Some(&old)),
+            Verdict::default()
+        );
         new.spec.version = Some("6.0.23".into());
-        assert_eq!(denied_by(&check_local(&s, &index, &Operation::Update, &new, Some(&old))), Some("deleting"));
+        assert_eq!(
+            denied_by(&check_local(
+                &s,
+                &index,
+                &Operation::Update,
+                &new,
+                Some(&old)
+            )),
+            Some("deleting")
+        );
     }
 
     #[test]
     fn node_ports_must_be_in_range_and_free() {
-        let s = Settings { node_port_range: (30000, 30999), ..settings() };
+        let s = Settings {
+            node_port_range: (30000, 30999),
+            ..settings()
+        };
         let index = NodePortIndex::default();
-        let v = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 31000), None);
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Create,
+            &instance(Some("6.0.22"), 31000),
+            None,
+        );
         assert_eq!(denied_by(&v), Some("node-port-range"));
 
-        index.set(Holder::Instance { namespace: "team-b".into(), name: "two".into() }, vec![30080]);
-        let v = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 30080), None);
+        index.set(
+            Holder::Instance {
+                namespace: "team-b".into(),
+                name: "two".into(),
+            },
+            vec![30080],
+        );
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Create,
+            &instance(Some("6.0.22"), 30080),
+            None,
+        );
         assert_eq!(denied_by(&v), Some("node-port-conflict"));
-        assert!(v.denial.is_some_and(|d| d.message.contains("PlatformInstance team-b/two")));
+        assert!(
+            v.denial
+                .is_some_and(|d| d.message.contains("PlatformInstance team-b/two"))
+        );
 
         // Its own entry and the Services in its own host namespace do not conflict.
-        index.set(Holder::Instance { namespace: "team-a".into(), name: "one".into() }, vec![30090]);
-        index.set(Holder::Service { namespace: host_namespace("team-a", "one"), name: "gateway".into() }, vec![30090]);
-        let v = check_local(&s, &index, &Operation::Update, &instance(Some("6.0.22"), 30090), Some(&instance(Some("6.0.22"), 30090)));
+        index.set(
+            Holder::Instance {
+                namespace: "team-a".into(),
+                name: "one".into(),
+            },
+            vec![30090],
+        );
+        index.set(
+            Holder::Service {
+                namespace: host_namespace("team-a", "one"),
+                name: "gateway".into(),
+            },
+            vec![30090],
+        );
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Update,
+            &instance(Some("6.0.22"), 30090),
+            Some(&instance(Some("6.0.22"), 30090)),
+        );
         assert_eq!(v.denial, None);
-        index.set(Holder::Service { namespace: "default".into(), name: "web".into() }, vec![30091]);
-        let v = check_local(&s, &index, &Operation::Create, &instance(Some("6.0.22"), 30091), None);
-        assert!(v.denial.is_some_and(|d| d.message.contains("Service default/web")));
+        index.set(
+            Holder::Service {
+                namespace: "default".into(),
+                name: "web".into(),
+            },
+            vec![30091],
+        );
+        let v = check_local(
+            &s,
+            &index,
+            &Operation::Create,
+            &instance(Some("6.0.22"), 30091),
+            None,
+        );
+        assert!(
+            v.denial
+                .is_some_and(|d| d.message.contains("Service default/web"))
+        );
     }
 
     #[test]
@@ -443,7 +645,11 @@ mod tests {
         assert_eq!(rules, ["endpoint-port", "deletion-policy"]);
         let again = check_local(&s, &index, &Operation::Update, &pi, Some(&pi));
         let rules: Vec<&str> = again.warnings.iter().map(|w| w.rule).collect();
-        assert_eq!(rules, ["endpoint-port"], "an unchanged Delete policy is not re-warned");
+        assert_eq!(
+            rules,
+            ["endpoint-port"],
+            "an unchanged Delete policy is not re-warned"
+        );
     }
 
     #[test]

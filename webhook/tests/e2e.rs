@@ -1,0 +1,605 @@
+//! End-to-end: the webhook binary as a process against the real local API server. Each test
+//! registers its own webhook configurations (`clientConfig.url: https://127.0.0.1:<port>/...`,
+//! no caBundle, scoped to the test's namespaces by a label) and lets the webhook inject its CA.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e::control_plane::{free_port, plain_get};
+use e2e::shared::Shared;
+
+fn cluster() -> Shared {
+    let shared = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    shared.install_crd().unwrap_or_else(|e| panic!("{e}"));
+    shared
+}
+
+/// A running webhook process; killed on drop. Its log is printed when a test fails.
+struct Webhook {
+    child: Child,
+    log: PathBuf,
+    ops_port: u16,
+}
+
+impl Webhook {
+    /// Starts the webhook for test `id`: its certificate Secret lives in `namespace`.
+    fn start(
+        cluster: &Shared,
+        id: &str,
+        namespace: &str,
+        extra: &[&str],
+        admission_port: Option<u16>,
+    ) -> Self {
+        let admission_port = admission_port.unwrap_or_else(|| free_port().expect("port"));
+        let ops_port = free_port().expect("port");
+        let log = std::env::temp_dir().join(format!(
+            "webhook-{id}-{}-{ops_port}.log",
+            std::process::id()
+        ));
+        let file = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_webhook"));
+        cmd.env("KUBECONFIG", &cluster.kubeconfig)
+            .args([
+                "--namespace",
+                namespace,
+                "--admission-bind-address",
+                &format!("127.0.0.1:{admission_port}"),
+                "--metrics-bind-address",
+                &format!("127.0.0.1:{ops_port}"),
+                "--extra-san",
+                "127.0.0.1",
+                "--mutating-webhook-configuration",
+                &format!("e2e-{id}"),
+                "--validating-webhook-configuration",
+                &format!("e2e-{id}"),
+                "--log-level",
+                "info,webhook=debug",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file);
+        e2e::process::die_with_parent(&mut cmd);
+        let child = cmd.spawn().expect("webhook starts");
+        Webhook {
+            child,
+            log,
+            admission_port,
+            ops_port,
+        }
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((200, _)) = plain_get(self.ops_port, "/readyz").await {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "webhook exited with {status}: {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "webhook not ready: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        plain_get(self.ops_port, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        e2e::process::terminate(&mut self.child, Duration::from_secs(10));
+    }
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- webhook log {} ---\n{}",
+                self.log.display(),
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// The webhook configurations for test `id`: both webhooks call 127.0.0.1:`port`, only for
+/// namespaces labelled `e2e-webhook=<id>`, without a caBundle (the webhook fills it in).
+fn configurations(id: &str, port: u16) -> String {
+    let common = format!(
+        r#"    clientConfig:
+      url: https://127.0.0.1:{port}/PATH
+    rules:
+      - apiGroups: ["platform.di-framework.dev"]
+        apiVersions: ["v1alpha1"]
+        operations: ["CREATE", "UPDATE"]
+        resources: ["platforminstances"]
+        scope: Namespaced
+    namespaceSelector:
+      matchLabels: {{ e2e-webhook: "{id}" }}
+    matchConditions:
+      - name: not-being-deleted-or-changing-version
+        expression: "!has(object.metadata.deletionTimestamp) || has(object.spec.version) != has(oldObject.spec.version) || (has(object.spec.version) && object.spec.version != oldObject.spec.version)"
+    admissionReviewVersions: ["v1"]
+    sideEffects: None
+    matchPolicy: Equivalent
+    timeoutSeconds: 5
+"#
+    );
+    format!(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: default.platform.di-framework.dev\n    failurePolicy: Ignore\n    reinvocationPolicy: Never\n{}---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: validate.platform.di-framework.dev\n    failurePolicy: Fail\n{}",
+        common.replace("PATH", "mutate"),
+        common.replace("PATH", "validate")
+    )
+}
+
+fn ca_bundle(cluster: &Shared, kind: &str, id: &str) -> String {
+    let mut cmd = cluster.kubectl();
+    cmd.args([
+        "get",
+        kind,
+        &format!("e2e-{id}"),
+        "-o",
+        "jsonpath={.webhooks[0].clientConfig.caBundle}",
+    ]);
+    e2e::cmd::run(cmd, None)
+        .map(|o| o.stdout)
+        .unwrap_or_default()
+}
+
+async fn wait_for_bundle(cluster: &Shared, id: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = ca_bundle(cluster, "mutatingwebhookconfiguration", id);
+        let v = ca_bundle(cluster, "validatingwebhookconfiguration", id);
+        if !m.is_empty() && m == v {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the webhook did not inject its caBundle"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn register(cluster: &Shared, id: &str, port: u16) {
+    cluster
+        .kubectl_ok(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=e2e-chart",
+                "-f",
+                "-",
+            ],
+            Some(&configurations(id, port)),
+        )
+        .expect("configurations apply");
+}
+
+fn unregister(cluster: &Shared, id: &str) {
+    let name = format!("e2e-{id}");
+    let _ = cluster.kubectl_ok(
+        &[
+            "delete",
+            "mutatingwebhookconfiguration",
+            &name,
+            "validatingwebhookconfiguration",
+            &name,
+            "--ignore-not-found",
+        ],
+        None,
+    );
+}
+
+fn apply(cluster: &Shared, manifest: &str, extra: &[&str]) -> e2e::cmd::Outcome {
+    let mut cmd = cluster.kubectl();
+    cmd.args(["apply", "--server-side", "--field-manager=e2e", "-f", "-"])
+        .args(extra);
+    e2e::cmd::run(cmd, Some(manifest)).expect("kubectl runs")
+}
+
+fn instance(ns: &str, name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n{spec}"
+    )
+}
+
+/// Applies until it is denied with `words` (the NodePort cache follows watches, so a conflict
+/// shows a moment after the other object appears).
+async fn eventually_denied(cluster: &Shared, manifest: &str, words: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = apply(cluster, manifest, &[]);
+        if !out.success && words.iter().all(|w| out.stderr.contains(w)) {
+            return out.stderr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never denied with {words:?}: {out:?}"
+        );
+        if out.success {
+            // Undo the accidental create so the next try is a create again.
+            let _ = cluster.kubectl_ok(&["delete", "-f", "-", "--wait=false"], Some(manifest));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_rule_through_kubectl_and_deletion_never_blocked() {
+    let cluster = cluster();
+    let id = "rules";
+    let ns = cluster
+        .create_namespace("wh-rules", &[("e2e-webhook", id)])
+        .expect("namespace");
+    let port = free_port().expect("port");
+    register(&cluster, id, port);
+    let mut webhook = Webhook::start(&cluster, id, &ns, &[], Some(port));
+    webhook.wait_ready().await;
+    let bundle = wait_for_bundle(&cluster, id).await;
+    assert!(!bundle.is_empty());
+
+    // Defaulted version.
+    let out = apply(
+        &cluster,
+        &instance(&ns, "defaulted", "  target: { type: vcluster }\n"),
+        &[],
+    );
+    assert!(out.success, "{out:?}");
+    assert_eq!(
+        cluster
+            .kubectl_ok(
+                &[
+                    "-n",
+                    &ns,
+                    "get",
+                    "pi",
+                    "defaulted",
+                    "-o",
+                    "jsonpath={.spec.version}"
+                ],
+                None
+            )
+            .expect("get"),
+        "6.0.22"
+    );
+
+    // Downgrade below the installed version.
+    assert!(apply(&cluster, &instance(&ns, "down", "  version: 6.0.22\n"), &[]).success);
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &ns,
+                "patch",
+                "pi",
+                "down",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"installedVersion":"6.0.22"}}"#,
+            ],
+            None,
+        )
+        .expect("status patch");
+    let out = apply(&cluster, &instance(&ns, "down", "  version: 6.0.21\n"), &[]);
+    assert!(
+        !out.success && out.stderr.contains("below the installed version 6.0.22"),
+        "{out:?}"
+    );
+
+    // A Secret the requester cannot read: alice may write instances but not read Secrets.
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: pi-writer, namespace: {ns} }}\nrules:\n  - apiGroups: [platform.di-framework.dev]\n    resources: [platforminstances]\n    verbs: [get, list, watch, create, update, patch]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: alice, namespace: {ns} }}\nroleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: pi-writer }}\nsubjects: [{{ apiGroup: rbac.authorization.k8s.io, kind: User, name: alice }}]\n"
+    );
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&rbac))
+        .expect("rbac");
+    let auth = format!(
+        "  version: 6.0.22\n  platform:\n    tenantAuth:\n      image: ghcr.io/di-framework/tenant-auth@sha256:{}\n      issuer: https://id.example\n      clientId: console\n      clientSecretRef: {{ name: oauth, key: clientSecret }}\n",
+        "a".repeat(64)
+    );
+    let out = apply(&cluster, &instance(&ns, "auth", &auth), &["--as=alice"]);
+    assert!(
+        !out.success && out.stderr.contains("alice may not get Secret"),
+        "{out:?}"
+    );
+
+    // A missing Secret is a warning, not a denial.
+    let out = apply(&cluster, &instance(&ns, "auth", &auth), &[]);
+    assert!(out.success, "{out:?}");
+    assert!(
+        out.stderr.contains("Warning:") && out.stderr.contains("does not exist yet"),
+        "{out:?}"
+    );
+
+    // NodePort collisions: with another instance, and with a plain Service.
+    assert!(
+        apply(
+            &cluster,
+            &instance(
+                &ns,
+                "port-a",
+                "  version: 6.0.22\n  platform: { gateway: { httpNodePort: 30480 } }\n"
+            ),
+            &[]
+        )
+        .success
+    );
+    eventually_denied(
+        &cluster,
+        &instance(
+            &ns,
+            "port-b",
+            "  version: 6.0.22\n  platform: { gateway: { httpNodePort: 30480 } }\n",
+        ),
+        &[
+            "httpNodePort 30480 is already used by PlatformInstance",
+            "port-a",
+        ],
+    )
+    .await;
+    let service = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{ name: plain, namespace: {ns} }}\nspec:\n  type: NodePort\n  selector: {{ app: none }}\n  ports: [{{ port: 80, nodePort: 30481 }}]\n"
+    );
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&service))
+        .expect("service");
+    eventually_denied(
+        &cluster,
+        &instance(
+            &ns,
+            "port-c",
+            "  version: 6.0.22\n  platform: { gateway: { httpNodePort: 30481 } }\n",
+        ),
+        &["httpNodePort 30481 is already used by Service", "plain"],
+    )
+    .await;
+
+    // Deletion is never blocked, even with the webhook stopped.
+    assert!(
+        apply(
+            &cluster,
+            &instance(&ns, "going", "  version: 6.0.22\n"),
+            &[]
+        )
+        .success
+    );
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &ns,
+                "patch",
+                "pi",
+                "going",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":["platform.di-framework.dev/instance"]}}"#,
+            ],
+            None,
+        )
+        .expect("finalizer");
+    cluster
+        .kubectl_ok(&["-n", &ns, "delete", "pi", "going", "--wait=false"], None)
+        .expect("delete");
+    webhook.stop();
+    // With the validating webhook down (failurePolicy: Fail), ordinary writes fail closed ...
+    let out = apply(
+        &cluster,
+        &instance(&ns, "while-down", "  version: 6.0.22\n"),
+        &[],
+    );
+    assert!(!out.success, "the validating webhook fails closed: {out:?}");
+    // ... but the controller's finalizer removal goes through, and the instance is gone.
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &ns,
+                "patch",
+                "pi",
+                "going",
+                "--type=json",
+                "-p",
+                r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+            ],
+            None,
+        )
+        .expect("finalizer removal is admitted while the webhook is down");
+    let out = e2e::cmd::run(
+        {
+            let mut c = cluster.kubectl();
+            c.args(["-n", &ns, "get", "pi", "going"]);
+            c
+        },
+        None,
+    )
+    .expect("kubectl");
+    assert!(!out.success && out.stderr.contains("NotFound"), "{out:?}");
+    unregister(&cluster, id);
+}
+
+#[tokio::test]
+async fn a_restart_keeps_the_ca_and_a_reset_bundle_comes_back() {
+    let cluster = cluster();
+    let id = "restart";
+    let ns = cluster
+        .create_namespace("wh-restart", &[("e2e-webhook", id)])
+        .expect("namespace");
+    let port = free_port().expect("port");
+    register(&cluster, id, port);
+    let mut first = Webhook::start(&cluster, id, &ns, &[], Some(port));
+    first.wait_ready().await;
+    let bundle = wait_for_bundle(&cluster, id).await;
+    let secret = cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &ns,
+                "get",
+                "secret",
+                "platform-operator-webhook-tls",
+                "-o",
+                "jsonpath={.data.ca\\.crt}",
+            ],
+            None,
+        )
+        .expect("secret");
+    first.stop();
+
+    let mut second = Webhook::start(&cluster, id, &ns, &[], Some(port));
+    second.wait_ready().await;
+    assert!(
+        apply(
+            &cluster,
+            &instance(&ns, "after-restart", "  version: 6.0.22\n"),
+            &[]
+        )
+        .success
+    );
+    assert_eq!(
+        wait_for_bundle(&cluster, id).await,
+        bundle,
+        "same CA after a restart"
+    );
+    let again = cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &ns,
+                "get",
+                "secret",
+                "platform-operator-webhook-tls",
+                "-o",
+                "jsonpath={.data.ca\\.crt}",
+            ],
+            None,
+        )
+        .expect("secret");
+    assert_eq!(again, secret);
+
+    // Someone resets the caBundle (as a chart upgrade without it might): it comes back.
+    cluster
+        .kubectl_ok(
+            &[
+                "patch",
+                "validatingwebhookconfiguration",
+                &format!("e2e-{id}"),
+                "--type=json",
+                "-p",
+                r#"[{"op":"remove","path":"/webhooks/0/clientConfig/caBundle"}]"#,
+            ],
+            None,
+        )
+        .expect("reset");
+    assert_eq!(
+        wait_for_bundle(&cluster, id).await,
+        bundle,
+        "the webhook puts its bundle back"
+    );
+    // A chart-style re-apply without caBundle by another field manager leaves it in place.
+    register(&cluster, id, port);
+    assert_eq!(
+        ca_bundle(&cluster, "validatingwebhookconfiguration", id),
+        bundle
+    );
+    assert!(
+        second
+            .metrics()
+            .await
+            .contains("platform_operator_webhook_ca_bundle_writes_total")
+    );
+    drop(second);
+    unregister(&cluster, id);
+}
+
+#[tokio::test]
+async fn rotations_never_fail_a_request() {
+    let cluster = cluster();
+    let id = "rotate";
+    let ns = cluster
+        .create_namespace("wh-rotate", &[("e2e-webhook", id)])
+        .expect("namespace");
+    let port = free_port().expect("port");
+    register(&cluster, id, port);
+    // A 16 s lifetime: a new CA is prepared every 8 s and promoted 4 s later.
+    let mut webhook = Webhook::start(&cluster, id, &ns, &["--cert-lifetime=16s"], Some(port));
+    webhook.wait_ready().await;
+    wait_for_bundle(&cluster, id).await;
+
+    let client = cluster.client().await.expect("client");
+    let api: kube::Api<common::crd::PlatformInstance> = kube::Api::namespaced(client, &ns);
+    let params = kube::api::PatchParams::apply("e2e-rotation");
+    let start = Instant::now();
+    let (mut ok, mut failed) = (0u32, Vec::new());
+    let mut served = std::collections::BTreeSet::new();
+    let mut i = 0u32;
+    while start.elapsed() < Duration::from_secs(40) {
+        let name = format!("r{}", i % 20);
+        let patch = serde_json::json!({
+            "apiVersion": "platform.di-framework.dev/v1alpha1",
+            "kind": "PlatformInstance",
+            "metadata": {"name": name, "annotations": {"e2e/round": i.to_string()}},
+            "spec": {"version": "6.0.22"},
+        });
+        match api
+            .patch(&name, &params, &kube::api::Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => ok += 1,
+            Err(e) => failed.push(format!("{:.1}s: {e}", start.elapsed().as_secs_f64())),
+        }
+        if i.is_multiple_of(10) {
+            let m = webhook.metrics().await;
+            if let Some(line) = m.lines().find(|l| {
+                l.starts_with("platform_operator_webhook_certificate_expiry_timestamp_seconds")
+            }) {
+                served.insert(line.to_string());
+            }
+        }
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = webhook.metrics().await;
+    let promotes = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("platform_operator_webhook_certificate_rotations_total{step=\"promote\"}")
+        })
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed during rotation: {failed:?}",
+        failed.len(),
+        ok as usize + failed.len()
+    );
+    assert!(
+        promotes >= 2.0,
+        "expected at least two rotations, saw {promotes}: {metrics}"
+    );
+    assert!(
+        served.len() >= 3,
+        "the served certificate changed at least twice: {served:?}"
+    );
+    eprintln!("rotation: {ok} requests, 0 failed, {promotes} promotions");
+    unregister(&cluster, id);
+}
