@@ -65,7 +65,6 @@ impl Webhook {
         Webhook {
             child,
             log,
-            admission_port,
             ops_port,
         }
     }
