@@ -3,6 +3,7 @@
 
 pub mod cmd;
 pub mod control_plane;
+pub mod https;
 pub mod pki;
 pub mod process;
 pub mod shared;
