@@ -109,9 +109,17 @@ impl HttpsConnection {
             .header("host", "webhook")
             .body(Full::new(body))
             .map_err(|e| err("building a request")(e.to_string()))?;
+        // A keep-alive HTTP/1.1 connection takes the next request only once it has finished the
+        // previous exchange: wait for it to be ready rather than racing it.
         let response = match &mut self.sender {
-            Sender::H1(s) => s.send_request(request).await,
-            Sender::H2(s) => s.send_request(request).await,
+            Sender::H1(s) => match s.ready().await {
+                Ok(()) => s.send_request(request).await,
+                Err(e) => Err(e),
+            },
+            Sender::H2(s) => match s.ready().await {
+                Ok(()) => s.send_request(request).await,
+                Err(e) => Err(e),
+            },
         }
         .map_err(|e| err("sending a request")(e.to_string()))?;
         let status = response.status().as_u16();

@@ -8,6 +8,7 @@ pub mod pki;
 pub mod process;
 pub mod shared;
 pub mod tools;
+pub mod webhook;
 
 pub use control_plane::{ControlPlane, Options};
 pub use shared::shared;

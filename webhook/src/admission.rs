@@ -16,6 +16,7 @@ use axum::routing::post;
 use common::crd::PlatformInstance;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::index::NodePortIndex;
@@ -56,23 +57,37 @@ fn invalid(uid: &str, message: String) -> Box<AdmissionResponse> {
     Box::new(response)
 }
 
-/// Reads a review of a PlatformInstance; the raw object is kept for defaulting.
-fn parse(
-    body: &[u8],
-) -> Result<(AdmissionRequest<PlatformInstance>, Value), Box<AdmissionResponse>> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        invalid(
+/// Reads a review of a PlatformInstance in one pass, straight into the typed review; only a body
+/// that fails that is read again, as plain JSON, to say why (keeping its uid).
+fn parse(body: &[u8]) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
+    if let Ok(review) = serde_json::from_slice::<AdmissionReview<PlatformInstance>>(body)
+        && review.types.api_version == "admission.k8s.io/v1"
+        && review.types.kind == "AdmissionReview"
+        && let Ok(request) = TryInto::<AdmissionRequest<PlatformInstance>>::try_into(review)
+    {
+        return Ok(request);
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(value) => Err(parse_value(&value)
+            .err()
+            .unwrap_or_else(|| invalid("", "the AdmissionReview could not be read".into()))),
+        Err(e) => Err(invalid(
             "",
             format!(
                 "the request body is not JSON ({e}); send an admission.k8s.io/v1 AdmissionReview"
             ),
-        )
-    })?;
+        )),
+    }
+}
+
+/// Reads a review from JSON already parsed (the mutating path keeps the raw object for its patch).
+fn parse_value(
+    value: &Value,
+) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
     let uid = value
         .pointer("/request/uid")
         .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
+        .unwrap_or_default();
     let api_version = value
         .get("apiVersion")
         .and_then(Value::as_str)
@@ -83,22 +98,16 @@ fn parse(
         .unwrap_or_default();
     if api_version != "admission.k8s.io/v1" || kind != "AdmissionReview" {
         return Err(invalid(
-            &uid,
+            uid,
             format!(
                 "expected an admission.k8s.io/v1 AdmissionReview, got {api_version:?} {kind:?}; register this webhook with admissionReviewVersions [v1]"
             ),
         ));
     }
-    let raw_object = value
-        .pointer("/request/object")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let review: AdmissionReview<PlatformInstance> = serde_json::from_value(value)
-        .map_err(|e| invalid(&uid, format!("the review does not carry a valid PlatformInstance ({e}); this webhook only reviews platforminstances")))?;
-    let request: AdmissionRequest<PlatformInstance> = review
-        .try_into()
-        .map_err(|_| invalid(&uid, "the AdmissionReview has no request".to_string()))?;
-    Ok((request, raw_object))
+    let review = AdmissionReview::<PlatformInstance>::deserialize(value)
+        .map_err(|e| invalid(uid, format!("the review does not carry a valid PlatformInstance ({e}); this webhook only reviews platforminstances")))?;
+    TryInto::<AdmissionRequest<PlatformInstance>>::try_into(review)
+        .map_err(|_| invalid(uid, "the AdmissionReview has no request".to_string()))
 }
 
 fn operation_label(op: &Operation) -> &'static str {
@@ -119,7 +128,10 @@ fn count(metrics: &Metrics, webhook: &str, op: &str, result: &str, rule: &str) {
 
 async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     let _timer = state.metrics.timer("mutate").start_timer();
-    let (request, raw) = match parse(&body) {
+    let parsed = serde_json::from_slice::<Value>(&body)
+        .map_err(|e| invalid("", format!("the request body is not JSON ({e}); send an admission.k8s.io/v1 AdmissionReview")))
+        .and_then(|value| parse_value(&value).map(|request| (request, value)));
+    let (request, value) = match parsed {
         Ok(parsed) => parsed,
         Err(response) => {
             count(&state.metrics, "mutate", "unknown", "error", "parse");
@@ -128,6 +140,7 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     };
     let op = operation_label(&request.operation);
     let response = AdmissionResponse::from(&request);
+    let raw = value.pointer("/request/object").unwrap_or(&Value::Null);
     let deleting = raw
         .pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null());
@@ -135,7 +148,7 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
     }
-    let ops = rules::defaults(&state.settings, &raw);
+    let ops = rules::defaults(&state.settings, raw);
     if ops.is_empty() {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
@@ -158,7 +171,7 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
 
 async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     let _timer = state.metrics.timer("validate").start_timer();
-    let (request, _) = match parse(&body) {
+    let request = match parse(&body) {
         Ok(parsed) => parsed,
         Err(response) => {
             count(&state.metrics, "validate", "unknown", "error", "parse");

@@ -2,208 +2,36 @@
 //! registers its own webhook configurations (`clientConfig.url: https://127.0.0.1:<port>/...`,
 //! no caBundle, scoped to the test's namespaces by a label) and lets the webhook inject its CA.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use e2e::control_plane::{free_port, plain_get};
+use e2e::control_plane::free_port;
 use e2e::shared::Shared;
+use e2e::webhook::{ca_bundle, wait_for_bundle};
+
+fn register(cluster: &Shared, id: &str, port: u16) {
+    e2e::webhook::register(cluster, id, port).expect("configurations apply");
+}
+
+fn unregister(cluster: &Shared, id: &str) {
+    e2e::webhook::unregister(cluster, id);
+}
+
+fn start(cluster: &Shared, id: &str, ns: &str, extra: &[&str], port: u16) -> e2e::webhook::Webhook {
+    e2e::webhook::Webhook::start(
+        Path::new(env!("CARGO_BIN_EXE_webhook")),
+        cluster,
+        id,
+        ns,
+        extra,
+        Some(port),
+    )
+}
 
 fn cluster() -> Shared {
     let shared = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
     shared.install_crd().unwrap_or_else(|e| panic!("{e}"));
     shared
-}
-
-/// A running webhook process; killed on drop. Its log is printed when a test fails.
-struct Webhook {
-    child: Child,
-    log: PathBuf,
-    ops_port: u16,
-}
-
-impl Webhook {
-    /// Starts the webhook for test `id`: its certificate Secret lives in `namespace`.
-    fn start(
-        cluster: &Shared,
-        id: &str,
-        namespace: &str,
-        extra: &[&str],
-        admission_port: Option<u16>,
-    ) -> Self {
-        let admission_port = admission_port.unwrap_or_else(|| free_port().expect("port"));
-        let ops_port = free_port().expect("port");
-        let log = std::env::temp_dir().join(format!(
-            "webhook-{id}-{}-{ops_port}.log",
-            std::process::id()
-        ));
-        let file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_webhook"));
-        cmd.env("KUBECONFIG", &cluster.kubeconfig)
-            .args([
-                "--namespace",
-                namespace,
-                "--admission-bind-address",
-                &format!("127.0.0.1:{admission_port}"),
-                "--metrics-bind-address",
-                &format!("127.0.0.1:{ops_port}"),
-                "--extra-san",
-                "127.0.0.1",
-                "--mutating-webhook-configuration",
-                &format!("e2e-{id}"),
-                "--validating-webhook-configuration",
-                &format!("e2e-{id}"),
-                "--log-level",
-                "info,webhook=debug",
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log"))
-            .stderr(file);
-        e2e::process::die_with_parent(&mut cmd);
-        let child = cmd.spawn().expect("webhook starts");
-        Webhook {
-            child,
-            log,
-            ops_port,
-        }
-    }
-
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some((200, _)) = plain_get(self.ops_port, "/readyz").await {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "webhook exited with {status}: {}",
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "webhook not ready: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn metrics(&self) -> String {
-        plain_get(self.ops_port, "/metrics")
-            .await
-            .map(|(_, body)| body)
-            .unwrap_or_default()
-    }
-
-    fn stop(&mut self) {
-        e2e::process::terminate(&mut self.child, Duration::from_secs(10));
-    }
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        self.stop();
-        if std::thread::panicking() {
-            eprintln!(
-                "--- webhook log {} ---\n{}",
-                self.log.display(),
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-/// The webhook configurations for test `id`: both webhooks call 127.0.0.1:`port`, only for
-/// namespaces labelled `e2e-webhook=<id>`, without a caBundle (the webhook fills it in).
-fn configurations(id: &str, port: u16) -> String {
-    let common = format!(
-        r#"    clientConfig:
-      url: https://127.0.0.1:{port}/PATH
-    rules:
-      - apiGroups: ["platform.di-framework.dev"]
-        apiVersions: ["v1alpha1"]
-        operations: ["CREATE", "UPDATE"]
-        resources: ["platforminstances"]
-        scope: Namespaced
-    namespaceSelector:
-      matchLabels: {{ e2e-webhook: "{id}" }}
-    matchConditions:
-      - name: not-being-deleted-or-changing-version
-        expression: "!has(object.metadata.deletionTimestamp) || has(object.spec.version) != has(oldObject.spec.version) || (has(object.spec.version) && object.spec.version != oldObject.spec.version)"
-    admissionReviewVersions: ["v1"]
-    sideEffects: None
-    matchPolicy: Equivalent
-    timeoutSeconds: 5
-"#
-    );
-    format!(
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: default.platform.di-framework.dev\n    failurePolicy: Ignore\n    reinvocationPolicy: Never\n{}---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: validate.platform.di-framework.dev\n    failurePolicy: Fail\n{}",
-        common.replace("PATH", "mutate"),
-        common.replace("PATH", "validate")
-    )
-}
-
-fn ca_bundle(cluster: &Shared, kind: &str, id: &str) -> String {
-    let mut cmd = cluster.kubectl();
-    cmd.args([
-        "get",
-        kind,
-        &format!("e2e-{id}"),
-        "-o",
-        "jsonpath={.webhooks[0].clientConfig.caBundle}",
-    ]);
-    e2e::cmd::run(cmd, None)
-        .map(|o| o.stdout)
-        .unwrap_or_default()
-}
-
-async fn wait_for_bundle(cluster: &Shared, id: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let m = ca_bundle(cluster, "mutatingwebhookconfiguration", id);
-        let v = ca_bundle(cluster, "validatingwebhookconfiguration", id);
-        if !m.is_empty() && m == v {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the webhook did not inject its caBundle"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn register(cluster: &Shared, id: &str, port: u16) {
-    cluster
-        .kubectl_ok(
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager=e2e-chart",
-                "-f",
-                "-",
-            ],
-            Some(&configurations(id, port)),
-        )
-        .expect("configurations apply");
-}
-
-fn unregister(cluster: &Shared, id: &str) {
-    let name = format!("e2e-{id}");
-    let _ = cluster.kubectl_ok(
-        &[
-            "delete",
-            "mutatingwebhookconfiguration",
-            &name,
-            "validatingwebhookconfiguration",
-            &name,
-            "--ignore-not-found",
-        ],
-        None,
-    );
 }
 
 fn apply(cluster: &Shared, manifest: &str, extra: &[&str]) -> e2e::cmd::Outcome {
@@ -249,7 +77,7 @@ async fn every_rule_through_kubectl_and_deletion_never_blocked() {
         .expect("namespace");
     let port = free_port().expect("port");
     register(&cluster, id, port);
-    let mut webhook = Webhook::start(&cluster, id, &ns, &[], Some(port));
+    let mut webhook = start(&cluster, id, &ns, &[], port);
     webhook.wait_ready().await;
     let bundle = wait_for_bundle(&cluster, id).await;
     assert!(!bundle.is_empty());
@@ -444,7 +272,7 @@ async fn a_restart_keeps_the_ca_and_a_reset_bundle_comes_back() {
         .expect("namespace");
     let port = free_port().expect("port");
     register(&cluster, id, port);
-    let mut first = Webhook::start(&cluster, id, &ns, &[], Some(port));
+    let mut first = start(&cluster, id, &ns, &[], port);
     first.wait_ready().await;
     let bundle = wait_for_bundle(&cluster, id).await;
     let secret = cluster
@@ -463,7 +291,7 @@ async fn a_restart_keeps_the_ca_and_a_reset_bundle_comes_back() {
         .expect("secret");
     first.stop();
 
-    let mut second = Webhook::start(&cluster, id, &ns, &[], Some(port));
+    let mut second = start(&cluster, id, &ns, &[], port);
     second.wait_ready().await;
     assert!(
         apply(
@@ -539,7 +367,7 @@ async fn rotations_never_fail_a_request() {
     let port = free_port().expect("port");
     register(&cluster, id, port);
     // A 16 s lifetime: a new CA is prepared every 8 s and promoted 4 s later.
-    let mut webhook = Webhook::start(&cluster, id, &ns, &["--cert-lifetime=16s"], Some(port));
+    let mut webhook = start(&cluster, id, &ns, &["--cert-lifetime=16s"], port);
     webhook.wait_ready().await;
     wait_for_bundle(&cluster, id).await;
 
