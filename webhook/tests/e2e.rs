@@ -430,3 +430,49 @@ async fn rotations_never_fail_a_request() {
     eprintln!("rotation: {ok} requests, 0 failed, {promotes} promotions");
     unregister(&cluster, id);
 }
+
+#[tokio::test]
+async fn replicas_started_together_share_one_ca() {
+    let cluster = cluster();
+    let id = "replicas";
+    let ns = cluster
+        .create_namespace("wh-replicas", &[("e2e-webhook", id)])
+        .expect("namespace");
+    let (port_a, port_b) = (free_port().expect("port"), free_port().expect("port"));
+    register(&cluster, id, port_a);
+    // Both race to create the certificate Secret; the loser must adopt the winner's CA.
+    let mut a = start(&cluster, id, &ns, &[], port_a);
+    let mut b = start(&cluster, id, &ns, &[], port_b);
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let bundle = wait_for_bundle(&cluster, id).await;
+    let ca = String::from_utf8(
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &bundle)
+            .expect("base64"),
+    )
+    .expect("pem");
+    let name = format!("platform-operator-webhook.{ns}.svc");
+    for port in [port_a, port_b] {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let conn = e2e::https::HttpsConnection::connect(
+            addr,
+            &name,
+            &ca,
+            &[b"h2"],
+            &[&rustls::version::TLS13],
+        )
+        .await;
+        assert!(
+            conn.is_ok(),
+            "replica on {port} serves a certificate from the shared CA: {:?}",
+            conn.err()
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        wait_for_bundle(&cluster, id).await,
+        bundle,
+        "neither replica replaced the other's CA"
+    );
+    unregister(&cluster, id);
+}
