@@ -356,6 +356,13 @@ pub struct PlatformInstanceStatus {
     /// What the last install applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_install: Option<LastInstall>,
+
+    /// The value of the `platform.di-framework.dev/retry` annotation the controller last acted on:
+    /// setting that annotation to a new value asks for an immediate retry, and this field
+    /// acknowledges it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub acknowledged_retry: Option<String>,
 }
 
 /// The instance's published endpoints.

@@ -1,6 +1,7 @@
 //! Shared by the controller and the webhook: the `PlatformInstance` types and schema, and the
 //! helpers both binaries use (logging, metrics, the health and metrics server).
 
+pub mod conditions;
 pub mod crd;
 pub mod duration;
 pub mod http;

@@ -8,6 +8,12 @@ pub const INSTANCE_ANNOTATION: &str = "platform.di-framework.dev/instance";
 pub const HOST_NAMESPACE_LABEL: &str = "platform.di-framework.dev/host-namespace";
 /// Annotation on an instance that allows `spec.version` to go below `status.installedVersion`.
 pub const ALLOW_DOWNGRADE_ANNOTATION: &str = "platform.di-framework.dev/allow-downgrade";
+/// Annotation on an instance asking for an immediate retry: set it to a new value (such as the
+/// current time); `status.acknowledgedRetry` shows the value acted on.
+pub const RETRY_ANNOTATION: &str = "platform.di-framework.dev/retry";
+/// Annotation on objects the controller applies, holding a hash of what it applied, so a
+/// reconcile that finds nothing changed writes nothing.
+pub const APPLIED_HASH_ANNOTATION: &str = "platform.di-framework.dev/applied-hash";
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "platform-operator";
 

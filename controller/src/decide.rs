@@ -1,0 +1,908 @@
+//! The decide step: a pure function from what was observed about one instance to what to do and
+//! what its status should say. No client, no clock, no I/O, so every phase and deletion path is
+//! unit-tested.
+
+use common::conditions::{self as c, Want};
+use common::crd::{DeletionPolicy, Phase};
+
+/// What the helm task of an instance is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskState {
+    /// No task.
+    Idle,
+    /// Waiting for a slot: 1-based position in the queue.
+    Queued(usize),
+    /// Running now.
+    Running,
+    /// Finished with an error the task reported (cleared when a new task starts).
+    Failed(String),
+}
+
+/// The Helm release of the vCluster, as `helm status` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// No release.
+    Missing,
+    /// Deployed, from a chart of this version.
+    Deployed {
+        /// The chart version of the release.
+        chart_version: String,
+    },
+    /// Left `pending-install`, `pending-upgrade` or `pending-rollback` by a process that died.
+    Pending(String),
+    /// `failed` or another status that needs a new install.
+    Failed(String),
+}
+
+/// Where the cluster-wide admission policy stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Protection {
+    /// Not checked yet.
+    Unknown,
+    /// The policy and its binding are in place.
+    Protected,
+    /// The API server serves no ValidatingAdmissionPolicy.
+    Unsupported,
+    /// Creating it failed.
+    Failed(String),
+}
+
+/// The storage cleanup Job of a deleted instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Not created.
+    Missing,
+    /// Created, not finished.
+    Running,
+    /// Completed.
+    Complete,
+    /// Failed.
+    Failed(String),
+}
+
+/// Everything observed about one instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// The instance carries the operator's finalizer.
+    pub has_finalizer: bool,
+    /// `spec.deletionPolicy`.
+    pub deletion_policy: DeletionPolicy,
+    /// Why the spec cannot be acted on, if it cannot.
+    pub invalid_spec: Option<String>,
+    /// The host namespace's name.
+    pub host_namespace: String,
+    /// The host namespace exists.
+    pub namespace_exists: bool,
+    /// It exists but names another instance in its annotation.
+    pub namespace_conflict: Option<String>,
+    /// It is being deleted.
+    pub namespace_terminating: bool,
+    /// The namespace and NetworkPolicy are as the controller would apply them.
+    pub namespace_current: bool,
+    /// The vCluster release.
+    pub release: Release,
+    /// The shipped chart's version.
+    pub chart_version: String,
+    /// The helm task.
+    pub task: TaskState,
+    /// The vCluster StatefulSet reports all replicas ready.
+    pub statefulset_ready: bool,
+    /// The kubeconfig the vCluster exported, if it has.
+    pub exported_kubeconfig: bool,
+    /// That kubeconfig reached the vCluster's API (`None`: not tried).
+    pub api_serves: Option<bool>,
+    /// The instance's kubeconfig Secret holds what the vCluster exported.
+    pub kubeconfig_current: bool,
+    /// The cluster-wide policy.
+    pub protection: Protection,
+    /// The cleanup Job (deletion with `Delete` only).
+    pub cleanup: Cleanup,
+    /// The instance's state directory exists.
+    pub state_exists: bool,
+}
+
+/// One thing to do, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Add the finalizer.
+    AddFinalizer,
+    /// Apply the host namespace and its NetworkPolicy.
+    ApplyNamespace,
+    /// Start (or queue) a helm task that recovers a pending release first when asked, then
+    /// installs or upgrades the vCluster.
+    InstallVCluster {
+        /// Roll back or uninstall a pending release first.
+        recover: bool,
+    },
+    /// Write the instance's kubeconfig Secret from the exported one.
+    WriteKubeconfig,
+    /// Start (or queue) a helm task that uninstalls the vCluster.
+    UninstallVCluster,
+    /// Delete the host namespace.
+    DeleteNamespace,
+    /// Create the storage cleanup Job.
+    StartCleanup,
+    /// Remove the instance's state directory.
+    RemoveState,
+    /// Delete the kubeconfig Secret.
+    DeleteKubeconfig,
+    /// Remove the finalizer: the instance goes away.
+    RemoveFinalizer,
+}
+
+/// When to look again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// At the next target poll (work is in progress elsewhere).
+    Poll,
+    /// After the capped backoff for a transient failure.
+    Backoff,
+    /// Only when something changes (plus the repair interval).
+    Idle,
+}
+
+/// The decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Actions, in order.
+    pub actions: Vec<Action>,
+    /// The phase to report.
+    pub phase: Phase,
+    /// The conditions to report.
+    pub conditions: Vec<Want>,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+fn protection_condition(p: &Protection) -> Want {
+    match p {
+        Protection::Protected => Want::yes(
+            c::OWNER_SERVICE_PROTECTED,
+            "PolicyActive",
+            "the ValidatingAdmissionPolicy platform-operator-protect-vcluster-service protects service/vcluster",
+        ),
+        Protection::Unsupported => Want::no(
+            c::OWNER_SERVICE_PROTECTED,
+            "AdmissionPoliciesUnavailable",
+            "the API server serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy; service/vcluster is unprotected (Kubernetes 1.30 or later protects it); the controller repairs it if changed",
+        ),
+        Protection::Failed(e) => Want::no(
+            c::OWNER_SERVICE_PROTECTED,
+            "PolicyFailed",
+            format!("creating the admission policy failed: {e}"),
+        ),
+        Protection::Unknown => Want::no(
+            c::OWNER_SERVICE_PROTECTED,
+            "PolicyPending",
+            "the admission policy has not been checked yet",
+        ),
+    }
+}
+
+fn kstatus(
+    ready: Option<(&'static str, String)>,
+    reconciling: Option<(&'static str, String)>,
+    stalled: Option<(&'static str, String)>,
+) -> Vec<Want> {
+    let mut out = Vec::new();
+    match ready {
+        Some((reason, message)) => out.push(Want::yes(c::READY, reason, message)),
+        None => {
+            let (reason, message) = stalled.clone().or_else(|| reconciling.clone()).unwrap_or((
+                "Progressing",
+                "the controller is working on the instance".into(),
+            ));
+            out.push(Want::no(c::READY, reason, message));
+        }
+    }
+    match reconciling {
+        Some((reason, message)) => out.push(Want::yes(c::RECONCILING, reason, message)),
+        None => out.push(Want::no(c::RECONCILING, "Idle", "nothing to do")),
+    }
+    match stalled {
+        Some((reason, message)) => out.push(Want::yes(c::STALLED, reason, message)),
+        None => out.push(Want::no(c::STALLED, "Progressing", "not stalled")),
+    }
+    out
+}
+
+/// Decides what to do for an instance that is not being deleted.
+pub fn decide(o: &Observed) -> Plan {
+    if o.deleting {
+        return decide_deletion(o);
+    }
+    let protection = protection_condition(&o.protection);
+    if !o.has_finalizer {
+        let mut conditions = kstatus(
+            None,
+            Some(("AddingFinalizer", "adding the finalizer".into())),
+            None,
+        );
+        conditions.push(protection);
+        return Plan {
+            actions: vec![Action::AddFinalizer],
+            phase: Phase::Pending,
+            conditions,
+            requeue: Requeue::Poll,
+        };
+    }
+    if let Some(reason) = &o.invalid_spec {
+        let mut conditions = kstatus(
+            None,
+            None,
+            Some((
+                "InvalidSpec",
+                format!("{reason}; the controller waits for a change"),
+            )),
+        );
+        conditions.push(protection);
+        return Plan {
+            actions: vec![],
+            phase: Phase::Failed,
+            conditions,
+            requeue: Requeue::Idle,
+        };
+    }
+    if let Some(other) = &o.namespace_conflict {
+        let message = format!(
+            "host namespace {} belongs to {other}; delete it or rename this instance",
+            o.host_namespace
+        );
+        let mut conditions = kstatus(None, None, Some(("HostNamespaceConflict", message.clone())));
+        conditions.push(Want::no(
+            c::HOST_NAMESPACE_READY,
+            "HostNamespaceConflict",
+            message,
+        ));
+        conditions.push(protection);
+        return Plan {
+            actions: vec![],
+            phase: Phase::Failed,
+            conditions,
+            requeue: Requeue::Idle,
+        };
+    }
+
+    let mut actions = Vec::new();
+    let mut conditions = vec![protection];
+    if o.namespace_terminating {
+        let message = format!(
+            "host namespace {} is still being deleted; waiting for it to go",
+            o.host_namespace
+        );
+        conditions.push(Want::no(
+            c::HOST_NAMESPACE_READY,
+            "HostNamespaceTerminating",
+            message.clone(),
+        ));
+        conditions.extend(kstatus(
+            None,
+            Some(("HostNamespaceTerminating", message)),
+            None,
+        ));
+        return Plan {
+            actions,
+            phase: Phase::Provisioning,
+            conditions,
+            requeue: Requeue::Poll,
+        };
+    }
+    if !o.namespace_exists || !o.namespace_current {
+        actions.push(Action::ApplyNamespace);
+    }
+    conditions.push(Want::yes(
+        c::HOST_NAMESPACE_READY,
+        "HostNamespaceApplied",
+        format!("host namespace {} with its NetworkPolicy", o.host_namespace),
+    ));
+
+    // The vCluster release.
+    let release_current = matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version);
+    let (vcluster, mut requeue) = match (&o.task, &o.release) {
+        (TaskState::Queued(position), _) => (
+            Want::no(
+                c::VCLUSTER_READY,
+                "Queued",
+                format!(
+                    "waiting for an install slot: position {position} in the queue (--max-concurrent-installs)"
+                ),
+            ),
+            Requeue::Poll,
+        ),
+        (TaskState::Running, _) => (
+            Want::no(
+                c::VCLUSTER_READY,
+                "Installing",
+                "helm is installing the vCluster".to_string(),
+            ),
+            Requeue::Poll,
+        ),
+        (TaskState::Failed(e), _) if !release_current => {
+            actions.push(Action::InstallVCluster {
+                recover: matches!(o.release, Release::Pending(_)),
+            });
+            (
+                Want::no(
+                    c::VCLUSTER_READY,
+                    "InstallFailed",
+                    format!("helm failed: {e}; retrying with backoff"),
+                ),
+                Requeue::Backoff,
+            )
+        }
+        (_, Release::Pending(status)) => {
+            actions.push(Action::InstallVCluster { recover: true });
+            (
+                Want::no(
+                    c::VCLUSTER_READY,
+                    "RecoveringRelease",
+                    format!(
+                        "the vCluster release was left {status} by an interrupted helm; recovering it"
+                    ),
+                ),
+                Requeue::Poll,
+            )
+        }
+        (_, Release::Missing) | (_, Release::Failed(_)) => {
+            actions.push(Action::InstallVCluster { recover: false });
+            (
+                Want::no(
+                    c::VCLUSTER_READY,
+                    "Installing",
+                    "installing the vCluster".to_string(),
+                ),
+                Requeue::Poll,
+            )
+        }
+        (_, Release::Deployed { .. }) if !release_current => {
+            actions.push(Action::InstallVCluster { recover: false });
+            (
+                Want::no(
+                    c::VCLUSTER_READY,
+                    "Upgrading",
+                    format!("upgrading the vCluster to chart {}", o.chart_version),
+                ),
+                Requeue::Poll,
+            )
+        }
+        (_, Release::Deployed { .. }) if !o.statefulset_ready => (
+            Want::no(
+                c::VCLUSTER_READY,
+                "WaitingForStatefulSet",
+                "waiting for the vCluster StatefulSet to be ready".to_string(),
+            ),
+            Requeue::Poll,
+        ),
+        (_, Release::Deployed { .. }) if !o.exported_kubeconfig => (
+            Want::no(
+                c::VCLUSTER_READY,
+                "WaitingForKubeconfig",
+                "waiting for the vCluster to export its kubeconfig".to_string(),
+            ),
+            Requeue::Poll,
+        ),
+        (_, Release::Deployed { .. }) if o.api_serves != Some(true) => (
+            Want::no(
+                c::VCLUSTER_READY,
+                "WaitingForAPI",
+                "waiting for the vCluster API to answer".to_string(),
+            ),
+            Requeue::Poll,
+        ),
+        (_, Release::Deployed { .. }) => (
+            Want::yes(
+                c::VCLUSTER_READY,
+                "VClusterServing",
+                "the vCluster serves its API".to_string(),
+            ),
+            Requeue::Idle,
+        ),
+    };
+    let vcluster_ready = vcluster.status;
+    conditions.push(vcluster);
+
+    let kubeconfig = if !vcluster_ready {
+        Want::no(
+            c::KUBECONFIG_READY,
+            "WaitingForVCluster",
+            "the kubeconfig is written once the vCluster serves",
+        )
+    } else {
+        if !o.kubeconfig_current {
+            actions.push(Action::WriteKubeconfig);
+        }
+        Want::yes(
+            c::KUBECONFIG_READY,
+            "KubeconfigWritten",
+            "the admin kubeconfig is in the instance's kubeconfig Secret",
+        )
+    };
+    let kubeconfig_ready = kubeconfig.status;
+    conditions.push(kubeconfig);
+    conditions.push(Want::no(
+        c::INSTALLED,
+        "WaitingForInstaller",
+        "the platform program runs once the vCluster serves (installer not part of this release)",
+    ));
+
+    let phase = match (&o.task, kubeconfig_ready) {
+        (TaskState::Queued(_), _) if !o.namespace_exists => Phase::Pending,
+        (_, true) => Phase::Installing,
+        _ => Phase::Provisioning,
+    };
+    if kubeconfig_ready && requeue == Requeue::Idle && !actions.is_empty() {
+        requeue = Requeue::Poll;
+    }
+    let reconciling = match phase {
+        Phase::Pending => Some(("Queued", "waiting for an install slot".to_string())),
+        Phase::Provisioning => Some(("Provisioning", "the vCluster is coming up".to_string())),
+        _ => Some((
+            "WaitingForInstaller",
+            "the vCluster serves; the platform install comes next".to_string(),
+        )),
+    };
+    conditions.extend(kstatus(None, reconciling, None));
+    Plan {
+        actions,
+        phase,
+        conditions,
+        requeue,
+    }
+}
+
+/// Decides the next deletion step, honouring `deletionPolicy`.
+pub fn decide_deletion(o: &Observed) -> Plan {
+    let protection = protection_condition(&o.protection);
+    if !o.has_finalizer {
+        return Plan {
+            actions: vec![],
+            phase: Phase::Deleting,
+            conditions: vec![protection],
+            requeue: Requeue::Idle,
+        };
+    }
+    let mut actions = Vec::new();
+    let mut conditions = vec![protection];
+    let step = |reason: &'static str, message: String| kstatus(None, Some((reason, message)), None);
+
+    // 1. Stop what runs: the vCluster release, then the host namespace.
+    match (&o.task, &o.release) {
+        (TaskState::Queued(_) | TaskState::Running, _) => {
+            conditions.extend(step(
+                "UninstallingVCluster",
+                "waiting for helm to finish with the vCluster".into(),
+            ));
+            return Plan {
+                actions,
+                phase: Phase::Deleting,
+                conditions,
+                requeue: Requeue::Poll,
+            };
+        }
+        (
+            TaskState::Failed(e),
+            Release::Deployed { .. } | Release::Pending(_) | Release::Failed(_),
+        ) => {
+            actions.push(Action::UninstallVCluster);
+            conditions.extend(kstatus(
+                None,
+                Some((
+                    "UninstallFailed",
+                    format!("helm uninstall failed: {e}; retrying"),
+                )),
+                None,
+            ));
+            return Plan {
+                actions,
+                phase: Phase::Deleting,
+                conditions,
+                requeue: Requeue::Backoff,
+            };
+        }
+        (_, Release::Deployed { .. } | Release::Pending(_) | Release::Failed(_)) => {
+            actions.push(Action::UninstallVCluster);
+            conditions.extend(step(
+                "UninstallingVCluster",
+                "uninstalling the vCluster".into(),
+            ));
+            return Plan {
+                actions,
+                phase: Phase::Deleting,
+                conditions,
+                requeue: Requeue::Poll,
+            };
+        }
+        (_, Release::Missing) => {}
+    }
+    if o.namespace_exists {
+        if !o.namespace_terminating {
+            actions.push(Action::DeleteNamespace);
+        }
+        conditions.extend(step(
+            "DeletingHostNamespace",
+            format!("waiting for host namespace {} to go", o.host_namespace),
+        ));
+        return Plan {
+            actions,
+            phase: Phase::Deleting,
+            conditions,
+            requeue: Requeue::Poll,
+        };
+    }
+
+    // 2. With Delete, remove the storage and the state; Retain keeps both.
+    if o.deletion_policy == DeletionPolicy::Delete {
+        match &o.cleanup {
+            Cleanup::Missing => {
+                actions.push(Action::StartCleanup);
+                conditions.extend(step(
+                    "CleaningStorage",
+                    "running the storage cleanup Job".into(),
+                ));
+                return Plan {
+                    actions,
+                    phase: Phase::Deleting,
+                    conditions,
+                    requeue: Requeue::Poll,
+                };
+            }
+            Cleanup::Running => {
+                conditions.extend(step(
+                    "CleaningStorage",
+                    "waiting for the storage cleanup Job to complete".into(),
+                ));
+                return Plan {
+                    actions,
+                    phase: Phase::Deleting,
+                    conditions,
+                    requeue: Requeue::Poll,
+                };
+            }
+            Cleanup::Failed(e) => {
+                let message = format!(
+                    "the storage cleanup Job failed ({e}); the instance's storage directory is left; read the Job's logs, fix it and delete the Job to retry"
+                );
+                conditions.extend(kstatus(None, None, Some(("CleanupFailed", message))));
+                return Plan {
+                    actions,
+                    phase: Phase::Deleting,
+                    conditions,
+                    requeue: Requeue::Backoff,
+                };
+            }
+            Cleanup::Complete => {}
+        }
+        if o.state_exists {
+            actions.push(Action::RemoveState);
+        }
+        if o.kubeconfig_current || o.exported_kubeconfig {
+            actions.push(Action::DeleteKubeconfig);
+        }
+    }
+    actions.push(Action::RemoveFinalizer);
+    conditions.extend(step(
+        "Finalizing",
+        "everything is cleaned up; removing the finalizer".into(),
+    ));
+    Plan {
+        actions,
+        phase: Phase::Deleting,
+        conditions,
+        requeue: Requeue::Idle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Observed {
+        Observed {
+            generation: 1,
+            deleting: false,
+            has_finalizer: true,
+            deletion_policy: DeletionPolicy::Retain,
+            invalid_spec: None,
+            host_namespace: "pi-team-a-one-12345678".into(),
+            namespace_exists: true,
+            namespace_conflict: None,
+            namespace_terminating: false,
+            namespace_current: true,
+            release: Release::Deployed {
+                chart_version: "0.37.3".into(),
+            },
+            chart_version: "0.37.3".into(),
+            task: TaskState::Idle,
+            statefulset_ready: true,
+            exported_kubeconfig: true,
+            api_serves: Some(true),
+            kubeconfig_current: true,
+            protection: Protection::Protected,
+            cleanup: Cleanup::Missing,
+            state_exists: true,
+        }
+    }
+
+    fn cond(plan: &Plan, type_: &str) -> (bool, &'static str) {
+        let w = plan
+            .conditions
+            .iter()
+            .find(|w| w.type_ == type_)
+            .unwrap_or_else(|| panic!("no {type_}"));
+        (w.status, w.reason)
+    }
+
+    #[test]
+    fn a_new_instance_gets_its_finalizer_first() {
+        let o = Observed {
+            has_finalizer: false,
+            namespace_exists: false,
+            release: Release::Missing,
+            ..base()
+        };
+        let plan = decide(&o);
+        assert_eq!(plan.actions, [Action::AddFinalizer]);
+        assert_eq!(plan.phase, Phase::Pending);
+    }
+
+    #[test]
+    fn provisioning_applies_the_namespace_and_installs() {
+        let o = Observed {
+            namespace_exists: false,
+            release: Release::Missing,
+            statefulset_ready: false,
+            exported_kubeconfig: false,
+            api_serves: None,
+            kubeconfig_current: false,
+            ..base()
+        };
+        let plan = decide(&o);
+        assert_eq!(
+            plan.actions,
+            [
+                Action::ApplyNamespace,
+                Action::InstallVCluster { recover: false }
+            ]
+        );
+        assert_eq!(plan.phase, Phase::Provisioning);
+        assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Installing"));
+        assert_eq!(cond(&plan, c::RECONCILING), (true, "Provisioning"));
+        assert_eq!(cond(&plan, c::READY).0, false);
+    }
+
+    #[test]
+    fn queued_installs_say_their_position() {
+        let o = Observed {
+            namespace_exists: false,
+            release: Release::Missing,
+            task: TaskState::Queued(3),
+            ..base()
+        };
+        let plan = decide(&o);
+        assert_eq!(plan.phase, Phase::Pending);
+        let w = plan
+            .conditions
+            .iter()
+            .find(|w| w.type_ == c::VCLUSTER_READY)
+            .expect("condition");
+        assert_eq!(w.reason, "Queued");
+        assert!(w.message.contains("position 3"), "{}", w.message);
+        assert!(
+            !plan
+                .actions
+                .contains(&Action::InstallVCluster { recover: false }),
+            "no second task while queued"
+        );
+    }
+
+    #[test]
+    fn waits_for_statefulset_kubeconfig_and_api_in_turn() {
+        let waiting = |o: Observed| cond(&decide(&o), c::VCLUSTER_READY);
+        assert_eq!(
+            waiting(Observed {
+                statefulset_ready: false,
+                ..base()
+            }),
+            (false, "WaitingForStatefulSet")
+        );
+        assert_eq!(
+            waiting(Observed {
+                exported_kubeconfig: false,
+                ..base()
+            }),
+            (false, "WaitingForKubeconfig")
+        );
+        assert_eq!(
+            waiting(Observed {
+                api_serves: Some(false),
+                ..base()
+            }),
+            (false, "WaitingForAPI")
+        );
+    }
+
+    #[test]
+    fn a_serving_vcluster_gets_its_kubeconfig_written_and_reaches_installing() {
+        let plan = decide(&Observed {
+            kubeconfig_current: false,
+            ..base()
+        });
+        assert_eq!(plan.actions, [Action::WriteKubeconfig]);
+        assert_eq!(plan.phase, Phase::Installing);
+        assert_eq!(
+            cond(&plan, c::KUBECONFIG_READY),
+            (true, "KubeconfigWritten")
+        );
+    }
+
+    #[test]
+    fn nothing_changed_means_no_action() {
+        let plan = decide(&base());
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        assert_eq!(plan.requeue, Requeue::Idle);
+        assert_eq!(plan.phase, Phase::Installing);
+        assert_eq!(decide(&base()), plan, "deciding is deterministic");
+    }
+
+    #[test]
+    fn a_pending_release_is_recovered_and_a_failure_backs_off() {
+        let plan = decide(&Observed {
+            release: Release::Pending("pending-install".into()),
+            ..base()
+        });
+        assert_eq!(plan.actions, [Action::InstallVCluster { recover: true }]);
+        assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "RecoveringRelease"));
+        let plan = decide(&Observed {
+            release: Release::Failed("failed".into()),
+            task: TaskState::Failed("boom".into()),
+            ..base()
+        });
+        assert_eq!(plan.requeue, Requeue::Backoff);
+        assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "InstallFailed"));
+        let plan = decide(&Observed {
+            release: Release::Deployed {
+                chart_version: "0.37.2".into(),
+            },
+            ..base()
+        });
+        assert_eq!(plan.actions, [Action::InstallVCluster { recover: false }]);
+        assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Upgrading"));
+    }
+
+    #[test]
+    fn invalid_specs_and_conflicts_wait_for_a_change() {
+        let plan = decide(&Observed {
+            invalid_spec: Some("spec.version is not set".into()),
+            ..base()
+        });
+        assert!(plan.actions.is_empty());
+        assert_eq!(plan.phase, Phase::Failed);
+        assert_eq!(cond(&plan, c::STALLED), (true, "InvalidSpec"));
+        assert_eq!(plan.requeue, Requeue::Idle);
+        let plan = decide(&Observed {
+            namespace_conflict: Some("team-b/other".into()),
+            ..base()
+        });
+        assert_eq!(
+            cond(&plan, c::HOST_NAMESPACE_READY),
+            (false, "HostNamespaceConflict")
+        );
+        assert!(plan.actions.is_empty());
+    }
+
+    #[test]
+    fn protection_is_reported_either_way() {
+        assert_eq!(
+            cond(&decide(&base()), c::OWNER_SERVICE_PROTECTED),
+            (true, "PolicyActive")
+        );
+        let plan = decide(&Observed {
+            protection: Protection::Unsupported,
+            ..base()
+        });
+        assert_eq!(
+            cond(&plan, c::OWNER_SERVICE_PROTECTED),
+            (false, "AdmissionPoliciesUnavailable")
+        );
+        assert_eq!(
+            plan.phase,
+            Phase::Installing,
+            "the controller carries on without admission policies"
+        );
+    }
+
+    fn deleting(policy: DeletionPolicy) -> Observed {
+        Observed {
+            deleting: true,
+            deletion_policy: policy,
+            ..base()
+        }
+    }
+
+    #[test]
+    fn deletion_uninstalls_then_deletes_the_namespace() {
+        let plan = decide(&deleting(DeletionPolicy::Retain));
+        assert_eq!(plan.actions, [Action::UninstallVCluster]);
+        assert_eq!(plan.phase, Phase::Deleting);
+        let plan = decide(&Observed {
+            release: Release::Missing,
+            ..deleting(DeletionPolicy::Retain)
+        });
+        assert_eq!(plan.actions, [Action::DeleteNamespace]);
+        let plan = decide(&Observed {
+            release: Release::Missing,
+            namespace_terminating: true,
+            ..deleting(DeletionPolicy::Retain)
+        });
+        assert!(plan.actions.is_empty(), "wait for the namespace");
+        let plan = decide(&Observed {
+            task: TaskState::Running,
+            ..deleting(DeletionPolicy::Delete)
+        });
+        assert!(plan.actions.is_empty(), "wait for helm");
+    }
+
+    #[test]
+    fn retain_keeps_storage_and_state() {
+        let plan = decide(&Observed {
+            release: Release::Missing,
+            namespace_exists: false,
+            ..deleting(DeletionPolicy::Retain)
+        });
+        assert_eq!(plan.actions, [Action::RemoveFinalizer]);
+    }
+
+    #[test]
+    fn delete_cleans_storage_then_state_then_lets_go() {
+        let gone = Observed {
+            release: Release::Missing,
+            namespace_exists: false,
+            ..deleting(DeletionPolicy::Delete)
+        };
+        assert_eq!(decide(&gone).actions, [Action::StartCleanup]);
+        assert!(
+            decide(&Observed {
+                cleanup: Cleanup::Running,
+                ..gone.clone()
+            })
+            .actions
+            .is_empty()
+        );
+        let failed = decide(&Observed {
+            cleanup: Cleanup::Failed("exit 1".into()),
+            ..gone.clone()
+        });
+        assert!(
+            failed.actions.is_empty(),
+            "a failed step never drops the finalizer"
+        );
+        assert_eq!(cond(&failed, c::STALLED), (true, "CleanupFailed"));
+        let done = decide(&Observed {
+            cleanup: Cleanup::Complete,
+            ..gone
+        });
+        assert_eq!(
+            done.actions,
+            [
+                Action::RemoveState,
+                Action::DeleteKubeconfig,
+                Action::RemoveFinalizer
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_uninstall_keeps_the_finalizer() {
+        let plan = decide(&Observed {
+            task: TaskState::Failed("timeout".into()),
+            ..deleting(DeletionPolicy::Delete)
+        });
+        assert_eq!(plan.actions, [Action::UninstallVCluster]);
+        assert_eq!(plan.requeue, Requeue::Backoff);
+        assert!(!plan.actions.contains(&Action::RemoveFinalizer));
+    }
+}

@@ -1,0 +1,220 @@
+//! Drives the Helm CLI for the vCluster release of one host namespace: install or
+//! upgrade from the shipped chart, recovery of a release an interrupted helm left `pending-*`,
+//! and uninstall. Exit codes map onto typed errors; the release state is read from
+//! Helm's release Secrets through the API, and only Helm's last error line is passed on to status.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::decide::Release;
+
+/// The release name of every vCluster (one per host namespace).
+pub const RELEASE: &str = "vcluster";
+/// Label on the Helm release Secret naming the chart version installed.
+pub const CHART_VERSION_LABEL: &str = "platform.di-framework.dev/chart-version";
+
+/// The release state from Helm's release Secrets (`owner=helm`, `name=vcluster`): the newest
+/// revision's `status` label, and the chart version label the controller set.
+pub fn release_from_secrets(secrets: &[k8s_openapi::api::core::v1::Secret]) -> Release {
+    let newest = secrets
+        .iter()
+        .filter_map(|s| {
+            let labels = s.metadata.labels.as_ref()?;
+            let version: u64 = labels.get("version")?.parse().ok()?;
+            Some((version, labels))
+        })
+        .max_by_key(|(v, _)| *v);
+    let Some((_, labels)) = newest else {
+        return Release::Missing;
+    };
+    let status = labels.get("status").cloned().unwrap_or_default();
+    match status.as_str() {
+        "deployed" => Release::Deployed {
+            chart_version: labels.get(CHART_VERSION_LABEL).cloned().unwrap_or_default(),
+        },
+        s if s.starts_with("pending-") => Release::Pending(status),
+        "uninstalling" => Release::Pending(status),
+        _ => Release::Failed(status),
+    }
+}
+
+/// Errors of the helm driver.
+#[derive(Debug, thiserror::Error)]
+pub enum HelmError {
+    /// The helm binary could not be run.
+    #[error("running {binary} failed: {source}; set --helm-binary to a Helm 3 executable")]
+    Spawn {
+        /// The binary.
+        binary: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Helm exited non-zero.
+    #[error("helm {action} in {namespace} failed: {message}")]
+    Failed {
+        /// The helm subcommand.
+        action: &'static str,
+        /// The host namespace.
+        namespace: String,
+        /// Helm's error output, trimmed.
+        message: String,
+    },
+    /// Writing the values file failed.
+    #[error(
+        "writing the helm values file {path} failed: {source}; check that the temporary folder is writable"
+    )]
+    Values {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl HelmError {
+    /// A static category for metric labels.
+    pub fn category(&self) -> &'static str {
+        match self {
+            HelmError::Spawn { .. } => "spawn",
+            HelmError::Failed { .. } => "helm",
+            HelmError::Values { .. } => "values",
+        }
+    }
+}
+
+/// The helm CLI with its binary and timeout.
+#[derive(Clone, Debug)]
+pub struct Helm {
+    /// The helm executable.
+    pub binary: String,
+    /// The `--timeout` of helm operations.
+    pub timeout: Duration,
+    /// Where values files are written.
+    pub work_dir: PathBuf,
+}
+
+impl Helm {
+    async fn run(
+        &self,
+        action: &'static str,
+        namespace: &str,
+        args: &[String],
+    ) -> Result<String, HelmError> {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(args).kill_on_drop(true);
+        let out = cmd.output().await.map_err(|source| HelmError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            let message = String::from_utf8_lossy(&out.stderr)
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("no output")
+                .to_string();
+            Err(HelmError::Failed {
+                action,
+                namespace: namespace.to_string(),
+                message,
+            })
+        }
+    }
+
+    /// Installs or upgrades the release from `chart` with `values` (YAML), waiting for nothing:
+    /// the controller watches the workloads itself. The release Secret is labelled with the
+    /// chart version, so the controller reads the release state from the API, not from helm.
+    pub async fn upgrade_install(
+        &self,
+        namespace: &str,
+        chart: &Path,
+        chart_version: &str,
+        values: &str,
+        extra_values: Option<&Path>,
+    ) -> Result<(), HelmError> {
+        std::fs::create_dir_all(&self.work_dir).map_err(|source| HelmError::Values {
+            path: self.work_dir.clone(),
+            source,
+        })?;
+        let file = self.work_dir.join(format!("{namespace}-values.yaml"));
+        std::fs::write(&file, values).map_err(|source| HelmError::Values {
+            path: file.clone(),
+            source,
+        })?;
+        let args = vec![
+            "upgrade".to_string(),
+            "--install".into(),
+            RELEASE.into(),
+            chart.display().to_string(),
+            "-n".into(),
+            namespace.into(),
+            "--values".into(),
+            file.display().to_string(),
+            "--timeout".into(),
+            format!("{}s", self.timeout.as_secs().max(1)),
+            "--history-max".into(),
+            "3".into(),
+            "--labels".into(),
+            format!("{CHART_VERSION_LABEL}={chart_version}"),
+        ];
+        let mut args = args;
+        if let Some(extra) = extra_values {
+            args.push("--values".into());
+            args.push(extra.display().to_string());
+        }
+        let result = self.run("upgrade --install", namespace, &args).await;
+        let _ = std::fs::remove_file(&file);
+        result.map(|_| ())
+    }
+
+    /// Clears a release an interrupted helm left `pending-*`: a pending first install is
+    /// uninstalled (nothing of it ever served), a pending upgrade or rollback is rolled back to
+    /// the last deployed revision.
+    pub async fn recover(&self, namespace: &str, status: &str) -> Result<(), HelmError> {
+        let args: Vec<String> = if status == "pending-install" {
+            ["uninstall", RELEASE, "-n", namespace, "--wait=false"]
+                .map(String::from)
+                .to_vec()
+        } else {
+            [
+                "rollback",
+                RELEASE,
+                "-n",
+                namespace,
+                "--timeout",
+                &format!("{}s", self.timeout.as_secs().max(1)),
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        self.run(
+            if status == "pending-install" {
+                "uninstall"
+            } else {
+                "rollback"
+            },
+            namespace,
+            &args,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Uninstalls the release (a missing release is fine).
+    pub async fn uninstall(&self, namespace: &str) -> Result<(), HelmError> {
+        let args = [
+            "uninstall",
+            RELEASE,
+            "-n",
+            namespace,
+            "--ignore-not-found",
+            "--wait=false",
+        ]
+        .map(String::from);
+        self.run("uninstall", namespace, &args).await.map(|_| ())
+    }
+}

@@ -1,0 +1,13 @@
+//! The platform-operator controller: takes each `PlatformInstance` from `Pending` through
+//! `Provisioning` (host namespace, vCluster) to `Installing` (admin kubeconfig written), keeps the
+//! admission policy that protects `service/vcluster`, and carries deletion through
+//! `deletionPolicy`.
+
+pub mod chart;
+pub mod decide;
+pub mod helm;
+pub mod leader;
+pub mod metrics;
+pub mod policy;
+pub mod reconcile;
+pub mod tasks;

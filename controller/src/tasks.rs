@@ -1,0 +1,307 @@
+//! Tracked long-running work (Helm), so a reconcile never holds a worker for minutes: one task per
+//! instance at most, installs bounded by `--max-concurrent-installs` and queued in order (with
+//! their position reported), and failures remembered with a capped backoff. Reconciles poll the
+//! registry every `--target-poll`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+
+use crate::decide::TaskState;
+
+/// The first retry delay; it doubles per consecutive failure.
+const BACKOFF_BASE: Duration = Duration::from_secs(5);
+/// The longest retry delay.
+const BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+/// Which instance a task belongs to: `<namespace>/<name>`.
+pub type Key = String;
+
+struct Failure {
+    message: String,
+    attempts: u32,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    running: HashSet<Key>,
+    queue: VecDeque<(Key, BoxFuture<'static, Result<(), String>>)>,
+    failed: HashMap<Key, Failure>,
+}
+
+/// The task registry.
+pub struct Tasks {
+    inner: Mutex<Inner>,
+    limit: usize,
+    running_gauge: prometheus::IntGauge,
+    queued_gauge: prometheus::IntGauge,
+}
+
+/// The delay before retry number `attempts` (1-based).
+pub fn backoff(attempts: u32) -> Duration {
+    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
+    (BACKOFF_BASE * factor).min(BACKOFF_CAP)
+}
+
+impl Tasks {
+    /// A registry running at most `limit` bounded tasks at once.
+    pub fn new(
+        limit: usize,
+        running_gauge: prometheus::IntGauge,
+        queued_gauge: prometheus::IntGauge,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner::default()),
+            limit: limit.max(1),
+            running_gauge,
+            queued_gauge,
+        })
+    }
+
+    /// What the task of `key` is doing.
+    pub fn state(&self, key: &str) -> TaskState {
+        let Ok(inner) = self.inner.lock() else {
+            return TaskState::Idle;
+        };
+        if inner.running.contains(key) {
+            return TaskState::Running;
+        }
+        if let Some(position) = inner.queue.iter().position(|(k, _)| k == key) {
+            return TaskState::Queued(position + 1);
+        }
+        match inner.failed.get(key) {
+            Some(f) => TaskState::Failed(f.message.clone()),
+            None => TaskState::Idle,
+        }
+    }
+
+    /// How long until `key` may retry after a failure (zero when it may now).
+    pub fn retry_in(&self, key: &str) -> Duration {
+        let Ok(inner) = self.inner.lock() else {
+            return Duration::ZERO;
+        };
+        inner
+            .failed
+            .get(key)
+            .map(|f| backoff(f.attempts).saturating_sub(f.at.elapsed()))
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Forgets the backoff of `key` (a person asked for an immediate retry).
+    pub fn clear_backoff(&self, key: &str) {
+        if let Ok(mut inner) = self.inner.lock()
+            && let Some(f) = inner.failed.get_mut(key)
+        {
+            f.at = Instant::now() - BACKOFF_CAP;
+        }
+    }
+
+    /// Submits `work` for `key`. Returns false (and drops `work`) when the key already has a task
+    /// or is still backing off. A `bounded` task waits for a slot; an unbounded one (uninstalls)
+    /// starts at once.
+    pub fn submit(
+        self: &Arc<Self>,
+        key: &str,
+        bounded: bool,
+        work: BoxFuture<'static, Result<(), String>>,
+    ) -> bool {
+        {
+            let Ok(mut inner) = self.inner.lock() else {
+                return false;
+            };
+            if inner.running.contains(key) || inner.queue.iter().any(|(k, _)| k == key) {
+                return false;
+            }
+            if let Some(f) = inner.failed.get(key)
+                && f.at.elapsed() < backoff(f.attempts)
+            {
+                return false;
+            }
+            if bounded {
+                inner.queue.push_back((key.to_string(), work));
+            } else {
+                inner.running.insert(key.to_string());
+                self.spawn(key.to_string(), work);
+            }
+        }
+        self.dispatch();
+        true
+    }
+
+    fn spawn(self: &Arc<Self>, key: Key, work: BoxFuture<'static, Result<(), String>>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let result = work.await;
+            if let Ok(mut inner) = this.inner.lock() {
+                inner.running.remove(&key);
+                match result {
+                    Ok(()) => {
+                        inner.failed.remove(&key);
+                    }
+                    Err(message) => {
+                        let attempts = inner.failed.get(&key).map(|f| f.attempts + 1).unwrap_or(1);
+                        inner.failed.insert(
+                            key.clone(),
+                            Failure {
+                                message,
+                                attempts,
+                                at: Instant::now(),
+                            },
+                        );
+                    }
+                }
+            }
+            this.dispatch();
+        });
+    }
+
+    /// Starts queued tasks while slots are free, oldest first.
+    fn dispatch(self: &Arc<Self>) {
+        let mut start = Vec::new();
+        if let Ok(mut inner) = self.inner.lock() {
+            while inner.running.len() < self.limit {
+                let Some((key, work)) = inner.queue.pop_front() else {
+                    break;
+                };
+                inner.running.insert(key.clone());
+                start.push((key, work));
+            }
+            self.running_gauge.set(inner.running.len() as i64);
+            self.queued_gauge.set(inner.queue.len() as i64);
+        }
+        for (key, work) in start {
+            self.spawn(key, work);
+        }
+    }
+
+    /// Drops the record of `key` (the instance is gone).
+    pub fn forget(&self, key: &str) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.failed.remove(key);
+            inner.queue.retain(|(k, _)| k != key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    fn registry(limit: usize) -> Arc<Tasks> {
+        Tasks::new(
+            limit,
+            prometheus::IntGauge::new("r", "r").expect("g"),
+            prometheus::IntGauge::new("q", "q").expect("g"),
+        )
+    }
+
+    async fn until(tasks: &Tasks, key: &str, want: TaskState) {
+        for _ in 0..200 {
+            if tasks.state(key) == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{key} never reached {want:?}: {:?}", tasks.state(key));
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_secs(5));
+        assert_eq!(backoff(2), Duration::from_secs(10));
+        assert_eq!(backoff(4), Duration::from_secs(40));
+        assert_eq!(backoff(30), BACKOFF_CAP);
+    }
+
+    #[tokio::test]
+    async fn bounded_tasks_queue_in_order_and_report_positions() {
+        let tasks = registry(1);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (release_a, wait_a) = tokio::sync::oneshot::channel::<()>();
+        let o = order.clone();
+        assert!(
+            tasks.submit(
+                "ns/a",
+                true,
+                async move {
+                    let r = wait_a.await.map_err(|e| e.to_string());
+                    o.lock().expect("lock").push("a");
+                    r
+                }
+                .boxed()
+            )
+        );
+        let o = order.clone();
+        assert!(
+            tasks.submit(
+                "ns/b",
+                true,
+                async move {
+                    o.lock().expect("lock").push("b");
+                    Ok(())
+                }
+                .boxed()
+            )
+        );
+        let o = order.clone();
+        assert!(
+            tasks.submit(
+                "ns/c",
+                true,
+                async move {
+                    o.lock().expect("lock").push("c");
+                    Err("boom".to_string())
+                }
+                .boxed()
+            )
+        );
+        assert_eq!(tasks.state("ns/a"), TaskState::Running);
+        assert_eq!(tasks.state("ns/b"), TaskState::Queued(1));
+        assert_eq!(tasks.state("ns/c"), TaskState::Queued(2));
+        assert!(
+            !tasks.submit("ns/b", true, async { Ok(()) }.boxed()),
+            "one task per instance"
+        );
+        let _ = release_a.send(());
+        until(&tasks, "ns/c", TaskState::Failed("boom".into())).await;
+        assert_eq!(
+            *order.lock().expect("lock"),
+            ["a", "b", "c"],
+            "oldest first, one at a time"
+        );
+        assert_eq!(tasks.state("ns/b"), TaskState::Idle);
+        assert!(
+            !tasks.submit("ns/c", true, async { Ok(()) }.boxed()),
+            "a failure backs off"
+        );
+        assert!(tasks.retry_in("ns/c") > Duration::ZERO);
+        tasks.clear_backoff("ns/c");
+        assert!(
+            tasks.submit("ns/c", true, async { Ok(()) }.boxed()),
+            "a retry request skips the backoff"
+        );
+        until(&tasks, "ns/c", TaskState::Idle).await;
+    }
+
+    #[tokio::test]
+    async fn unbounded_tasks_start_at_once() {
+        let tasks = registry(1);
+        let (_hold, wait) = tokio::sync::oneshot::channel::<()>();
+        assert!(tasks.submit(
+            "ns/a",
+            true,
+            async move { wait.await.map_err(|e| e.to_string()) }.boxed()
+        ));
+        assert!(tasks.submit("ns/z", false, async { Ok(()) }.boxed()));
+        until(&tasks, "ns/z", TaskState::Idle).await;
+        assert_eq!(
+            tasks.state("ns/a"),
+            TaskState::Running,
+            "an uninstall does not wait for an install slot"
+        );
+    }
+}
