@@ -671,7 +671,7 @@ mod tests {
         assert_eq!(plan.phase, Phase::Provisioning);
         assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Installing"));
         assert_eq!(cond(&plan, c::RECONCILING), (true, "Provisioning"));
-        assert_eq!(cond(&plan, c::READY).0, false);
+        assert!(!cond(&plan, c::READY).0);
     }
 
     #[test]
