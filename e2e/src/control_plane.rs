@@ -55,6 +55,9 @@ impl Options {
     }
 }
 
+/// The user name of the admin client certificate (group `system:masters`).
+pub const ADMIN_USER: &str = "platform-operator-e2e-admin";
+
 /// The name of the fake node KWOK manages.
 pub const NODE_NAME: &str = "kwok-node-0";
 
@@ -195,7 +198,21 @@ impl ControlPlane {
         ];
         args.extend(options.apiserver_args.iter().cloned());
         self.spawn("kube-apiserver", &self.tools.bin("kube-apiserver"), &args)?;
-        self.write_kubeconfig(pki)?;
+        self.write_kubeconfig(
+            &self.kubeconfig,
+            &pki.ca_cert,
+            &pki.admin_cert,
+            &pki.admin_key,
+        )?;
+        let kcm = self.dir.join("kube-controller-manager.kubeconfig");
+        self.write_kubeconfig(
+            &kcm,
+            &pki.ca_cert,
+            &pki.controller_manager.0,
+            &pki.controller_manager.1,
+        )?;
+        let scheduler = self.dir.join("kube-scheduler.kubeconfig");
+        self.write_kubeconfig(&scheduler, &pki.ca_cert, &pki.scheduler.0, &pki.scheduler.1)?;
         let client = self.client().await?;
         self.wait("kube-apiserver", deadline, || {
             let client = client.clone();
@@ -223,7 +240,11 @@ impl ControlPlane {
         client: &kube::Client,
         deadline: Duration,
     ) -> Result<(), HarnessError> {
-        let kc = self.kubeconfig.display().to_string();
+        let kc = self
+            .dir
+            .join("kube-controller-manager.kubeconfig")
+            .display()
+            .to_string();
         self.spawn(
             "kube-controller-manager",
             &self.tools.bin("kube-controller-manager"),
@@ -241,9 +262,16 @@ impl ControlPlane {
                 format!("--cluster-signing-cert-file={}", files.ca_cert.display()),
                 format!("--cluster-signing-key-file={}", files.ca_key.display()),
                 "--controllers=*".into(),
+                // Each controller acts as its own service account, as in a real cluster.
+                "--use-service-account-credentials=true".into(),
                 "--v=1".into(),
             ],
         )?;
+        let kc = self
+            .dir
+            .join("kube-scheduler.kubeconfig")
+            .display()
+            .to_string();
         self.spawn(
             "kube-scheduler",
             &self.tools.bin("kube-scheduler"),
@@ -256,6 +284,7 @@ impl ControlPlane {
                 "--v=1".into(),
             ],
         )?;
+        let kc = self.kubeconfig.display().to_string();
         let mut kwok_args = vec![
             format!("--kubeconfig={kc}"),
             "--manage-all-nodes=false".into(),
@@ -380,23 +409,26 @@ impl ControlPlane {
         }
     }
 
-    fn write_kubeconfig(&self, pki: &Pki) -> Result<(), HarnessError> {
+    fn write_kubeconfig(
+        &self,
+        path: &Path,
+        ca: &str,
+        cert: &str,
+        key: &str,
+    ) -> Result<(), HarnessError> {
         use base64::Engine as _;
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
         let config = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": b64(&pki.ca_cert)}}],
-            "users": [{"name": "admin", "user": {
-                "client-certificate-data": b64(&pki.admin_cert),
-                "client-key-data": b64(&pki.admin_key)
-            }}],
-            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin", "namespace": "default"}}],
+            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": b64(ca)}}],
+            "users": [{"name": "user", "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "user", "namespace": "default"}}],
             "current-context": "e2e"
         });
         let yaml = serde_saphyr::to_string(&config)
             .map_err(|e| HarnessError::Pki(format!("kubeconfig: {e}")))?;
-        std::fs::write(&self.kubeconfig, yaml).map_err(|e| HarnessError::io(&self.kubeconfig, e))
+        std::fs::write(path, yaml).map_err(|e| HarnessError::io(path, e))
     }
 
     /// The admin kubeconfig file.

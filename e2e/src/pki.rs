@@ -43,6 +43,10 @@ pub struct Pki {
     pub admin_cert: String,
     /// Admin client key, PEM.
     pub admin_key: String,
+    /// kube-controller-manager's client certificate and key (user `system:kube-controller-manager`).
+    pub controller_manager: (String, String),
+    /// kube-scheduler's client certificate and key (user `system:kube-scheduler`).
+    pub scheduler: (String, String),
     /// Service-account signing key, PEM.
     pub service_account_key: String,
     /// Its public key, PEM.
@@ -88,12 +92,25 @@ impl Pki {
         let admin_key = KeyPair::generate().map_err(pki_err("admin key"))?;
         let mut admin =
             CertificateParams::new(Vec::<String>::new()).map_err(pki_err("admin params"))?;
-        admin.distinguished_name = name("platform-operator-e2e-admin", Some("system:masters"));
+        admin.distinguished_name = name(crate::control_plane::ADMIN_USER, Some("system:masters"));
         admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let admin_cert = admin
             .signed_by(&admin_key, &ca)
             .map_err(pki_err("admin certificate"))?;
 
+        let client = |cn: &str| -> Result<(String, String), HarnessError> {
+            let key = KeyPair::generate().map_err(pki_err("client key"))?;
+            let mut params =
+                CertificateParams::new(Vec::<String>::new()).map_err(pki_err("client params"))?;
+            params.distinguished_name = name(cn, None);
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let cert = params
+                .signed_by(&key, &ca)
+                .map_err(pki_err("client certificate"))?;
+            Ok((cert.pem(), key.serialize_pem()))
+        };
+        let controller_manager = client("system:kube-controller-manager")?;
+        let scheduler = client("system:kube-scheduler")?;
         let service_account_key = KeyPair::generate().map_err(pki_err("service-account key"))?;
         Ok(Self {
             ca_cert: ca.pem(),
@@ -102,6 +119,8 @@ impl Pki {
             serving_key: serving_key.serialize_pem(),
             admin_cert: admin_cert.pem(),
             admin_key: admin_key.serialize_pem(),
+            controller_manager,
+            scheduler,
             service_account_pub: service_account_key.public_key_pem(),
             service_account_key: service_account_key.serialize_pem(),
         })

@@ -1,0 +1,446 @@
+//! End-to-end: the controller binary as a process on the local control plane, with the stand-in
+//! vCluster chart (`e2e/standin-vcluster`, named a stand-in: the real chart cannot be fetched
+//! here) whose exported kubeconfig points at a second, real API server started by the harness.
+//! KWOK makes the StatefulSet Ready and the cleanup Job complete.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e::control_plane::{ADMIN_USER, free_port, plain_get};
+use e2e::shared::Shared;
+use e2e::{ControlPlane, Options};
+use serde_json::Value;
+
+struct Controller {
+    child: Child,
+    log: PathBuf,
+    ops_port: u16,
+}
+
+impl Controller {
+    fn start(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
+        let ops_port = free_port().expect("port");
+        let log = fixture.dir.join(format!("controller-{ops_port}.log"));
+        let file = std::fs::File::create(&log).expect("log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_controller"));
+        cmd.env("KUBECONFIG", &cluster.kubeconfig)
+            .args(["--metrics-bind-address", &format!("127.0.0.1:{ops_port}")])
+            .args(["--namespace", &fixture.operator_ns])
+            .args(["--operator-user", ADMIN_USER])
+            .args(["--target-poll", "1s"])
+            .arg("--state-dir")
+            .arg(fixture.dir.join("state"))
+            .arg("--storage-root-base")
+            .arg(fixture.dir.join("storage"))
+            .arg("--vcluster-chart")
+            .arg(&fixture.chart)
+            .args(["--vcluster-chart-sha256", &fixture.digest])
+            .arg("--vcluster-extra-values")
+            .arg(&fixture.values)
+            .arg("--helm-binary")
+            .arg(&cluster.helm)
+            .args(["--log-level", "info,controller=debug"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file);
+        e2e::process::die_with_parent(&mut cmd);
+        Controller {
+            child: cmd.spawn().expect("controller starts"),
+            log,
+            ops_port,
+        }
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = plain_get(self.ops_port, "/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        e2e::process::terminate(&mut self.child, Duration::from_secs(10));
+        if std::thread::panicking() {
+            eprintln!(
+                "--- controller log {} ---\n{}",
+                self.log.display(),
+                self.log()
+            );
+        }
+    }
+}
+
+/// The stand-in chart, its digest, the inner API server and the values that point at it.
+struct Fixture {
+    dir: PathBuf,
+    chart: PathBuf,
+    digest: String,
+    values: PathBuf,
+    operator_ns: String,
+    inner: ControlPlane,
+}
+
+async fn fixture(cluster: &Shared, name: &str) -> Fixture {
+    let dir =
+        e2e::control_plane::base_dir().join(format!("controller-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let chart_src = e2e::repo_root().join("e2e/standin-vcluster");
+    let out = Command::new(&cluster.helm)
+        .arg("package")
+        .arg(&chart_src)
+        .arg("-d")
+        .arg(&dir)
+        .output()
+        .expect("helm package");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let chart = dir.join("vcluster-0.37.3-standin.tgz");
+    let digest = format!(
+        "sha256:{}",
+        controller::chart::sha256_file(&chart).expect("digest")
+    );
+    let inner = ControlPlane::start(Options::new("vcluster-inside").api_only())
+        .await
+        .expect("inner API server");
+    let kubeconfig = std::fs::read_to_string(inner.kubeconfig()).expect("inner kubeconfig");
+    let values = dir.join("standin-values.yaml");
+    let yaml = serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))
+        .expect("yaml");
+    std::fs::write(&values, yaml).expect("values");
+    let operator_ns = cluster
+        .create_namespace("operator", &[])
+        .expect("namespace");
+    Fixture {
+        dir,
+        chart,
+        digest,
+        values,
+        operator_ns,
+        inner,
+    }
+}
+
+fn get(cluster: &Shared, args: &[&str]) -> Option<Value> {
+    let mut cmd = cluster.kubectl();
+    cmd.args(args).args(["-o", "json"]);
+    let out = e2e::cmd::run(cmd, None).expect("kubectl");
+    out.success
+        .then(|| serde_json::from_str(&out.stdout).expect("json"))
+}
+
+fn condition(pi: &Value, type_: &str) -> Option<(String, String)> {
+    pi["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+async fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    controller: &Controller,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n--- controller log ---\n{}",
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn instance(ns: &str, name: &str, policy: &str) -> String {
+    format!(
+        "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec:\n  version: 6.0.22\n  deletionPolicy: {policy}\n"
+    )
+}
+
+#[tokio::test]
+async fn instances_provision_and_delete_as_their_policy_says() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "main").await;
+    let controller = Controller::start(&cluster, &fx, &["--leader-elect=false"]);
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "kept", "Retain")),
+        )
+        .expect("apply");
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "gone", "Delete")),
+        )
+        .expect("apply");
+
+    // Both reach Installing with the vCluster serving and the kubeconfig written.
+    for name in ["kept", "gone"] {
+        let pi = wait_for(
+            &format!("{name} to reach Installing"),
+            Duration::from_secs(120),
+            &controller,
+            || {
+                let pi = get(&cluster, &["-n", &team, "get", "pi", name])?;
+                (pi["status"]["phase"] == "Installing"
+                    && condition(&pi, "KubeconfigReady").is_some_and(|c| c.0 == "True"))
+                .then_some(pi)
+            },
+        )
+        .await;
+        assert_eq!(
+            condition(&pi, "VClusterReady"),
+            Some(("True".into(), "VClusterServing".into()))
+        );
+        assert_eq!(
+            condition(&pi, "HostNamespaceReady").map(|c| c.0),
+            Some("True".into())
+        );
+        assert_eq!(
+            condition(&pi, "OwnerServiceProtected"),
+            Some(("True".into(), "PolicyActive".into()))
+        );
+        assert_eq!(
+            condition(&pi, "Ready").map(|c| c.0),
+            Some("False".into()),
+            "Ready waits for the installer"
+        );
+        assert_eq!(
+            pi["status"]["kubeconfigSecretRef"]["name"],
+            format!("{name}-kubeconfig")
+        );
+        assert!(
+            pi["metadata"]["finalizers"]
+                .to_string()
+                .contains("platform.di-framework.dev/instance")
+        );
+        let host = pi["status"]["hostNamespace"]
+            .as_str()
+            .expect("host namespace")
+            .to_string();
+        assert!(
+            host.starts_with(&format!("pi-{team}-{name}-")) && host.len() <= 63,
+            "{host}"
+        );
+        let ns = get(&cluster, &["get", "namespace", &host]).expect("host namespace exists");
+        assert_eq!(
+            ns["metadata"]["annotations"]["platform.di-framework.dev/instance"],
+            format!("{team}/{name}")
+        );
+        assert!(
+            get(
+                &cluster,
+                &["-n", &host, "get", "networkpolicy", "vcluster-api"]
+            )
+            .is_some()
+        );
+    }
+
+    // The kubeconfig Secret works against the vCluster's (second) API server.
+    let secret = get(&cluster, &["-n", &team, "get", "secret", "kept-kubeconfig"]).expect("secret");
+    let data = secret["data"]["kubeconfig"]
+        .as_str()
+        .expect("kubeconfig key");
+    let kubeconfig =
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data).expect("base64");
+    let file = fx.dir.join("kept.kubeconfig");
+    std::fs::write(&file, kubeconfig).expect("write");
+    let mut inside = Command::new(&cluster.kubectl);
+    inside
+        .env("KUBECONFIG", &file)
+        .args(["create", "namespace", "made-through-the-secret"]);
+    e2e::cmd::run(inside, None)
+        .expect("kubectl")
+        .ok("kubectl with the instance kubeconfig")
+        .expect("the kubeconfig works");
+    let mut check = fx.inner.kubectl();
+    check.args(["get", "namespace", "made-through-the-secret"]);
+    assert!(
+        e2e::cmd::run(check, None).expect("kubectl").success,
+        "the namespace landed in the second API server"
+    );
+
+    // The admission policy stops an ordinary user from deleting service/vcluster.
+    let host =
+        get(&cluster, &["-n", &team, "get", "pi", "kept"]).expect("pi")["status"]["hostNamespace"]
+            .as_str()
+            .expect("host")
+            .to_string();
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: services, namespace: {host} }}\nrules: [{{ apiGroups: [\"\"], resources: [services], verbs: [get, update, patch, delete] }}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: bob, namespace: {host} }}\nroleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: services }}\nsubjects: [{{ apiGroup: rbac.authorization.k8s.io, kind: User, name: bob }}]\n"
+    );
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&rbac))
+        .expect("rbac");
+    let denied = wait_for(
+        "the policy to deny bob",
+        Duration::from_secs(30),
+        &controller,
+        || {
+            let mut del = cluster.kubectl();
+            del.args([
+                "-n",
+                &host,
+                "delete",
+                "service",
+                "vcluster",
+                "--as=bob",
+                "--dry-run=server",
+            ]);
+            let out = e2e::cmd::run(del, None).expect("kubectl");
+            (!out.success && out.stderr.contains("managed by the platform operator"))
+                .then_some(out.stderr)
+        },
+    )
+    .await;
+    assert!(
+        denied.contains("platform-operator-protect-vcluster-service"),
+        "{denied}"
+    );
+    let mut operator = cluster.kubectl();
+    operator.args([
+        "-n",
+        &host,
+        "delete",
+        "service",
+        "vcluster",
+        "--dry-run=server",
+    ]);
+    assert!(
+        e2e::cmd::run(operator, None).expect("kubectl").success,
+        "the operator's own user may"
+    );
+
+    // A resync that finds nothing changed writes nothing.
+    let before = controller
+        .metric("platform_operator_controller_api_writes_total")
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = controller
+        .metric("platform_operator_controller_api_writes_total")
+        .await;
+    assert!(
+        before > 0.0 && before == after,
+        "idle reconciles wrote {} times",
+        after - before
+    );
+
+    // Retain keeps the storage and state directories; Delete removes them with a cleanup Job.
+    let state = fx.dir.join("state").join(&team);
+    for name in ["kept", "gone"] {
+        std::fs::create_dir_all(state.join(name)).expect("state dir");
+        std::fs::write(state.join(name).join("Pulumi.dev.yaml"), "marker").expect("marker");
+    }
+    let gone_host =
+        get(&cluster, &["-n", &team, "get", "pi", "gone"]).expect("pi")["status"]["hostNamespace"]
+            .as_str()
+            .expect("host")
+            .to_string();
+    cluster
+        .kubectl_ok(
+            &["-n", &team, "delete", "pi", "kept", "gone", "--wait=false"],
+            None,
+        )
+        .expect("delete");
+    for name in ["kept", "gone"] {
+        wait_for(
+            &format!("{name} to be deleted"),
+            Duration::from_secs(120),
+            &controller,
+            || {
+                get(&cluster, &["-n", &team, "get", "pi", name])
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    for h in [&host, &gone_host] {
+        assert!(
+            get(&cluster, &["get", "namespace", h]).is_none(),
+            "host namespace {h} is removed (the policy never stops the namespace controller)"
+        );
+    }
+    assert!(
+        state.join("kept").join("Pulumi.dev.yaml").exists(),
+        "Retain keeps the state"
+    );
+    assert!(!state.join("gone").exists(), "Delete removes the state");
+    assert!(
+        get(&cluster, &["-n", &team, "get", "secret", "gone-kubeconfig"]).is_none(),
+        "Delete removes the kubeconfig Secret"
+    );
+    let job = get(&cluster, &["-n", &fx.operator_ns, "get", "job", &gone_host])
+        .expect("the cleanup Job ran in the cleanup namespace");
+    assert_eq!(job["status"]["succeeded"], 1, "{job}");
+    let command = job["spec"]["template"]["spec"]["containers"][0]["command"].to_string();
+    assert!(
+        command.contains(&format!("/storage/{gone_host}")),
+        "it removes only the instance's directory: {command}"
+    );
+    assert!(
+        get(&cluster, &["-n", &fx.operator_ns, "get", "job", &host]).is_none(),
+        "Retain runs no cleanup"
+    );
+}
+
+#[tokio::test]
+async fn a_chart_digest_mismatch_stops_the_controller() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let dir =
+        e2e::control_plane::base_dir().join(format!("controller-digest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = Command::new(&cluster.helm)
+        .arg("package")
+        .arg(e2e::repo_root().join("e2e/standin-vcluster"))
+        .arg("-d")
+        .arg(&dir)
+        .output()
+        .expect("helm");
+    assert!(out.status.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_controller"))
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .arg("--vcluster-chart")
+        .arg(dir.join("vcluster-0.37.3-standin.tgz"))
+        .args([
+            "--vcluster-chart-sha256",
+            &format!("sha256:{}", "0".repeat(64)),
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    let _ = std::fs::remove_dir_all(Path::new(&dir));
+}
