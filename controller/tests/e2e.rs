@@ -444,3 +444,153 @@ async fn a_chart_digest_mismatch_stops_the_controller() {
     assert!(stderr.contains("refusing to start"), "{stderr}");
     let _ = std::fs::remove_dir_all(Path::new(&dir));
 }
+
+#[tokio::test]
+async fn leadership_crash_recovery_and_no_admission_policies() {
+    // A control plane of its own, whose API server serves no ValidatingAdmissionPolicy.
+    let cp = ControlPlane::start(Options::new("no-vap").apiserver_args([
+        "--runtime-config=admissionregistration.k8s.io/v1/validatingadmissionpolicies=false,admissionregistration.k8s.io/v1/validatingadmissionpolicybindings=false",
+        "--disable-admission-plugins=ValidatingAdmissionPolicy",
+    ]))
+    .await
+    .expect("control plane without admission policies");
+    let cluster = cp.handle();
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "leader").await;
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+
+    // An interrupted helm: a first install killed mid-way leaves the release pending-install.
+    let host = common::names::host_namespace(&team, "crashed");
+    cluster
+        .kubectl_ok(&["create", "namespace", &host], None)
+        .expect("host namespace");
+    let mut helm = Command::new(&cluster.helm);
+    helm.env("KUBECONFIG", &cluster.kubeconfig)
+        .args(["upgrade", "--install", "vcluster"])
+        .arg(&fx.chart)
+        .args([
+            "-n",
+            &host,
+            "--wait",
+            "--timeout",
+            "5m",
+            "--set",
+            "standIn.block=true",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut helm = helm.spawn().expect("helm");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let secrets = get(
+            &cluster,
+            &[
+                "-n",
+                &host,
+                "get",
+                "secrets",
+                "-l",
+                "owner=helm,name=vcluster",
+            ],
+        );
+        if secrets.is_some_and(|s| s["items"].to_string().contains("pending-install")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "helm never left a pending release"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = helm.kill();
+    let _ = helm.wait();
+
+    // Two controllers with leader election: exactly one leads.
+    let first = Controller::start(&cluster, &fx, &[]);
+    let second = Controller::start(&cluster, &fx, &[]);
+    let leaders = wait_for("a leader", Duration::from_secs(60), &first, || {
+        let lease = get(
+            &cluster,
+            &[
+                "-n",
+                &fx.operator_ns,
+                "get",
+                "lease",
+                "platform-operator-controller",
+            ],
+        )?;
+        lease["spec"]["holderIdentity"].as_str().map(String::from)
+    })
+    .await;
+    assert!(!leaders.is_empty());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (a, b) = (
+        first.metric("platform_operator_controller_leader").await,
+        second.metric("platform_operator_controller_leader").await,
+    );
+    assert_eq!(a + b, 1.0, "exactly one leader: {a} and {b}");
+    let (mut leader, standby) = if a == 1.0 {
+        (first, second)
+    } else {
+        (second, first)
+    };
+
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "crashed", "Retain")),
+        )
+        .expect("apply");
+    let pi = wait_for(
+        "the crashed release to be recovered and installed",
+        Duration::from_secs(120),
+        &leader,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "crashed"])?;
+            (pi["status"]["phase"] == "Installing").then_some(pi)
+        },
+    )
+    .await;
+    assert_eq!(
+        condition(&pi, "OwnerServiceProtected"),
+        Some(("False".into(), "AdmissionPoliciesUnavailable".into())),
+        "without admission policies the controller carries on and says so"
+    );
+    assert_eq!(
+        standby
+            .metric("platform_operator_controller_reconciles_total")
+            .await,
+        0.0,
+        "the standby never reconciles"
+    );
+    assert!(
+        leader
+            .log()
+            .contains("recovering an interrupted helm release"),
+        "{}",
+        leader.log()
+    );
+
+    // The leader dies; the standby takes over and reconciles new work.
+    e2e::process::terminate(&mut leader.child, Duration::from_secs(0));
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "after", "Retain")),
+        )
+        .expect("apply");
+    wait_for(
+        "the standby to take over",
+        Duration::from_secs(90),
+        &standby,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "after"])?;
+            (pi["status"]["phase"] == "Installing").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        standby.metric("platform_operator_controller_leader").await,
+        1.0
+    );
+}

@@ -451,6 +451,16 @@ impl ControlPlane {
         &self.tools
     }
 
+    /// A cloneable handle with what tests use (kubeconfig, kubectl, helm), as [`crate::shared`] gives.
+    pub fn handle(&self) -> crate::shared::Shared {
+        crate::shared::Shared {
+            kubeconfig: self.kubeconfig.clone(),
+            dir: self.dir.clone(),
+            kubectl: self.tools.bin("kubectl"),
+            helm: self.tools.bin("helm"),
+        }
+    }
+
     /// A new admin client.
     pub async fn client(&self) -> Result<kube::Client, HarnessError> {
         client_for(&self.kubeconfig).await
