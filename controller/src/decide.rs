@@ -60,6 +60,24 @@ pub enum Cleanup {
     Failed(String),
 }
 
+/// `service/vcluster` compared with what the controller recorded after the vCluster came up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerService {
+    /// Nothing recorded yet.
+    Unrecorded,
+    /// As recorded.
+    Matches,
+    /// Deleted.
+    Missing,
+    /// Its spec or labels changed.
+    Changed,
+    /// Recreated with the recorded spec: objects owned by the old one must point at the new UID.
+    Recreated {
+        /// The UID the owner references still name.
+        old_uid: String,
+    },
+}
+
 /// Everything observed about one instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -103,6 +121,8 @@ pub struct Observed {
     pub cleanup: Cleanup,
     /// The instance's state directory exists.
     pub state_exists: bool,
+    /// `service/vcluster` against the record.
+    pub owner_service: OwnerService,
 }
 
 /// One thing to do, in order.
@@ -120,6 +140,15 @@ pub enum Action {
     },
     /// Write the instance's kubeconfig Secret from the exported one.
     WriteKubeconfig,
+    /// Record `service/vcluster`'s UID and spec hash on the host namespace.
+    RecordOwnerService,
+    /// Put `service/vcluster` back: run the chart again (an Event says so).
+    RestoreOwnerService,
+    /// Point owner references at the recreated `service/vcluster`, then record it.
+    RelinkOwnerService {
+        /// The UID to replace.
+        old_uid: String,
+    },
     /// Start (or queue) a helm task that uninstalls the vCluster.
     UninstallVCluster,
     /// Delete the host namespace.
@@ -302,6 +331,43 @@ pub fn decide(o: &Observed) -> Plan {
 
     // The vCluster release.
     let release_current = matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version);
+    let idle = matches!(o.task, TaskState::Idle);
+    if release_current && idle {
+        match &o.owner_service {
+            OwnerService::Missing | OwnerService::Changed => {
+                actions.push(Action::RestoreOwnerService);
+                conditions.push(Want::no(
+                    c::VCLUSTER_READY,
+                    "OwnerServiceRestoring",
+                    "service/vcluster was changed or deleted; the controller is putting it back",
+                ));
+                conditions.push(Want::no(
+                    c::KUBECONFIG_READY,
+                    "WaitingForVCluster",
+                    "the kubeconfig is written once the vCluster serves",
+                ));
+                conditions.push(Want::no(c::INSTALLED, "WaitingForInstaller", "the platform program runs once the vCluster serves (installer not part of this release)"));
+                conditions.extend(kstatus(
+                    None,
+                    Some((
+                        "OwnerServiceRestoring",
+                        "putting service/vcluster back".to_string(),
+                    )),
+                    None,
+                ));
+                return Plan {
+                    actions,
+                    phase: Phase::Provisioning,
+                    conditions,
+                    requeue: Requeue::Poll,
+                };
+            }
+            OwnerService::Recreated { old_uid } => actions.push(Action::RelinkOwnerService {
+                old_uid: old_uid.clone(),
+            }),
+            OwnerService::Unrecorded | OwnerService::Matches => {}
+        }
+    }
     let (vcluster, mut requeue) = match (&o.task, &o.release) {
         (TaskState::Queued(position), _) => (
             Want::no(
@@ -414,6 +480,9 @@ pub fn decide(o: &Observed) -> Plan {
     } else {
         if !o.kubeconfig_current {
             actions.push(Action::WriteKubeconfig);
+        }
+        if o.owner_service == OwnerService::Unrecorded {
+            actions.push(Action::RecordOwnerService);
         }
         Want::yes(
             c::KUBECONFIG_READY,
@@ -624,6 +693,7 @@ mod tests {
             protection: Protection::Protected,
             cleanup: Cleanup::Missing,
             state_exists: true,
+            owner_service: OwnerService::Matches,
         }
     }
 
@@ -771,6 +841,47 @@ mod tests {
         });
         assert_eq!(plan.actions, [Action::InstallVCluster { recover: false }]);
         assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Upgrading"));
+    }
+
+    #[test]
+    fn a_tampered_owner_service_is_put_back_and_relinked() {
+        let plan = decide(&Observed {
+            owner_service: OwnerService::Unrecorded,
+            ..base()
+        });
+        assert_eq!(plan.actions, [Action::RecordOwnerService]);
+        for drift in [OwnerService::Missing, OwnerService::Changed] {
+            let plan = decide(&Observed {
+                owner_service: drift,
+                ..base()
+            });
+            assert_eq!(plan.actions, [Action::RestoreOwnerService]);
+            assert_eq!(
+                cond(&plan, c::VCLUSTER_READY),
+                (false, "OwnerServiceRestoring")
+            );
+        }
+        let plan = decide(&Observed {
+            owner_service: OwnerService::Recreated {
+                old_uid: "u1".into(),
+            },
+            ..base()
+        });
+        assert_eq!(
+            plan.actions,
+            [Action::RelinkOwnerService {
+                old_uid: "u1".into()
+            }]
+        );
+        let busy = decide(&Observed {
+            owner_service: OwnerService::Missing,
+            task: TaskState::Running,
+            ..base()
+        });
+        assert!(
+            !busy.actions.contains(&Action::RestoreOwnerService),
+            "not while helm runs"
+        );
     }
 
     #[test]

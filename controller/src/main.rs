@@ -17,8 +17,9 @@ use controller::metrics::Metrics;
 use controller::reconcile::{Context, Settings, error_policy, keep_policy, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 
 /// Command-line flags of the controller.
@@ -146,6 +147,7 @@ async fn main() -> anyhow::Result<()> {
     }
     metrics.leader.set(1);
 
+    let hosts: Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>> = Arc::default();
     let tasks = Tasks::new(
         args.max_concurrent_installs.into(),
         metrics.tasks_running.clone(),
@@ -185,6 +187,7 @@ async fn main() -> anyhow::Result<()> {
             instance: Some(identity),
         },
         phases: Mutex::new(Default::default()),
+        hosts: hosts.clone(),
     });
     tokio::spawn(keep_policy(ctx.clone(), Duration::from_secs(60)));
 
@@ -193,6 +196,18 @@ async fn main() -> anyhow::Result<()> {
         .owns(
             Api::<Secret>::all(client.clone()),
             watcher::Config::default().labels("app.kubernetes.io/managed-by=platform-operator"),
+        )
+        // A change to any service/vcluster wakes the instance whose host namespace holds it.
+        .watches(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default().fields("metadata.name=vcluster"),
+            move |svc| {
+                let host = svc.metadata.namespace.clone().unwrap_or_default();
+                let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
+                owner.map(|(namespace, name)| {
+                    ObjectRef::<PlatformInstance>::new(&name).within(&namespace)
+                })
+            },
         )
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)

@@ -17,7 +17,7 @@ use futures::FutureExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -26,7 +26,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::decide::{self, Action, Cleanup, Observed, Plan, Protection};
+use crate::decide::{self, Action, Cleanup, Observed, OwnerService, Plan, Protection};
 use crate::helm::{Helm, RELEASE, release_from_secrets};
 use crate::tasks::Tasks;
 
@@ -125,6 +125,9 @@ pub struct Context {
     pub reporter: Reporter,
     /// Each instance's last reported phase, for the instances-by-phase gauge.
     pub phases: Mutex<BTreeMap<String, String>>,
+    /// Host namespace → instance (`namespace`, `name`), so a change to `service/vcluster` wakes
+    /// the instance that owns it.
+    pub hosts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
 }
 
 fn key(pi: &PlatformInstance) -> String {
@@ -173,6 +176,31 @@ fn network_policy_object(host_ns: &str, operator_ns: &str) -> serde_json::Value 
             ]
         }
     })
+}
+
+/// Annotation on the host namespace recording `service/vcluster` as `<uid>/<spec hash>`.
+pub const OWNER_SERVICE_ANNOTATION: &str = "platform.di-framework.dev/vcluster-service";
+
+/// A hash of what the chart sets on `service/vcluster`: type, ports, selector and labels.
+pub fn service_hash(svc: &Service) -> String {
+    let spec = svc.spec.clone().unwrap_or_default();
+    hash(
+        &json!({"type": spec.type_, "ports": spec.ports, "selector": spec.selector, "labels": svc.metadata.labels}),
+    )
+}
+
+fn owner_service(recorded: Option<&String>, svc: Option<&Service>) -> OwnerService {
+    let Some((uid, recorded_hash)) = recorded.and_then(|r| r.split_once('/')) else {
+        return OwnerService::Unrecorded;
+    };
+    match svc {
+        None => OwnerService::Missing,
+        Some(s) if service_hash(s) != recorded_hash => OwnerService::Changed,
+        Some(s) if s.metadata.uid.as_deref() != Some(uid) => OwnerService::Recreated {
+            old_uid: uid.to_string(),
+        },
+        Some(_) => OwnerService::Matches,
+    }
 }
 
 fn not_found(e: &kube::Error) -> bool {
@@ -248,6 +276,7 @@ async fn observe(
             }
         };
     let mut release = decide::Release::Missing;
+    let mut owner = OwnerService::Unrecorded;
     let mut statefulset_ready = false;
     let mut exported = None;
     if namespace_exists && namespace_conflict.is_none() {
@@ -263,6 +292,17 @@ async fn observe(
             .await
             .map_err(read("the vCluster release"))?;
         release = release_from_secrets(&releases.items);
+        let services: Api<Service> = Api::namespaced(client.clone(), &host_ns);
+        let svc = services
+            .get_opt("vcluster")
+            .await
+            .map_err(read("service/vcluster"))?;
+        owner = owner_service(
+            namespace
+                .as_ref()
+                .and_then(|n| n.annotations().get(OWNER_SERVICE_ANNOTATION)),
+            svc.as_ref(),
+        );
         let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &host_ns);
         statefulset_ready = sets
             .get_opt("vcluster")
@@ -358,6 +398,7 @@ async fn observe(
             .unwrap_or(Protection::Unknown),
         cleanup,
         state_exists: state_path(&ctx.settings, pi).exists(),
+        owner_service: owner,
     };
     Ok((observed, exported))
 }
@@ -495,6 +536,42 @@ async fn act(
                 )
                 .await?;
             }
+            Action::RecordOwnerService => record_owner_service(ctx, &host_ns).await?,
+            Action::RestoreOwnerService => {
+                tracing::warn!(instance = %key(pi), "service/vcluster was changed or deleted; recreating it from the chart");
+                let helm = ctx.helm.clone();
+                let settings = ctx.settings.clone();
+                let namespace = host_ns.clone();
+                let services: Api<Service> = Api::namespaced(client.clone(), &host_ns);
+                let work = async move {
+                    // A three-way merge cannot always undo an edit (a changed port duplicates its
+                    // name), so a changed Service is deleted and the chart creates it afresh; the
+                    // owner references that named the old UID are relinked afterwards.
+                    match services.delete("vcluster", &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(e) if not_found(&e) => {}
+                        Err(e) => {
+                            return Err(format!(
+                                "deleting the changed service/vcluster failed: {e}"
+                            ));
+                        }
+                    }
+                    helm.upgrade_install(
+                        &namespace,
+                        &settings.chart,
+                        &settings.chart_version,
+                        &vcluster_values(&settings, &namespace),
+                        settings.extra_values.as_deref(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())
+                };
+                ctx.tasks.submit(&key(pi), false, work.boxed());
+            }
+            Action::RelinkOwnerService { old_uid } => {
+                relink_owner_references(ctx, &host_ns, old_uid).await?;
+                record_owner_service(ctx, &host_ns).await?;
+            }
             Action::UninstallVCluster => {
                 let helm = ctx.helm.clone();
                 let namespace = host_ns.clone();
@@ -564,6 +641,102 @@ async fn act(
                 }
                 ctx.tasks.forget(&key(pi));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Records `service/vcluster`'s UID and spec hash on the host namespace.
+async fn record_owner_service(ctx: &Context, host_ns: &str) -> Result<(), ReconcileError> {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), host_ns);
+    let Some(svc) = services
+        .get_opt("vcluster")
+        .await
+        .map_err(read("service/vcluster"))?
+    else {
+        return Ok(());
+    };
+    let record = format!(
+        "{}/{}",
+        svc.metadata.uid.clone().unwrap_or_default(),
+        service_hash(&svc)
+    );
+    let patch = json!({"metadata": {"annotations": {OWNER_SERVICE_ANNOTATION: record}}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    Api::<Namespace>::all(ctx.client.clone())
+        .patch(host_ns, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(write("the service record"))?;
+    ctx.metrics.writes.with_label_values(&["namespace"]).inc();
+    Ok(())
+}
+
+/// Points owner references that name the old `service/vcluster` UID (Secrets and ConfigMaps in
+/// the host namespace) at the recreated Service.
+async fn relink_owner_references(
+    ctx: &Context,
+    host_ns: &str,
+    old_uid: &str,
+) -> Result<(), ReconcileError> {
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), host_ns);
+    let Some(svc) = services
+        .get_opt("vcluster")
+        .await
+        .map_err(read("service/vcluster"))?
+    else {
+        return Ok(());
+    };
+    let new_uid = svc.metadata.uid.clone().unwrap_or_default();
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let relink = |refs: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| -> Option<serde_json::Value> {
+        if !refs.iter().any(|r| r.uid == old_uid) {
+            return None;
+        }
+        let updated: Vec<_> = refs
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                if r.uid == old_uid {
+                    r.uid = new_uid.clone();
+                }
+                r
+            })
+            .collect();
+        Some(json!({"metadata": {"ownerReferences": updated}}))
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), host_ns);
+    for s in secrets
+        .list(&ListParams::default())
+        .await
+        .map_err(read("host Secrets"))?
+        .items
+    {
+        if let Some(patch) = relink(s.owner_references()) {
+            secrets
+                .patch(&s.name_any(), &params, &Patch::Merge(&patch))
+                .await
+                .map_err(write("an owner reference"))?;
+            ctx.metrics.writes.with_label_values(&["secret"]).inc();
+        }
+    }
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), host_ns);
+    for m in maps
+        .list(&ListParams::default())
+        .await
+        .map_err(read("host ConfigMaps"))?
+        .items
+    {
+        if let Some(patch) = relink(m.owner_references()) {
+            maps.patch(&m.name_any(), &params, &Patch::Merge(&patch))
+                .await
+                .map_err(write("an owner reference"))?;
+            ctx.metrics.writes.with_label_values(&["configmap"]).inc();
         }
     }
     Ok(())
@@ -703,6 +876,12 @@ pub async fn reconcile(
     if retry_requested {
         tracing::info!(instance = %key, "retry requested by annotation");
         ctx.tasks.clear_backoff(&key);
+    }
+    if let Ok(mut hosts) = ctx.hosts.lock() {
+        hosts.insert(
+            host_namespace(&pi.namespace().unwrap_or_default(), &pi.name_any()),
+            (pi.namespace().unwrap_or_default(), pi.name_any()),
+        );
     }
     let (observed, exported) = observe(&ctx, &pi).await?;
     let plan = decide::decide(&observed);

@@ -354,6 +354,81 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         after - before
     );
 
+    // service/vcluster changed or deleted anyway (by a user the policy lets through): put back.
+    let svc_port = |cluster: &Shared| -> Option<(String, i64)> {
+        let svc = get(cluster, &["-n", &host, "get", "service", "vcluster"])?;
+        Some((
+            svc["metadata"]["uid"].as_str()?.to_string(),
+            svc["spec"]["ports"][0]["port"].as_i64()?,
+        ))
+    };
+    let (uid, port) = svc_port(&cluster).expect("service/vcluster");
+    assert_eq!(port, 443);
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &host,
+                "patch",
+                "service",
+                "vcluster",
+                "--type=json",
+                "-p",
+                r#"[{"op":"replace","path":"/spec/ports/0/port","value":444}]"#,
+            ],
+            None,
+        )
+        .expect("change the service");
+    let restored = |cluster: &Shared, old: &str| -> Option<String> {
+        let (u, p) = svc_port(cluster)?;
+        let ns = get(cluster, &["get", "namespace", &host])?;
+        let record = ns["metadata"]["annotations"]["platform.di-framework.dev/vcluster-service"]
+            .as_str()?
+            .to_string();
+        (u != old && p == 443 && record.starts_with(&u)).then_some(u)
+    };
+    let second = wait_for(
+        "the changed service to be put back and recorded",
+        Duration::from_secs(60),
+        &controller,
+        || restored(&cluster, &uid),
+    )
+    .await;
+    cluster
+        .kubectl_ok(&["-n", &host, "delete", "service", "vcluster"], None)
+        .expect("delete the service");
+    let third = wait_for(
+        "the deleted service to be recreated and recorded",
+        Duration::from_secs(60),
+        &controller,
+        || restored(&cluster, &second),
+    )
+    .await;
+    assert_ne!(third, uid);
+    let events = cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=kept",
+                "-o",
+                "json",
+            ],
+            None,
+        )
+        .expect("events");
+    assert!(
+        events.contains("OwnerServiceRestoring"),
+        "an Event records the repair"
+    );
+    assert!(
+        events.contains("VClusterServing") && events.contains("KubeconfigWritten"),
+        "Events on every transition"
+    );
+
     // Retain keeps the storage and state directories; Delete removes them with a cleanup Job.
     let state = fx.dir.join("state").join(&team);
     for name in ["kept", "gone"] {
