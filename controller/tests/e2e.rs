@@ -38,8 +38,14 @@ impl Controller {
             .args(["--vcluster-chart-sha256", &fixture.digest])
             .arg("--vcluster-extra-values")
             .arg(&fixture.values)
-            .arg("--helm-binary")
-            .arg(&cluster.helm)
+            .args(if extra.contains(&"--helm-binary") {
+                vec![]
+            } else {
+                vec![
+                    "--helm-binary".to_string(),
+                    cluster.helm.display().to_string(),
+                ]
+            })
             .args(["--log-level", "info,controller=debug"])
             .args(extra)
             .stdin(Stdio::null())
@@ -667,5 +673,120 @@ async fn leadership_crash_recovery_and_no_admission_policies() {
     assert_eq!(
         standby.metric("platform_operator_controller_leader").await,
         1.0
+    );
+}
+
+#[tokio::test]
+async fn installs_beyond_the_limit_queue_in_order() {
+    let cp = ControlPlane::start(Options::new("queue"))
+        .await
+        .expect("control plane");
+    let cluster = cp.handle();
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "queue").await;
+    // Real helm, slowed down so the queue can be seen: every install takes two seconds more.
+    let slow_helm = fx.dir.join("slow-helm");
+    std::fs::write(
+        &slow_helm,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = upgrade ] && sleep 2\nexec '{}' \"$@\"\n",
+            cluster.helm.display()
+        ),
+    )
+    .expect("wrapper");
+    let chmod = Command::new("chmod")
+        .arg("+x")
+        .arg(&slow_helm)
+        .status()
+        .expect("chmod");
+    assert!(chmod.success());
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--max-concurrent-installs=1",
+            "--helm-binary",
+            &slow_helm.display().to_string(),
+        ],
+    );
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    for name in ["q1", "q2", "q3"] {
+        cluster
+            .kubectl_ok(
+                &["apply", "--server-side", "-f", "-"],
+                Some(&instance(&team, name, "Retain")),
+            )
+            .expect("apply");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let mut queued_messages = std::collections::BTreeSet::new();
+    let mut most_running = 0.0f64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut installing = 0;
+        for name in ["q1", "q2", "q3"] {
+            if let Some(pi) = get(&cluster, &["-n", &team, "get", "pi", name]) {
+                if let Some(c) = pi["status"]["conditions"]
+                    .as_array()
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "VClusterReady").cloned())
+                    && c["reason"] == "Queued"
+                {
+                    queued_messages.insert(format!(
+                        "{name}: {}",
+                        c["message"].as_str().unwrap_or_default()
+                    ));
+                }
+                if pi["status"]["phase"] == "Installing" {
+                    installing += 1;
+                }
+            }
+        }
+        most_running = most_running.max(
+            controller
+                .metric("platform_operator_controller_tasks_running")
+                .await,
+        );
+        if installing == 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all installed; queued: {queued_messages:?}\n{}",
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(
+        queued_messages.iter().any(|m| m.contains("position")),
+        "a queued instance said its position: {queued_messages:?}"
+    );
+    assert!(
+        most_running <= 1.0,
+        "never more than --max-concurrent-installs at once: {most_running}"
+    );
+    // Installed in the order they were created: compare the first release revisions' creation times.
+    let created = |name: &str| -> String {
+        let host = common::names::host_namespace(&team, name);
+        let secret = get(
+            &cluster,
+            &[
+                "-n",
+                &host,
+                "get",
+                "secret",
+                "sh.helm.release.v1.vcluster.v1",
+            ],
+        )
+        .expect("release");
+        secret["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (t1, t2, t3) = (created("q1"), created("q2"), created("q3"));
+    assert!(
+        t1 <= t2 && t2 <= t3,
+        "installs ran in order: {t1} {t2} {t3}"
     );
 }
