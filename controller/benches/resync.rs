@@ -1,0 +1,185 @@
+//! Controller benchmark (prints figures; asserts nothing about speed).
+//!
+//! N PlatformInstances (default 1,000) on a control plane of their own, each provisioned through
+//! the stand-in vCluster chart. Once all are `Installing`, one full resync (every instance
+//! reconciled once, driven by `--repair-interval`) is measured: the controller's resident memory,
+//! its CPU seconds, its API writes (the goal is zero: nothing changed), and the reconcile p99.
+//!
+//! Run: `cargo bench -p controller --bench resync` (env `BENCH_INSTANCES` sets N).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use e2e::{ControlPlane, Options};
+use support::{Controller, fixture};
+
+fn proc_stat(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = 100.0; // USER_HZ on Linux
+    let cpu = (fields
+        .get(11)
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0))
+        / ticks;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (cpu, rss_kib / 1024.0)
+}
+
+/// The reconcile-duration histogram's cumulative buckets.
+async fn buckets(controller: &Controller) -> Vec<(f64, f64)> {
+    let text = e2e::control_plane::plain_get(controller.ops_port(), "/metrics")
+        .await
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("platform_operator_controller_reconcile_duration_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.split_whitespace().last()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The 99th percentile's bucket bound from the difference of two cumulative histograms.
+fn p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> (f64, f64) {
+    let diff: Vec<(f64, f64)> = after
+        .iter()
+        .zip(before)
+        .map(|((le, a), (_, b))| (*le, a - b))
+        .collect();
+    let total = diff.last().map(|d| d.1).unwrap_or(0.0);
+    let bound = diff
+        .iter()
+        .find(|(_, c)| *c >= total * 0.99)
+        .map(|d| d.0)
+        .unwrap_or(f64::NAN);
+    (bound, total)
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::var("BENCH_INSTANCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let repair = 60u64;
+    let cp = ControlPlane::start(Options::new("bench-resync"))
+        .await
+        .expect("control plane");
+    let cluster = cp.handle();
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "bench").await;
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--max-concurrent-installs=8",
+            "--repair-interval",
+            &format!("{repair}s"),
+            "--log-level",
+            "warn",
+        ],
+    );
+    let team = cluster.create_namespace("bench", &[]).expect("namespace");
+    let manifest: String = (0..n)
+        .map(|i| {
+            format!(
+                "---\napiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ name: i{i:04}, namespace: {team} }}\nspec: {{ version: 6.0.22 }}\n"
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&manifest))
+        .expect("apply");
+    loop {
+        let phases = cluster
+            .kubectl_ok(
+                &[
+                    "-n",
+                    &team,
+                    "get",
+                    "pi",
+                    "-o",
+                    "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}",
+                ],
+                None,
+            )
+            .unwrap_or_default();
+        let installing = phases.lines().filter(|p| *p == "Installing").count();
+        if installing == n {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3600),
+            "only {installing} of {n} reached Installing:\n{}",
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let provisioned = start.elapsed();
+    // Let the last status writes and their watch events settle, then measure one repair interval.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let pid = controller.pid();
+    let (cpu0, _) = proc_stat(pid);
+    let writes0 = controller
+        .metric("platform_operator_controller_api_writes_total")
+        .await;
+    let reconciles0 = controller
+        .metric("platform_operator_controller_reconciles_total")
+        .await;
+    let buckets0 = buckets(&controller).await;
+    tokio::time::sleep(Duration::from_secs(repair + 10)).await;
+    let (cpu1, rss) = proc_stat(pid);
+    let writes1 = controller
+        .metric("platform_operator_controller_api_writes_total")
+        .await;
+    let reconciles1 = controller
+        .metric("platform_operator_controller_reconciles_total")
+        .await;
+    let (p99_bound, counted) = p99(&buckets0, &buckets(&controller).await);
+
+    println!(
+        "# Controller resync benchmark ({n} instances, stand-in vCluster chart, repair interval {repair} s)\n"
+    );
+    println!("| figure | value |\n|---|---|");
+    println!(
+        "| time to provision all {n} to Installing (8 concurrent installs) | {:.0} s |",
+        provisioned.as_secs_f64()
+    );
+    println!(
+        "| reconciles in the measured window | {:.0} |",
+        reconciles1 - reconciles0
+    );
+    println!(
+        "| controller CPU seconds over the window (one full resync) | {:.2} s |",
+        cpu1 - cpu0
+    );
+    println!("| controller resident memory | {rss:.1} MiB |");
+    println!(
+        "| API writes during the resync (nothing changed) | {:.0} |",
+        writes1 - writes0
+    );
+    println!(
+        "| reconcile p99 (histogram bucket bound, {counted:.0} reconciles) | <= {p99_bound} s |"
+    );
+}

@@ -1,0 +1,208 @@
+//! Shared by the controller's end-to-end tests and its benchmark: the controller as a process,
+//! and the fixture around it (the stand-in vCluster chart, named a stand-in because the real
+//! chart cannot be fetched here, and a second API server that stands for the vCluster's inside).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e::control_plane::{ADMIN_USER, free_port, plain_get};
+use e2e::shared::Shared;
+use e2e::{ControlPlane, Options};
+use serde_json::Value;
+
+/// A controller process; killed on drop (its log printed when a test fails).
+pub struct Controller {
+    /// The process.
+    pub child: Child,
+    log: PathBuf,
+    ops_port: u16,
+}
+
+impl Controller {
+    /// Starts the controller binary against `cluster` with the fixture's chart and values.
+    pub fn start(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
+        let ops_port = free_port().expect("port");
+        let log = fixture.dir.join(format!("controller-{ops_port}.log"));
+        let file = std::fs::File::create(&log).expect("log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_controller"));
+        cmd.env("KUBECONFIG", &cluster.kubeconfig)
+            .args(["--metrics-bind-address", &format!("127.0.0.1:{ops_port}")])
+            .args(["--namespace", &fixture.operator_ns])
+            .args(["--operator-user", ADMIN_USER])
+            .args(["--target-poll", "1s"])
+            .arg("--state-dir")
+            .arg(fixture.dir.join("state"))
+            .arg("--storage-root-base")
+            .arg(fixture.dir.join("storage"))
+            .arg("--vcluster-chart")
+            .arg(&fixture.chart)
+            .args(["--vcluster-chart-sha256", &fixture.digest])
+            .arg("--vcluster-extra-values")
+            .arg(&fixture.values)
+            .args(if extra.contains(&"--helm-binary") {
+                vec![]
+            } else {
+                vec![
+                    "--helm-binary".to_string(),
+                    cluster.helm.display().to_string(),
+                ]
+            })
+            .args(["--log-level", "info,controller=debug"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file);
+        e2e::process::die_with_parent(&mut cmd);
+        Controller {
+            child: cmd.spawn().expect("controller starts"),
+            log,
+            ops_port,
+        }
+    }
+
+    /// The sum of every sample of metric `name` (all label sets).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = plain_get(self.ops_port, "/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The operations port.
+    pub fn ops_port(&self) -> u16 {
+        self.ops_port
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        e2e::process::terminate(&mut self.child, Duration::from_secs(10));
+        if std::thread::panicking() {
+            eprintln!(
+                "--- controller log {} ---\n{}",
+                self.log.display(),
+                self.log()
+            );
+        }
+    }
+}
+
+/// The stand-in chart, its digest, the inner API server and the values that point at it.
+pub struct Fixture {
+    /// Scratch folder (state, storage, logs).
+    pub dir: PathBuf,
+    /// The packaged stand-in chart.
+    pub chart: PathBuf,
+    /// Its digest.
+    pub digest: String,
+    /// Values pointing the stand-in at the inner API server.
+    pub values: PathBuf,
+    /// The operator's namespace.
+    pub operator_ns: String,
+    /// The inner (vCluster) API server.
+    pub inner: ControlPlane,
+}
+
+/// Packages the stand-in chart, starts the inner API server and writes the values.
+pub async fn fixture(cluster: &Shared, name: &str) -> Fixture {
+    let dir =
+        e2e::control_plane::base_dir().join(format!("controller-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let chart_src = e2e::repo_root().join("e2e/standin-vcluster");
+    let out = Command::new(&cluster.helm)
+        .arg("package")
+        .arg(&chart_src)
+        .arg("-d")
+        .arg(&dir)
+        .output()
+        .expect("helm package");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let chart = dir.join("vcluster-0.37.3-standin.tgz");
+    let digest = format!(
+        "sha256:{}",
+        controller::chart::sha256_file(&chart).expect("digest")
+    );
+    let inner = ControlPlane::start(Options::new("vcluster-inside").api_only())
+        .await
+        .expect("inner API server");
+    let kubeconfig = std::fs::read_to_string(inner.kubeconfig()).expect("inner kubeconfig");
+    let values = dir.join("standin-values.yaml");
+    let yaml = serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))
+        .expect("yaml");
+    std::fs::write(&values, yaml).expect("values");
+    let operator_ns = cluster
+        .create_namespace("operator", &[])
+        .expect("namespace");
+    Fixture {
+        dir,
+        chart,
+        digest,
+        values,
+        operator_ns,
+        inner,
+    }
+}
+
+/// `kubectl ... -o json`, or `None` when it fails (not found).
+pub fn get(cluster: &Shared, args: &[&str]) -> Option<Value> {
+    let mut cmd = cluster.kubectl();
+    cmd.args(args).args(["-o", "json"]);
+    let out = e2e::cmd::run(cmd, None).expect("kubectl");
+    out.success
+        .then(|| serde_json::from_str(&out.stdout).expect("json"))
+}
+
+/// A condition's status and reason.
+pub fn condition(pi: &Value, type_: &str) -> Option<(String, String)> {
+    pi["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+/// Polls `check` until it yields, failing with the controller's log after `limit`.
+pub async fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    controller: &Controller,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n--- controller log ---\n{}",
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
