@@ -5,4 +5,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash e2e/tools/build.sh >/dev/null
+cargo build --locked --quiet -p controller -p webhook
 exec cargo run --locked --quiet -p e2e --bin local-cluster -- up "$@"

@@ -87,7 +87,7 @@ async fn main() {
     let cluster = cp.handle();
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "bench").await;
-    let controller = Controller::start(
+    let mut controller = Controller::start(
         &cluster,
         &fx,
         &[
@@ -126,6 +126,7 @@ async fn main() {
             )
             .unwrap_or_default();
         let installing = phases.lines().filter(|p| *p == "Installing").count();
+        controller.assert_running();
         if installing == n {
             break;
         }
@@ -157,6 +158,23 @@ async fn main() {
         .metric("platform_operator_controller_reconciles_total")
         .await;
     let (p99_bound, counted) = p99(&buckets0, &buckets(&controller).await);
+    let phases = cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "get",
+                "pi",
+                "-o",
+                "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}",
+            ],
+            None,
+        )
+        .unwrap_or_default();
+    let still_installing = phases.lines().filter(|p| *p == "Installing").count();
+    let sample = support::get(&cluster, &["-n", &team, "get", "pi", "i0000"])
+        .map(|pi| pi["status"]["conditions"].to_string())
+        .unwrap_or_default();
 
     println!(
         "# Controller resync benchmark ({n} instances, stand-in vCluster chart, repair interval {repair} s)\n"
@@ -182,4 +200,8 @@ async fn main() {
     println!(
         "| reconcile p99 (histogram bucket bound, {counted:.0} reconciles) | <= {p99_bound} s |"
     );
+    println!("| instances still Installing after the window | {still_installing} of {n} |");
+    if still_installing != n {
+        eprintln!("conditions of i0000: {sample}");
+    }
 }

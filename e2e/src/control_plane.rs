@@ -289,6 +289,9 @@ impl ControlPlane {
             format!("--kubeconfig={kc}"),
             "--manage-all-nodes=false".into(),
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
+            // Heartbeats through node Leases; without them the node goes NotReady after the
+            // controller-manager's 40 s grace period and every pod with it.
+            "--node-lease-duration-seconds=40".into(),
             format!("--server-address=127.0.0.1:{}", free_port()?),
         ];
         for stage in self.tools.kwok_stages()? {

@@ -49,7 +49,11 @@ impl Controller {
                     cluster.helm.display().to_string(),
                 ]
             })
-            .args(["--log-level", "info,controller=debug"])
+            .args(if extra.contains(&"--log-level") {
+                &[][..]
+            } else {
+                &["--log-level", "info,controller=debug"][..]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
@@ -77,6 +81,13 @@ impl Controller {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Panics with the log if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("the controller exited with {status}:\n{}", self.log());
+        }
     }
 
     /// The operations port.

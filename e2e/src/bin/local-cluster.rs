@@ -1,10 +1,14 @@
-//! `local-cluster`: runs the local control plane for people. `up` starts it, installs the
-//! PlatformInstance CRD and the example instance, prints how to reach it, and runs until Ctrl-C.
+//! `local-cluster`: the local demo for people. `up` starts the control plane, installs the
+//! PlatformInstance CRD, runs the admission webhook and the controller (built by
+//! `e2e/run-demo.sh`) with the **stand-in** vCluster chart (the real chart cannot be fetched here)
+//! whose kubeconfig points at a second API server, applies the example instance, waits for it to
+//! reach `Installing`, prints how to reach everything, and runs until Ctrl-C.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use e2e::{ControlPlane, Options};
 
@@ -12,7 +16,7 @@ use e2e::{ControlPlane, Options};
 #[command(
     name = "local-cluster",
     version,
-    about = "A local Kubernetes control plane with the platform-operator CRD and an example instance."
+    about = "A local Kubernetes control plane running platform-operator with an example instance."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -21,30 +25,53 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Start the control plane, install the CRD and the example instance, and run until Ctrl-C.
+    /// Start everything, apply the example instance, and run until Ctrl-C.
     Up {
-        /// The example manifest to apply after the CRD (its namespace is created first).
-        #[arg(long, default_value_os_t = repo_root().join("docs/examples/one.yaml"))]
+        /// The example manifest to apply (its namespace is created first).
+        #[arg(long, default_value_os_t = e2e::repo_root().join("docs/examples/one.yaml"))]
         example: PathBuf,
+        /// Where the controller and webhook binaries are (default: the workspace's target/debug).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
         /// Keep the control plane's folder (data and logs) after it stops.
         #[arg(long)]
         keep: bool,
     },
 }
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn run(cmd: Command, what: &str) -> anyhow::Result<String> {
     Ok(e2e::cmd::run(cmd, None)?.ok(what)?)
+}
+
+fn sha256_file(path: &Path) -> anyhow::Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    Ok(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let Cli {
-        command: Cmd::Up { example, keep },
+        command: Cmd::Up {
+            example,
+            bin_dir,
+            keep,
+        },
     } = Cli::parse();
+    let bin_dir = bin_dir.unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| e2e::repo_root().join("target"))
+            .join("debug")
+    });
+    for b in ["controller", "webhook"] {
+        if !bin_dir.join(b).exists() {
+            bail!(
+                "{} is missing: run e2e/run-demo.sh (it builds both binaries) or pass --bin-dir",
+                bin_dir.join(b).display()
+            );
+        }
+    }
     eprintln!(
         "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK (first run builds them from Go modules)"
     );
@@ -52,19 +79,79 @@ async fn main() -> anyhow::Result<()> {
     if keep {
         cp.keep_files();
     }
-    let crds = repo_root().join("charts/platform-operator/crds");
-    let mut apply = cp.kubectl();
-    apply.args(["apply", "--server-side", "-f"]).arg(&crds);
-    print!("{}", run(apply, "kubectl apply of the CRD")?);
-    let mut wait = cp.kubectl();
-    wait.args([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/platforminstances.platform.di-framework.dev",
-    ]);
-    print!("{}", run(wait, "waiting for the CRD")?);
+    let cluster = cp.handle();
+    cluster.install_crd()?;
 
+    // The stand-in vCluster: a second API server, and the stand-in chart pointing at it.
+    let inner = ControlPlane::start(Options::new("local-vcluster").api_only()).await?;
+    let chart_dir = cp.dir().join("chart");
+    let mut package = Command::new(&cluster.helm);
+    package
+        .arg("package")
+        .arg(e2e::repo_root().join("e2e/standin-vcluster"))
+        .arg("-d")
+        .arg(&chart_dir);
+    run(package, "packaging the stand-in vCluster chart")?;
+    let chart = chart_dir.join("vcluster-0.37.3-standin.tgz");
+    let values = chart_dir.join("standin-values.yaml");
+    let kubeconfig = std::fs::read_to_string(inner.kubeconfig())?;
+    std::fs::write(
+        &values,
+        serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))?,
+    )?;
+
+    // The operator's namespace, the webhook and the controller.
+    let operator_ns = "platform-operator";
+    cluster.kubectl_ok(&["create", "namespace", operator_ns], None)?;
+    let port = e2e::control_plane::free_port()?;
+    e2e::webhook::register(&cluster, "demo", port)?;
+    let mut webhook = e2e::webhook::Webhook::start(
+        &bin_dir.join("webhook"),
+        &cluster,
+        "demo",
+        operator_ns,
+        &["--log-level", "info"],
+        Some(port),
+    );
+    webhook.wait_ready().await;
+    let controller_log = cp.dir().join("logs/controller.log");
+    let log = std::fs::File::create(&controller_log)?;
+    let mut controller = Command::new(bin_dir.join("controller"));
+    controller
+        .env("KUBECONFIG", cp.kubeconfig())
+        .args([
+            "--namespace",
+            operator_ns,
+            "--operator-user",
+            e2e::control_plane::ADMIN_USER,
+            "--target-poll",
+            "2s",
+        ])
+        .args([
+            "--metrics-bind-address",
+            &format!("127.0.0.1:{}", e2e::control_plane::free_port()?),
+        ])
+        .arg("--state-dir")
+        .arg(cp.dir().join("state"))
+        .arg("--storage-root-base")
+        .arg(cp.dir().join("storage"))
+        .arg("--vcluster-chart")
+        .arg(&chart)
+        .args([
+            "--vcluster-chart-sha256",
+            &format!("sha256:{}", sha256_file(&chart)?),
+        ])
+        .arg("--vcluster-extra-values")
+        .arg(&values)
+        .arg("--helm-binary")
+        .arg(&cluster.helm)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    e2e::process::die_with_parent(&mut controller);
+    let mut controller = controller.spawn().context("starting the controller")?;
+
+    // The example instance, in a namespace the webhook serves.
     let manifest = std::fs::read_to_string(&example)
         .with_context(|| format!("reading {}", example.display()))?;
     let namespace = manifest
@@ -75,44 +162,69 @@ async fn main() -> anyhow::Result<()> {
                 .map(|n| n.trim().to_string())
         })
         .unwrap_or_else(|| "default".to_string());
-    let mut ns = cp.kubectl();
-    ns.args([
-        "create",
-        "namespace",
-        &namespace,
-        "--dry-run=client",
-        "-o",
-        "yaml",
-    ]);
-    let ns_yaml = run(ns, "rendering the namespace")?;
-    let mut apply_ns = cp.kubectl();
-    apply_ns.args(["apply", "--server-side", "-f", "-"]);
-    e2e::cmd::run(apply_ns, Some(&ns_yaml))?.ok("creating the namespace")?;
-    let mut apply_example = cp.kubectl();
-    apply_example
-        .args(["apply", "--server-side", "-f"])
-        .arg(&example);
-    print!("{}", run(apply_example, "applying the example instance")?);
-    let mut get = cp.kubectl();
-    get.args(["get", "pi", "-A"]);
-    print!("{}", run(get, "kubectl get pi -A")?);
+    let ns = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n  labels: {{ e2e-webhook: demo }}\n"
+    );
+    cluster.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&ns))?;
+    print!(
+        "{}",
+        cluster.kubectl_ok(
+            &[
+                "apply",
+                "--server-side",
+                "-f",
+                &example.display().to_string()
+            ],
+            None
+        )?
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let phases = cluster
+            .kubectl_ok(
+                &["get", "pi", "-A", "-o", "jsonpath={.items[*].status.phase}"],
+                None,
+            )
+            .unwrap_or_default();
+        if !phases.is_empty() && phases.split_whitespace().all(|p| p == "Installing") {
+            break;
+        }
+        if Instant::now() > deadline {
+            eprintln!(
+                "the example has not reached Installing yet; see {}",
+                controller_log.display()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    print!("{}", cluster.kubectl_ok(&["get", "pi", "-A"], None)?);
 
-    println!("\nThe control plane is up at {}.", cp.server());
+    println!(
+        "\nThe control plane is up at {}; the stand-in vCluster's API server at {}.",
+        cp.server(),
+        inner.server()
+    );
     println!("  export KUBECONFIG={}", cp.kubeconfig().display());
     println!(
         "  export PATH={}:$PATH   # kubectl and helm built for the tests",
-        cp.tools()
-            .bin("kubectl")
+        cluster
+            .kubectl
             .parent()
             .map(|p| p.display().to_string())
             .unwrap_or_default()
     );
     println!(
-        "Logs are in {}/logs. Press Ctrl-C to stop.",
+        "Then: kubectl describe pi -n {namespace}; kubectl get secret -n {namespace}; kubectl get ns -l platform.di-framework.dev/host-namespace"
+    );
+    println!(
+        "Logs are in {}/logs (controller.log among them). Press Ctrl-C to stop.",
         cp.dir().display()
     );
     common::http::shutdown_signal().await;
     eprintln!("stopping");
+    e2e::process::terminate(&mut controller, Duration::from_secs(10));
+    webhook.stop();
     cp.stop();
     Ok(())
 }
