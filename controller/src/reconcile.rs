@@ -471,45 +471,33 @@ async fn act(
                 .await?;
             }
             Action::InstallVCluster { recover } => {
-                let helm = ctx.helm.clone();
-                let settings = ctx.settings.clone();
-                let metrics = ctx.metrics.clone();
-                let client = client.clone();
-                let namespace = host_ns.clone();
-                let recover = *recover;
+                let (client, namespace, recover) = (client.clone(), host_ns.clone(), *recover);
+                let install = chart_install(ctx, &host_ns);
                 let work = async move {
-                    let start = Instant::now();
-                    let result = async {
-                        if recover {
-                            let secrets: Api<Secret> = Api::namespaced(client, &namespace);
-                            let releases = secrets
-                                .list(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
+                    if recover {
+                        let secrets: Api<Secret> = Api::namespaced(client, &namespace);
+                        let releases = secrets
+                            .list(
+                                &ListParams::default()
+                                    .labels(&format!("owner=helm,name={RELEASE}")),
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if let decide::Release::Pending(status) =
+                            release_from_secrets(&releases.items)
+                        {
+                            tracing::info!(%namespace, %status, "recovering an interrupted helm release");
+                            install
+                                .0
+                                .recover(&namespace, &status)
                                 .await
                                 .map_err(|e| e.to_string())?;
-                            if let decide::Release::Pending(status) = release_from_secrets(&releases.items) {
-                                tracing::info!(%namespace, %status, "recovering an interrupted helm release");
-                                helm.recover(&namespace, &status).await.map_err(|e| e.to_string())?;
-                            }
                         }
-                        helm.upgrade_install(
-                            &namespace,
-                            &settings.chart,
-                            &settings.chart_version,
-                            &vcluster_values(&settings, &namespace),
-                            settings.extra_values.as_deref(),
-                        )
-                        .await
-                        .map_err(|e| e.to_string())
                     }
-                    .await;
-                    let outcome = if result.is_ok() { "ok" } else { "error" };
-                    metrics
-                        .helm_duration
-                        .with_label_values(&["install", outcome])
-                        .observe(start.elapsed().as_secs_f64());
-                    result
+                    install.1.await
                 };
-                ctx.tasks.submit(&key(pi), true, work.boxed());
+                ctx.tasks
+                    .submit(&key(pi), true, timed(&ctx.metrics, "install", work));
             }
             Action::WriteKubeconfig => {
                 let Some(kubeconfig) = &exported else {
@@ -539,10 +527,8 @@ async fn act(
             Action::RecordOwnerService => record_owner_service(ctx, &host_ns).await?,
             Action::RestoreOwnerService => {
                 tracing::warn!(instance = %key(pi), "service/vcluster was changed or deleted; recreating it from the chart");
-                let helm = ctx.helm.clone();
-                let settings = ctx.settings.clone();
-                let namespace = host_ns.clone();
                 let services: Api<Service> = Api::namespaced(client.clone(), &host_ns);
+                let (_, install) = chart_install(ctx, &host_ns);
                 let work = async move {
                     // A three-way merge cannot always undo an edit (a changed port duplicates its
                     // name), so a changed Service is deleted and the chart creates it afresh; the
@@ -556,37 +542,21 @@ async fn act(
                             ));
                         }
                     }
-                    helm.upgrade_install(
-                        &namespace,
-                        &settings.chart,
-                        &settings.chart_version,
-                        &vcluster_values(&settings, &namespace),
-                        settings.extra_values.as_deref(),
-                    )
-                    .await
-                    .map_err(|e| e.to_string())
+                    install.await
                 };
-                ctx.tasks.submit(&key(pi), false, work.boxed());
+                ctx.tasks
+                    .submit(&key(pi), false, timed(&ctx.metrics, "restore", work));
             }
             Action::RelinkOwnerService { old_uid } => {
                 relink_owner_references(ctx, &host_ns, old_uid).await?;
                 record_owner_service(ctx, &host_ns).await?;
             }
             Action::UninstallVCluster => {
-                let helm = ctx.helm.clone();
-                let namespace = host_ns.clone();
-                let metrics = ctx.metrics.clone();
-                let work = async move {
-                    let start = Instant::now();
-                    let result = helm.uninstall(&namespace).await.map_err(|e| e.to_string());
-                    let outcome = if result.is_ok() { "ok" } else { "error" };
-                    metrics
-                        .helm_duration
-                        .with_label_values(&["uninstall", outcome])
-                        .observe(start.elapsed().as_secs_f64());
-                    result
-                };
-                ctx.tasks.submit(&key(pi), false, work.boxed());
+                let (helm, namespace) = (ctx.helm.clone(), host_ns.clone());
+                let work =
+                    async move { helm.uninstall(&namespace).await.map_err(|e| e.to_string()) };
+                ctx.tasks
+                    .submit(&key(pi), false, timed(&ctx.metrics, "uninstall", work));
             }
             Action::DeleteNamespace => {
                 match Api::<Namespace>::all(client.clone())
@@ -644,6 +614,51 @@ async fn act(
         }
     }
     Ok(())
+}
+
+/// The helm driver and a future that installs or upgrades the vCluster of `host_ns` from the
+/// verified chart with the controller's values.
+fn chart_install(
+    ctx: &Context,
+    host_ns: &str,
+) -> (
+    Helm,
+    futures::future::BoxFuture<'static, Result<(), String>>,
+) {
+    let (helm, settings, namespace) = (ctx.helm.clone(), ctx.settings.clone(), host_ns.to_string());
+    let driver = helm.clone();
+    let work = async move {
+        let values = vcluster_values(&settings, &namespace);
+        helm.upgrade_install(
+            &namespace,
+            &settings.chart,
+            &settings.chart_version,
+            &values,
+            settings.extra_values.as_deref(),
+        )
+        .await
+        .map_err(|e| e.to_string())
+    };
+    (driver, work.boxed())
+}
+
+/// Wraps a helm task so its duration lands in the histogram, by operation and outcome.
+fn timed(
+    metrics: &crate::metrics::Metrics,
+    operation: &'static str,
+    work: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
+) -> futures::future::BoxFuture<'static, Result<(), String>> {
+    let histogram = metrics.helm_duration.clone();
+    async move {
+        let start = Instant::now();
+        let result = work.await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        histogram
+            .with_label_values(&[operation, outcome])
+            .observe(start.elapsed().as_secs_f64());
+        result
+    }
+    .boxed()
 }
 
 /// Records `service/vcluster`'s UID and spec hash on the host namespace.

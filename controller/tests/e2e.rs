@@ -193,12 +193,27 @@ async fn instances_provision_and_delete_as_their_policy_says() {
 
     // A person asks for an immediate retry; the status acknowledges it.
     cluster
-        .kubectl_ok(&["-n", &team, "annotate", "pi", "kept", "platform.di-framework.dev/retry=first"], None)
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "annotate",
+                "pi",
+                "kept",
+                "platform.di-framework.dev/retry=first",
+            ],
+            None,
+        )
         .expect("annotate");
-    wait_for("the retry to be acknowledged", Duration::from_secs(30), &controller, || {
-        let pi = get(&cluster, &["-n", &team, "get", "pi", "kept"])?;
-        (pi["status"]["acknowledgedRetry"] == "first").then_some(())
-    })
+    wait_for(
+        "the retry to be acknowledged",
+        Duration::from_secs(30),
+        &controller,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "kept"])?;
+            (pi["status"]["acknowledgedRetry"] == "first").then_some(())
+        },
+    )
     .await;
 
     // service/vcluster changed or deleted anyway (by a user the policy lets through): put back.
