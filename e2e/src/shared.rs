@@ -108,10 +108,31 @@ impl Shared {
 
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
 
+/// Removes the folders of shared control planes whose test process has ended (they are kept while
+/// it runs, for their logs, and would otherwise pile up run after run).
+fn sweep_ended() {
+    let Ok(entries) = std::fs::read_dir(crate::control_plane::base_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("shared-")
+            .and_then(|rest| rest.split('-').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The shared control plane, started on first call. Blocks while it starts.
 pub fn shared() -> Result<Shared, String> {
     SHARED
         .get_or_init(|| {
+            sweep_ended();
             let (tx, rx) = std::sync::mpsc::channel();
             let spawned = std::thread::Builder::new()
                 .name("control-plane-keeper".into())
