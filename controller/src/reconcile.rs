@@ -725,33 +725,39 @@ async fn relink_owner_references(
             .collect();
         Some(json!({"metadata": {"ownerReferences": updated}}))
     };
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), host_ns);
-    for s in secrets
+    relink_kind::<Secret>(ctx, host_ns, &params, &relink, "secret").await?;
+    relink_kind::<ConfigMap>(ctx, host_ns, &params, &relink, "configmap").await?;
+    Ok(())
+}
+
+/// Applies `relink` to every object of kind `K` in `host_ns` whose owner references need it.
+async fn relink_kind<K>(
+    ctx: &Context,
+    host_ns: &str,
+    params: &PatchParams,
+    relink: &impl Fn(
+        &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    ) -> Option<serde_json::Value>,
+    kind: &str,
+) -> Result<(), ReconcileError>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), host_ns);
+    for object in api
         .list(&ListParams::default())
         .await
-        .map_err(read("host Secrets"))?
+        .map_err(read(format!("host {kind}s")))?
         .items
     {
-        if let Some(patch) = relink(s.owner_references()) {
-            secrets
-                .patch(&s.name_any(), &params, &Patch::Merge(&patch))
+        if let Some(patch) = relink(object.owner_references()) {
+            api.patch(&object.name_any(), params, &Patch::Merge(&patch))
                 .await
                 .map_err(write("an owner reference"))?;
-            ctx.metrics.writes.with_label_values(&["secret"]).inc();
-        }
-    }
-    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), host_ns);
-    for m in maps
-        .list(&ListParams::default())
-        .await
-        .map_err(read("host ConfigMaps"))?
-        .items
-    {
-        if let Some(patch) = relink(m.owner_references()) {
-            maps.patch(&m.name_any(), &params, &Patch::Merge(&patch))
-                .await
-                .map_err(write("an owner reference"))?;
-            ctx.metrics.writes.with_label_values(&["configmap"]).inc();
+            ctx.metrics.writes.with_label_values(&[kind]).inc();
         }
     }
     Ok(())

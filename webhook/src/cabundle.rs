@@ -90,35 +90,29 @@ async fn validating_entries(client: &kube::Client, name: &str) -> Result<Entries
     }))
 }
 
-/// Whether every webhook of both configurations carries exactly `bundle`. A configuration that
-/// does not exist (yet) counts as not carrying it.
-pub async fn published(
-    client: &kube::Client,
-    configs: &Configurations,
-    bundle: &str,
-) -> Result<bool, BundleError> {
-    let matches = |entries: Entries| {
-        entries.is_some_and(|e| {
-            !e.is_empty()
-                && e.iter()
-                    .all(|(_, b)| b.as_ref().map(|b| b.0.as_slice()) == Some(bundle.as_bytes()))
-        })
-    };
-    Ok(matches(mutating_entries(client, &configs.mutating).await?)
-        && matches(validating_entries(client, &configs.validating).await?))
+/// What [`ensure`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ensured {
+    /// How many configurations it wrote.
+    pub written: usize,
+    /// Whether both configurations exist and every webhook in them now carries the bundle.
+    pub published: bool,
 }
 
-/// Applies `bundle` to every webhook of both configurations that lacks it. Returns how many
-/// configurations were written. A missing configuration is skipped (it is retried on the next
-/// tick, for example while a chart is still installing).
+/// Applies `bundle` to every webhook of both configurations that lacks it. A missing
+/// configuration is skipped (it is retried on the next tick, for example while a chart is still
+/// installing) and leaves the bundle unpublished.
 pub async fn ensure(
     client: &kube::Client,
     configs: &Configurations,
     bundle: &str,
-) -> Result<usize, BundleError> {
+) -> Result<Ensured, BundleError> {
     let mut written = 0;
+    let mut published = true;
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    if let Some(entries) = mutating_entries(client, &configs.mutating).await?
+    let mutating = mutating_entries(client, &configs.mutating).await?;
+    published &= mutating.as_ref().is_some_and(|e| !e.is_empty());
+    if let Some(entries) = mutating
         && needs_write(&entries, bundle)
     {
         let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -137,7 +131,9 @@ pub async fn ensure(
             })?;
         written += 1;
     }
-    if let Some(entries) = validating_entries(client, &configs.validating).await?
+    let validating = validating_entries(client, &configs.validating).await?;
+    published &= validating.as_ref().is_some_and(|e| !e.is_empty());
+    if let Some(entries) = validating
         && needs_write(&entries, bundle)
     {
         let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -156,7 +152,7 @@ pub async fn ensure(
             })?;
         written += 1;
     }
-    Ok(written)
+    Ok(Ensured { written, published })
 }
 
 fn needs_write(entries: &[(String, Option<ByteString>)], bundle: &str) -> bool {

@@ -92,14 +92,11 @@ impl Keeper {
         .map_err(|e| e.to_string())?;
         self.serve(&state)?;
         let bundle = state.bundle(now);
-        let written = cabundle::ensure(&self.client, &self.configs, &bundle)
+        let ensured = cabundle::ensure(&self.client, &self.configs, &bundle)
             .await
             .map_err(|e| e.to_string())?;
-        self.metrics.ca_bundle_writes.inc_by(written as u64);
-        let published = cabundle::published(&self.client, &self.configs, &bundle)
-            .await
-            .map_err(|e| e.to_string())?;
-        let step = certs::plan(&state, now, published);
+        self.metrics.ca_bundle_writes.inc_by(ensured.written as u64);
+        let step = certs::plan(&state, now, ensured.published);
         if step == Step::Keep {
             return Ok(state);
         }
@@ -117,10 +114,10 @@ impl Keeper {
                 .inc();
             state = next;
             let bundle = state.bundle(now);
-            let written = cabundle::ensure(&self.client, &self.configs, &bundle)
+            let ensured = cabundle::ensure(&self.client, &self.configs, &bundle)
                 .await
                 .map_err(|e| e.to_string())?;
-            self.metrics.ca_bundle_writes.inc_by(written as u64);
+            self.metrics.ca_bundle_writes.inc_by(ensured.written as u64);
             self.serve(&state)?;
         }
         Ok(state)
