@@ -38,6 +38,15 @@ fn proc_stat(pid: u32) -> (f64, f64) {
     (cpu, rss_kib / 1024.0)
 }
 
+/// How many instances in `team` report phase `Installing`.
+fn installing(cluster: &e2e::shared::Shared, team: &str) -> usize {
+    let jsonpath = "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}";
+    let phases = cluster
+        .kubectl_ok(&["-n", team, "get", "pi", "-o", jsonpath], None)
+        .unwrap_or_default();
+    phases.lines().filter(|p| *p == "Installing").count()
+}
+
 /// The reconcile-duration histogram's cumulative buckets.
 async fn buckets(controller: &Controller) -> Vec<(f64, f64)> {
     let text = e2e::control_plane::plain_get(controller.ops_port(), "/metrics")
@@ -112,27 +121,14 @@ async fn main() {
         .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&manifest))
         .expect("apply");
     loop {
-        let phases = cluster
-            .kubectl_ok(
-                &[
-                    "-n",
-                    &team,
-                    "get",
-                    "pi",
-                    "-o",
-                    "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}",
-                ],
-                None,
-            )
-            .unwrap_or_default();
-        let installing = phases.lines().filter(|p| *p == "Installing").count();
+        let done = installing(&cluster, &team);
         controller.assert_running();
-        if installing == n {
+        if done == n {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(3600),
-            "only {installing} of {n} reached Installing:\n{}",
+            "only {done} of {n} reached Installing:\n{}",
             controller.log()
         );
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -158,20 +154,7 @@ async fn main() {
         .metric("platform_operator_controller_reconciles_total")
         .await;
     let (p99_bound, counted) = p99(&buckets0, &buckets(&controller).await);
-    let phases = cluster
-        .kubectl_ok(
-            &[
-                "-n",
-                &team,
-                "get",
-                "pi",
-                "-o",
-                "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}",
-            ],
-            None,
-        )
-        .unwrap_or_default();
-    let still_installing = phases.lines().filter(|p| *p == "Installing").count();
+    let still_installing = installing(&cluster, &team);
     let sample = support::get(&cluster, &["-n", &team, "get", "pi", "i0000"])
         .map(|pi| pi["status"]["conditions"].to_string())
         .unwrap_or_default();

@@ -911,8 +911,13 @@ pub async fn reconcile(
     let removed = plan.actions.contains(&Action::RemoveFinalizer);
     if !removed {
         report(&ctx, &pi, &plan, if retry_requested { retry } else { None }).await?;
-    } else if let Ok(mut phases) = ctx.phases.lock() {
-        phases.remove(&key);
+    } else {
+        if let Ok(mut phases) = ctx.phases.lock() {
+            phases.remove(&key);
+        }
+        if let Ok(mut hosts) = ctx.hosts.lock() {
+            hosts.retain(|_, (namespace, name)| format!("{namespace}/{name}") != key);
+        }
     }
     refresh_phase_gauge(&ctx);
     ctx.metrics
