@@ -4,6 +4,7 @@
 pub mod cmd;
 pub mod control_plane;
 pub mod https;
+pub mod npm;
 pub mod pki;
 pub mod process;
 pub mod shared;
