@@ -14,8 +14,18 @@ const PLATFORM_NAMESPACE = "di-platform";
 /** How long issued tenant tokens live (one year); a diff re-issues them 30 days before the end. */
 const TOKEN_SECONDS = 365 * 24 * 3600;
 
-/** The ClusterRole a membership role is bound to; any other role gets `view`. */
-const ROLE_BINDINGS = { admin: "admin", developer: "edit", viewer: "view" };
+/** The API groups a tenant's members work with. */
+const TENANT_GROUPS = ["", "apps", "batch"];
+
+/**
+ * The rules of a membership's Role in its tenant namespace: `admin` may do anything there,
+ * `developer` anything with the core, apps and batch APIs, any other role only read them.
+ */
+function roleRules(role) {
+  if (role === "admin") return [{ apiGroups: ["*"], resources: ["*"], verbs: ["*"] }];
+  if (role === "developer") return [{ apiGroups: TENANT_GROUPS, resources: ["*"], verbs: ["*"] }];
+  return [{ apiGroups: TENANT_GROUPS, resources: ["*"], verbs: ["get", "list", "watch"] }];
+}
 
 /** Labels on every object of the stand-in. */
 const LABELS = {
@@ -179,16 +189,26 @@ function deploy(args) {
         cluster,
         manifest: { apiVersion: "v1", kind: "ServiceAccount", metadata: { name: u.name, namespace, labels } },
       }, { dependsOn: [tenantNs[m.tenant]] });
+      const roleLabels = { ...labels, "platform.di-framework.dev/role": m.role };
+      const role = new KubeObject(`Role/${namespace}/member-${u.name}`, {
+        cluster,
+        manifest: {
+          apiVersion: "rbac.authorization.k8s.io/v1",
+          kind: "Role",
+          metadata: { name: `member-${u.name}`, namespace, labels: roleLabels },
+          rules: roleRules(m.role),
+        },
+      }, { dependsOn: [tenantNs[m.tenant]] });
       new KubeObject(`RoleBinding/${namespace}/member-${u.name}`, {
         cluster,
         manifest: {
           apiVersion: "rbac.authorization.k8s.io/v1",
           kind: "RoleBinding",
-          metadata: { name: `member-${u.name}`, namespace, labels: { ...labels, "platform.di-framework.dev/role": m.role } },
-          roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "ClusterRole", name: ROLE_BINDINGS[m.role] || "view" },
+          metadata: { name: `member-${u.name}`, namespace, labels: roleLabels },
+          roleRef: { apiGroup: "rbac.authorization.k8s.io", kind: "Role", name: `member-${u.name}` },
           subjects: [{ kind: "ServiceAccount", name: u.name, namespace }],
         },
-      }, { dependsOn: [account] });
+      }, { dependsOn: [account, role] });
       const token = new ServiceAccountToken(`Token/${namespace}/${u.name}`, {
         cluster,
         namespace,

@@ -28,6 +28,11 @@ const KINDS = {
   "v1/ConfigMap": { prefix: "/api/v1", plural: "configmaps", namespaced: true },
   "v1/Secret": { prefix: "/api/v1", plural: "secrets", namespaced: true },
   "v1/ServiceAccount": { prefix: "/api/v1", plural: "serviceaccounts", namespaced: true },
+  "rbac.authorization.k8s.io/v1/Role": {
+    prefix: "/apis/rbac.authorization.k8s.io/v1",
+    plural: "roles",
+    namespaced: true,
+  },
   "rbac.authorization.k8s.io/v1/RoleBinding": {
     prefix: "/apis/rbac.authorization.k8s.io/v1",
     plural: "rolebindings",
