@@ -3,12 +3,16 @@
 //! unit-tested.
 
 use common::conditions::{self as c, Want};
-use common::crd::{DeletionPolicy, Phase};
+use common::crd::{DeletionPolicy, InstallResult, Phase};
 
-/// What the helm task of an instance is doing.
-#[derive(Clone, Debug, PartialEq, Eq)]
+use crate::installer::Mode;
+use crate::installer::record::Failure;
+
+/// What a task of an instance is doing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum TaskState {
     /// No task.
+    #[default]
     Idle,
     /// Waiting for a slot: 1-based position in the queue.
     Queued(usize),
@@ -78,6 +82,46 @@ pub enum OwnerService {
     },
 }
 
+/// The last install the record holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastRun {
+    /// The version it ran.
+    pub version: String,
+    /// How it ended (`Running`: not yet, or interrupted when no task runs).
+    pub result: InstallResult,
+    /// Why it failed.
+    pub failure: Option<Failure>,
+    /// What it said.
+    pub message: String,
+}
+
+/// What the installer knows about one instance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InstallObserved {
+    /// `spec.version`.
+    pub requested: String,
+    /// The version the last successful install applied.
+    pub installed: Option<String>,
+    /// The hash of what the program would get now.
+    pub desired_hash: Option<String>,
+    /// The hash the last successful install applied.
+    pub applied_hash: Option<String>,
+    /// Why the program's config cannot be put together now (a missing client Secret).
+    pub config_error: Option<String>,
+    /// The install task.
+    pub task: TaskState,
+    /// The repair preview task.
+    pub preview_task: TaskState,
+    /// The last install.
+    pub last: Option<LastRun>,
+    /// What the last preview since the last install found, when it found drift.
+    pub drift: Option<String>,
+    /// Why the last preview failed.
+    pub preview_failed: Option<String>,
+    /// `--repair-interval` has passed since the last install or preview.
+    pub repair_due: bool,
+}
+
 /// Everything observed about one instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
@@ -123,6 +167,8 @@ pub struct Observed {
     pub state_exists: bool,
     /// `service/vcluster` against the record.
     pub owner_service: OwnerService,
+    /// The installer's view.
+    pub install: InstallObserved,
 }
 
 /// One thing to do, in order.
@@ -149,6 +195,15 @@ pub enum Action {
         /// The UID to replace.
         old_uid: String,
     },
+    /// Start (or queue) an install of the platform program at `spec.version`.
+    Install {
+        /// Why.
+        mode: Mode,
+    },
+    /// Start (or queue) a refreshing preview that looks for drift.
+    Preview,
+    /// Stop the install or preview task (the instance is being deleted).
+    CancelInstall,
     /// Start (or queue) a helm task that uninstalls the vCluster.
     UninstallVCluster,
     /// Delete the host namespace.
@@ -346,7 +401,7 @@ pub fn decide(o: &Observed) -> Plan {
                     "WaitingForVCluster",
                     "the kubeconfig is written once the vCluster serves",
                 ));
-                conditions.push(Want::no(c::INSTALLED, "WaitingForInstaller", "the platform program runs once the vCluster serves (installer not part of this release)"));
+                conditions.push(installed_while_waiting(o));
                 conditions.extend(kstatus(
                     None,
                     Some((
@@ -368,7 +423,7 @@ pub fn decide(o: &Observed) -> Plan {
             OwnerService::Unrecorded | OwnerService::Matches => {}
         }
     }
-    let (vcluster, mut requeue) = match (&o.task, &o.release) {
+    let (vcluster, requeue) = match (&o.task, &o.release) {
         (TaskState::Queued(position), _) => (
             Want::no(
                 c::VCLUSTER_READY,
@@ -492,27 +547,33 @@ pub fn decide(o: &Observed) -> Plan {
     };
     let kubeconfig_ready = kubeconfig.status;
     conditions.push(kubeconfig);
-    conditions.push(Want::no(
-        c::INSTALLED,
-        "WaitingForInstaller",
-        "the platform program runs once the vCluster serves (installer not part of this release)",
-    ));
+    if kubeconfig_ready {
+        let step = decide_install(&o.install, &mut actions, &mut conditions);
+        // A failed install waits out its backoff (its retry is held back by the task registry
+        // until then); other work is looked at on the next poll.
+        let requeue = match step.requeue {
+            Requeue::Backoff => Requeue::Backoff,
+            Requeue::Poll => Requeue::Poll,
+            Requeue::Idle if requeue != Requeue::Idle || !actions.is_empty() => Requeue::Poll,
+            Requeue::Idle => Requeue::Idle,
+        };
+        conditions.extend(kstatus(step.ready, step.reconciling, step.stalled));
+        return Plan {
+            actions,
+            phase: step.phase,
+            conditions,
+            requeue,
+        };
+    }
+    conditions.push(installed_while_waiting(o));
 
-    let phase = match (&o.task, kubeconfig_ready) {
+    let phase = match (&o.task, o.install.installed.as_deref()) {
         (TaskState::Queued(_), _) if !o.namespace_exists => Phase::Pending,
-        (_, true) => Phase::Installing,
         _ => Phase::Provisioning,
     };
-    if kubeconfig_ready && requeue == Requeue::Idle && !actions.is_empty() {
-        requeue = Requeue::Poll;
-    }
     let reconciling = match phase {
         Phase::Pending => Some(("Queued", "waiting for an install slot".to_string())),
-        Phase::Provisioning => Some(("Provisioning", "the vCluster is coming up".to_string())),
-        _ => Some((
-            "WaitingForInstaller",
-            "the vCluster serves; the platform install comes next".to_string(),
-        )),
+        _ => Some(("Provisioning", "the vCluster is coming up".to_string())),
     };
     conditions.extend(kstatus(None, reconciling, None));
     Plan {
@@ -520,6 +581,256 @@ pub fn decide(o: &Observed) -> Plan {
         phase,
         conditions,
         requeue,
+    }
+}
+
+/// The `Installed` condition while the vCluster is not serving.
+fn installed_while_waiting(o: &Observed) -> Want {
+    match &o.install.installed {
+        Some(v) => Want::yes(
+            c::INSTALLED,
+            "Installed",
+            format!("{v} is installed; the installer waits for the vCluster to serve again"),
+        ),
+        None => Want::no(
+            c::INSTALLED,
+            "WaitingForVCluster",
+            "the platform program runs once the vCluster serves",
+        ),
+    }
+}
+
+/// What the installer step decided.
+struct InstallStep {
+    phase: Phase,
+    ready: Option<(&'static str, String)>,
+    reconciling: Option<(&'static str, String)>,
+    stalled: Option<(&'static str, String)>,
+    requeue: Requeue,
+}
+
+/// Failures that need a person (a new version, the old passphrase, a tool): the instance is
+/// stalled, though it keeps retrying with backoff.
+fn needs_a_person(f: Failure) -> bool {
+    matches!(
+        f,
+        Failure::VersionNotFound
+            | Failure::PassphraseMismatch
+            | Failure::PassphraseUnavailable
+            | Failure::ToolMissing
+            | Failure::StateUnavailable
+    )
+}
+
+/// The installer's part of the plan, once the vCluster serves and the kubeconfig is written.
+fn decide_install(
+    i: &InstallObserved,
+    actions: &mut Vec<Action>,
+    conditions: &mut Vec<Want>,
+) -> InstallStep {
+    let requested = i.requested.as_str();
+    let installed = i.installed.as_deref();
+    let at_requested = installed == Some(requested);
+    let phase = match installed {
+        None => Phase::Installing,
+        Some(v) if v != requested => Phase::Upgrading,
+        Some(_) => Phase::Ready,
+    };
+    let mode = match installed {
+        None => Mode::Install,
+        Some(v) if v != requested => Mode::Upgrade,
+        Some(_) => Mode::Reapply,
+    };
+    let what = match phase {
+        Phase::Upgrading => format!(
+            "upgrading from {} to {requested}",
+            installed.unwrap_or("none")
+        ),
+        Phase::Installing => format!("installing {requested}"),
+        _ => format!("re-applying {requested}"),
+    };
+    let drift_condition = |drift: &Option<String>| match drift {
+        Some(message) => Want::yes(
+            c::DRIFT_DETECTED,
+            "DriftDetected",
+            format!(
+                "the repair preview found {message}; an install at the installed version puts it back"
+            ),
+        ),
+        None => Want::no(
+            c::DRIFT_DETECTED,
+            "NoDrift",
+            "the last install or repair preview found the platform as installed",
+        ),
+    };
+    if installed.is_some() {
+        conditions.push(drift_condition(&i.drift));
+    }
+    let busy = |state: &TaskState| matches!(state, TaskState::Queued(_) | TaskState::Running);
+
+    // Work in progress.
+    if busy(&i.task) {
+        let (reason, message) = match &i.task {
+            TaskState::Queued(position) => (
+                "Queued",
+                format!(
+                    "{what}: waiting for an install slot, position {position} in the queue (--max-concurrent-installs)"
+                ),
+            ),
+            _ => ("Installing", format!("{what}: npm and pulumi are running")),
+        };
+        conditions.push(if at_requested && i.applied_hash.is_some() {
+            Want::yes(
+                c::INSTALLED,
+                "Installed",
+                format!("{requested} is installed; {message}"),
+            )
+        } else {
+            Want::no(c::INSTALLED, reason, message.clone())
+        });
+        let ready = (phase == Phase::Ready)
+            .then(|| ("Installed", format!("{requested} is installed and serving")));
+        return InstallStep {
+            phase,
+            ready,
+            reconciling: Some((reason, message)),
+            stalled: None,
+            requeue: Requeue::Poll,
+        };
+    }
+    if busy(&i.preview_task) {
+        conditions.push(Want::yes(
+            c::INSTALLED,
+            "Installed",
+            format!("{requested} is installed"),
+        ));
+        return InstallStep {
+            phase,
+            ready: (phase == Phase::Ready)
+                .then(|| ("Installed", format!("{requested} is installed and serving"))),
+            reconciling: Some((
+                "CheckingDrift",
+                "a refreshing preview looks for drift".into(),
+            )),
+            stalled: None,
+            requeue: Requeue::Poll,
+        };
+    }
+    if let Some(e) = &i.config_error {
+        let message = format!("{e}; the installer waits for it");
+        conditions.push(Want::no(c::INSTALLED, "ConfigUnavailable", message.clone()));
+        return InstallStep {
+            phase,
+            ready: None,
+            reconciling: None,
+            stalled: Some(("ConfigUnavailable", message)),
+            requeue: Requeue::Poll,
+        };
+    }
+
+    // What the last install says, when it concerns the version wanted now.
+    let last = i.last.as_ref().filter(|l| l.version == requested);
+    let interrupted = last.is_some_and(|l| l.result == InstallResult::Running);
+    let failed = last.and_then(|l| l.failure.map(|f| (f, l.message.clone())));
+    let backing_off = matches!(i.task, TaskState::Failed(_));
+    let hash_differs = i.desired_hash.is_some() && i.desired_hash != i.applied_hash;
+
+    let need = if interrupted {
+        Some((
+            "Resuming",
+            format!(
+                "{what}: the last run was interrupted (the controller stopped); running it again"
+            ),
+        ))
+    } else if !at_requested || hash_differs {
+        Some(("Installing", what.clone()))
+    } else if let Some(drift) = &i.drift {
+        Some((
+            "Repairing",
+            format!("the repair preview found {drift}; installing {requested} again"),
+        ))
+    } else {
+        i.preview_failed.as_ref().map(|e| {
+            (
+                "Repairing",
+                format!("the repair preview failed ({e}); installing {requested} again"),
+            )
+        })
+    };
+    if let Some((reason, message)) = need {
+        let mode = if reason == "Repairing" || interrupted && at_requested {
+            Mode::Repair
+        } else {
+            mode
+        };
+        actions.push(Action::Install { mode });
+        if let Some((failure, error)) = failed.filter(|_| !interrupted) {
+            let text = match installed {
+                Some(v) if v != requested => {
+                    format!("{what} failed: {error}; {v} stays installed; retrying with backoff")
+                }
+                _ => format!("{what} failed: {error}; retrying with backoff"),
+            };
+            conditions.push(Want::no(c::INSTALLED, failure.reason(), text.clone()));
+            let stalled = needs_a_person(failure).then(|| (failure.reason(), text.clone()));
+            let reconciling = (!needs_a_person(failure)).then(|| (failure.reason(), text));
+            return InstallStep {
+                phase,
+                ready: None,
+                reconciling,
+                stalled,
+                requeue: if backing_off {
+                    Requeue::Backoff
+                } else {
+                    Requeue::Poll
+                },
+            };
+        }
+        if at_requested && !hash_differs {
+            conditions.push(Want::yes(
+                c::INSTALLED,
+                "Installed",
+                format!("{requested} is installed; {message}"),
+            ));
+        } else {
+            conditions.push(Want::no(c::INSTALLED, reason, message.clone()));
+        }
+        return InstallStep {
+            phase,
+            ready: None,
+            reconciling: Some((reason, message)),
+            stalled: None,
+            requeue: Requeue::Poll,
+        };
+    }
+
+    // Installed as wanted.
+    let message = i
+        .last
+        .as_ref()
+        .filter(|l| l.result == InstallResult::Succeeded)
+        .map(|l| l.message.clone())
+        .unwrap_or_else(|| format!("{requested} is installed"));
+    conditions.push(Want::yes(c::INSTALLED, "Installed", message));
+    if i.repair_due {
+        actions.push(Action::Preview);
+        return InstallStep {
+            phase: Phase::Ready,
+            ready: Some(("Installed", format!("{requested} is installed and serving"))),
+            reconciling: Some((
+                "CheckingDrift",
+                "a refreshing preview looks for drift".into(),
+            )),
+            stalled: None,
+            requeue: Requeue::Poll,
+        };
+    }
+    InstallStep {
+        phase: Phase::Ready,
+        ready: Some(("Installed", format!("{requested} is installed and serving"))),
+        reconciling: None,
+        stalled: None,
+        requeue: Requeue::Idle,
     }
 }
 
@@ -537,6 +848,12 @@ pub fn decide_deletion(o: &Observed) -> Plan {
     let mut actions = Vec::new();
     let mut conditions = vec![protection];
     let step = |reason: &'static str, message: String| kstatus(None, Some((reason, message)), None);
+    if [&o.install.task, &o.install.preview_task]
+        .iter()
+        .any(|t| matches!(t, TaskState::Queued(_) | TaskState::Running))
+    {
+        actions.push(Action::CancelInstall);
+    }
 
     // 1. Stop what runs: the vCluster release, then the host namespace.
     match (&o.task, &o.release) {
@@ -694,7 +1011,38 @@ mod tests {
             cleanup: Cleanup::Missing,
             state_exists: true,
             owner_service: OwnerService::Matches,
+            install: InstallObserved {
+                requested: "6.0.22".into(),
+                installed: Some("6.0.22".into()),
+                desired_hash: Some("sha256:aaaa".into()),
+                applied_hash: Some("sha256:aaaa".into()),
+                last: Some(LastRun {
+                    version: "6.0.22".into(),
+                    result: InstallResult::Succeeded,
+                    failure: None,
+                    message: "install of @di-framework/platform@6.0.22 applied".into(),
+                }),
+                ..InstallObserved::default()
+            },
         }
+    }
+
+    /// A serving vCluster whose platform is not installed yet.
+    fn fresh() -> Observed {
+        Observed {
+            install: InstallObserved {
+                requested: "6.0.22".into(),
+                desired_hash: Some("sha256:aaaa".into()),
+                ..InstallObserved::default()
+            },
+            ..base()
+        }
+    }
+
+    fn with_install(f: impl FnOnce(&mut InstallObserved)) -> Observed {
+        let mut o = base();
+        f(&mut o.install);
+        o
     }
 
     fn cond(plan: &Plan, type_: &str) -> (bool, &'static str) {
@@ -799,9 +1147,17 @@ mod tests {
     fn a_serving_vcluster_gets_its_kubeconfig_written_and_reaches_installing() {
         let plan = decide(&Observed {
             kubeconfig_current: false,
-            ..base()
+            ..fresh()
         });
-        assert_eq!(plan.actions, [Action::WriteKubeconfig]);
+        assert_eq!(
+            plan.actions,
+            [
+                Action::WriteKubeconfig,
+                Action::Install {
+                    mode: Mode::Install
+                }
+            ]
+        );
         assert_eq!(plan.phase, Phase::Installing);
         assert_eq!(
             cond(&plan, c::KUBECONFIG_READY),
@@ -814,8 +1170,203 @@ mod tests {
         let plan = decide(&base());
         assert!(plan.actions.is_empty(), "{:?}", plan.actions);
         assert_eq!(plan.requeue, Requeue::Idle);
-        assert_eq!(plan.phase, Phase::Installing);
+        assert_eq!(plan.phase, Phase::Ready);
+        assert_eq!(cond(&plan, c::READY), (true, "Installed"));
+        assert_eq!(cond(&plan, c::INSTALLED), (true, "Installed"));
+        assert_eq!(cond(&plan, c::DRIFT_DETECTED), (false, "NoDrift"));
+        assert_eq!(cond(&plan, c::RECONCILING), (false, "Idle"));
         assert_eq!(decide(&base()), plan, "deciding is deterministic");
+    }
+
+    #[test]
+    fn a_first_install_runs_queues_and_reports() {
+        let plan = decide(&fresh());
+        assert_eq!(
+            plan.actions,
+            [Action::Install {
+                mode: Mode::Install
+            }]
+        );
+        assert_eq!(plan.phase, Phase::Installing);
+        assert_eq!(cond(&plan, c::INSTALLED), (false, "Installing"));
+        assert!(
+            !plan.conditions.iter().any(|w| w.type_ == c::DRIFT_DETECTED),
+            "no drift condition before the first install"
+        );
+        let mut queued = fresh();
+        queued.install.task = TaskState::Queued(3);
+        let plan = decide(&queued);
+        assert!(plan.actions.is_empty());
+        assert_eq!(plan.phase, Phase::Installing);
+        let (_, reason) = cond(&plan, c::INSTALLED);
+        assert_eq!(reason, "Queued");
+        assert!(
+            plan.conditions
+                .iter()
+                .any(|w| w.message.contains("position 3"))
+        );
+        let mut running = fresh();
+        running.install.task = TaskState::Running;
+        let plan = decide(&running);
+        assert!(plan.actions.is_empty());
+        assert_eq!(plan.requeue, Requeue::Poll);
+        assert_eq!(cond(&plan, c::RECONCILING), (true, "Installing"));
+    }
+
+    #[test]
+    fn a_new_version_upgrades_and_a_failed_upgrade_keeps_the_old_one() {
+        let plan = decide(&with_install(|i| i.requested = "6.0.23".into()));
+        assert_eq!(
+            plan.actions,
+            [Action::Install {
+                mode: Mode::Upgrade
+            }]
+        );
+        assert_eq!(plan.phase, Phase::Upgrading);
+        let plan = decide(&with_install(|i| {
+            i.requested = "6.0.23".into();
+            i.task = TaskState::Failed("boom".into());
+            i.last = Some(LastRun {
+                version: "6.0.23".into(),
+                result: InstallResult::Failed,
+                failure: Some(Failure::InstallFailed),
+                message: "pulumi up failed (exit 255): stand-in failure".into(),
+            });
+        }));
+        assert_eq!(plan.phase, Phase::Upgrading);
+        assert_eq!(plan.requeue, Requeue::Backoff);
+        assert_eq!(cond(&plan, c::INSTALLED), (false, "InstallFailed"));
+        assert_eq!(cond(&plan, c::READY), (false, "InstallFailed"));
+        assert_eq!(cond(&plan, c::STALLED), (false, "Progressing"));
+        let message = &plan
+            .conditions
+            .iter()
+            .find(|w| w.type_ == c::INSTALLED)
+            .expect("installed")
+            .message;
+        assert!(message.contains("6.0.22 stays installed"), "{message}");
+        assert!(message.contains("stand-in failure"), "{message}");
+    }
+
+    #[test]
+    fn failures_that_need_a_person_stall_and_timeouts_retry() {
+        for (failure, stalled) in [
+            (Failure::VersionNotFound, true),
+            (Failure::PassphraseMismatch, true),
+            (Failure::InstallTimedOut, false),
+            (Failure::RegistryUnreachable, false),
+        ] {
+            let mut o = fresh();
+            o.install.task = TaskState::Failed("x".into());
+            o.install.last = Some(LastRun {
+                version: "6.0.22".into(),
+                result: if failure == Failure::InstallTimedOut {
+                    InstallResult::TimedOut
+                } else {
+                    InstallResult::Failed
+                },
+                failure: Some(failure),
+                message: "why".into(),
+            });
+            let plan = decide(&o);
+            assert_eq!(cond(&plan, c::INSTALLED), (false, failure.reason()));
+            assert_eq!(cond(&plan, c::STALLED).0, stalled, "{failure:?}");
+            assert_eq!(plan.requeue, Requeue::Backoff);
+            assert_eq!(
+                plan.actions,
+                [Action::Install {
+                    mode: Mode::Install
+                }],
+                "the retry is submitted; the task registry holds it back until the backoff ends"
+            );
+        }
+    }
+
+    #[test]
+    fn an_interrupted_install_runs_again() {
+        let plan = decide(&with_install(|i| {
+            i.last = Some(LastRun {
+                version: "6.0.22".into(),
+                result: InstallResult::Running,
+                failure: None,
+                message: "install running".into(),
+            });
+        }));
+        assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+        assert_eq!(cond(&plan, c::RECONCILING), (true, "Resuming"));
+        let mut o = fresh();
+        o.install.last = Some(LastRun {
+            version: "6.0.22".into(),
+            result: InstallResult::Running,
+            failure: None,
+            message: "install running".into(),
+        });
+        let plan = decide(&o);
+        assert_eq!(
+            plan.actions,
+            [Action::Install {
+                mode: Mode::Install
+            }]
+        );
+        assert_eq!(plan.phase, Phase::Installing);
+    }
+
+    #[test]
+    fn changed_settings_are_reapplied() {
+        let plan = decide(&with_install(|i| {
+            i.desired_hash = Some("sha256:bbbb".into())
+        }));
+        assert_eq!(
+            plan.actions,
+            [Action::Install {
+                mode: Mode::Reapply
+            }]
+        );
+        assert_eq!(plan.phase, Phase::Ready);
+        assert_eq!(cond(&plan, c::INSTALLED), (false, "Installing"));
+        let plan = decide(&with_install(|i| {
+            i.config_error = Some("the Secret oauth does not exist".into());
+        }));
+        assert!(plan.actions.is_empty());
+        assert_eq!(cond(&plan, c::INSTALLED), (false, "ConfigUnavailable"));
+        assert_eq!(cond(&plan, c::STALLED), (true, "ConfigUnavailable"));
+    }
+
+    #[test]
+    fn repair_previews_when_due_and_installs_on_drift() {
+        let plan = decide(&with_install(|i| i.repair_due = true));
+        assert_eq!(plan.actions, [Action::Preview]);
+        assert_eq!(plan.phase, Phase::Ready);
+        assert_eq!(cond(&plan, c::READY), (true, "Installed"));
+        let plan = decide(&with_install(|i| {
+            i.repair_due = true;
+            i.preview_task = TaskState::Running;
+        }));
+        assert!(plan.actions.is_empty(), "one preview at a time");
+        let plan = decide(&with_install(|i| {
+            i.drift = Some("drift: putting it back would create 1".into());
+        }));
+        assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+        assert_eq!(cond(&plan, c::DRIFT_DETECTED), (true, "DriftDetected"));
+        assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
+        assert_eq!(cond(&plan, c::INSTALLED), (true, "Installed"));
+        let plan = decide(&with_install(|i| {
+            i.preview_failed = Some("pulumi preview failed".into());
+        }));
+        assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    }
+
+    #[test]
+    fn deletion_stops_installer_tasks_first() {
+        let mut o = base();
+        o.deleting = true;
+        o.install.task = TaskState::Running;
+        let plan = decide(&o);
+        assert_eq!(plan.actions.first(), Some(&Action::CancelInstall));
+        let mut o = base();
+        o.deleting = true;
+        o.install.preview_task = TaskState::Queued(1);
+        assert_eq!(decide(&o).actions.first(), Some(&Action::CancelInstall));
     }
 
     #[test]
@@ -921,7 +1472,7 @@ mod tests {
         );
         assert_eq!(
             plan.phase,
-            Phase::Installing,
+            Phase::Ready,
             "the controller carries on without admission policies"
         );
     }

@@ -6,6 +6,7 @@
 pub mod chart;
 pub mod decide;
 pub mod helm;
+pub mod installer;
 pub mod leader;
 pub mod metrics;
 pub mod policy;

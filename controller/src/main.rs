@@ -12,6 +12,7 @@ use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
 use common::telemetry::LogArgs;
 use controller::decide::Protection;
 use controller::helm::Helm;
+use controller::installer::Installer;
 use controller::leader::Election;
 use controller::metrics::Metrics;
 use controller::reconcile::{Context, Settings, error_policy, keep_policy, reconcile};
@@ -71,9 +72,26 @@ struct Args {
     #[arg(long, default_value = "/var/lib/platform-operator/state")]
     state_dir: PathBuf,
 
-    /// File holding the passphrase that encrypts the Pulumi state (read by the installer).
+    /// File holding the passphrase that encrypts the Pulumi state (the passphrase Secret's key
+    /// `passphrase`, mounted).
     #[arg(long, default_value = "/etc/platform-operator/passphrase/passphrase")]
     passphrase_file: PathBuf,
+
+    /// The npm registry the platform package is installed from (a mirror for air-gapped sites).
+    #[arg(
+        long,
+        env = "NPM_REGISTRY",
+        default_value = "https://registry.npmjs.org/"
+    )]
+    npm_registry: String,
+
+    /// The npm executable.
+    #[arg(long, default_value = "npm")]
+    npm_binary: String,
+
+    /// The Pulumi CLI executable (its language host `pulumi-language-nodejs` on PATH beside it).
+    #[arg(long, default_value = "pulumi")]
+    pulumi_binary: String,
 
     /// The namespace the operator runs in.
     #[arg(long, env = "POD_NAMESPACE", default_value = "platform-operator")]
@@ -173,6 +191,15 @@ async fn main() -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context {
         client: client.clone(),
+        installer: Installer {
+            state_dir: args.state_dir.clone(),
+            passphrase_file: args.passphrase_file.clone(),
+            registry: args.npm_registry.clone(),
+            npm_binary: args.npm_binary.clone(),
+            pulumi_binary: args.pulumi_binary.clone(),
+            timeout: args.install_timeout,
+            tool_seconds: metrics.tool_seconds.clone(),
+        },
         helm: Helm {
             binary: args.helm_binary.clone(),
             timeout: args.install_timeout,

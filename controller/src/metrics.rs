@@ -19,6 +19,12 @@ pub struct Metrics {
     pub tasks_queued: IntGauge,
     /// Helm operation durations in seconds, by operation and result.
     pub helm_duration: HistogramVec,
+    /// Installer task durations in seconds (install, upgrade, reapply, repair, preview), by
+    /// result.
+    pub install_duration: HistogramVec,
+    /// Seconds spent inside npm and pulumi, by tool and result (the operator's own overhead is
+    /// an install's duration minus these).
+    pub tool_seconds: HistogramVec,
     /// 1 while this replica is the leader.
     pub leader: IntGauge,
     /// Writes to the API server by kind of object (to show that an idle resync writes nothing).
@@ -70,6 +76,26 @@ impl Metrics {
                 ]),
                 &["operation", "result"],
             )?,
+            install_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "platform_operator_controller_install_duration_seconds",
+                    "Installer task durations.",
+                )
+                .buckets(vec![
+                    1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+                ]),
+                &["operation", "result"],
+            )?,
+            tool_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "platform_operator_controller_tool_duration_seconds",
+                    "Time spent inside npm and pulumi.",
+                )
+                .buckets(vec![
+                    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                ]),
+                &["tool", "result"],
+            )?,
             leader: IntGauge::new(
                 "platform_operator_controller_leader",
                 "1 while this replica leads.",
@@ -88,6 +114,8 @@ impl Metrics {
         registry.register(Box::new(m.tasks_running.clone()))?;
         registry.register(Box::new(m.tasks_queued.clone()))?;
         registry.register(Box::new(m.helm_duration.clone()))?;
+        registry.register(Box::new(m.install_duration.clone()))?;
+        registry.register(Box::new(m.tool_seconds.clone()))?;
         registry.register(Box::new(m.leader.clone()))?;
         registry.register(Box::new(m.writes.clone()))?;
         Ok(m)

@@ -26,8 +26,13 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::decide::{self, Action, Cleanup, Observed, OwnerService, Plan, Protection};
+use crate::decide::{
+    self, Action, Cleanup, InstallObserved, LastRun, Observed, OwnerService, Plan, Protection,
+};
 use crate::helm::{Helm, RELEASE, release_from_secrets};
+use crate::installer::config::{self as program, ProgramConfig};
+use crate::installer::record::Record;
+use crate::installer::{self, Installer};
 use crate::tasks::Tasks;
 
 /// Errors of one reconcile; each names the failed action.
@@ -115,6 +120,8 @@ pub struct Context {
     pub settings: Settings,
     /// The helm driver.
     pub helm: Helm,
+    /// The installer (npm and pulumi).
+    pub installer: Installer,
     /// Long-running work.
     pub tasks: Arc<Tasks>,
     /// The admission policy's state, kept by [`crate::policy`].
@@ -132,6 +139,119 @@ pub struct Context {
 
 fn key(pi: &PlatformInstance) -> String {
     format!("{}/{}", pi.namespace().unwrap_or_default(), pi.name_any())
+}
+
+/// The task key of an instance's installs.
+fn install_key(pi: &PlatformInstance) -> String {
+    format!("{}#install", key(pi))
+}
+
+/// The task key of an instance's repair previews.
+fn preview_key(pi: &PlatformInstance) -> String {
+    format!("{}#preview", key(pi))
+}
+
+/// What observe found besides [`Observed`]: what the actions need.
+struct Found {
+    /// The kubeconfig the vCluster exported.
+    exported: Option<String>,
+    /// What the program would get now.
+    config: Option<ProgramConfig>,
+    /// The installer's record.
+    record: Record,
+}
+
+/// Puts together what the program gets: settings, the vCluster's kubeconfig and endpoint, and
+/// tenant auth's client secret read from its Secret. `Err` says what is missing.
+async fn program_config(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    host_ns: &str,
+    kubeconfig: &str,
+) -> Result<Result<ProgramConfig, String>, ReconcileError> {
+    let ns = pi.namespace().unwrap_or_default();
+    let Some(endpoint) = program::kubeconfig_server(kubeconfig) else {
+        return Ok(Err(
+            "the vCluster's kubeconfig names no server in its current context".into(),
+        ));
+    };
+    let platform = pi.spec.platform.as_ref();
+    let mut client_secret = None;
+    if let Some(auth) = platform.and_then(|p| p.tenant_auth.as_ref()) {
+        let r = &auth.client_secret_ref;
+        let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&r.name)
+            .await
+            .map_err(read(format!("the tenant auth Secret {}", r.name)))?;
+        let value = secret
+            .as_ref()
+            .and_then(|s| s.data.as_ref()?.get(&r.key))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        match (secret.is_some(), value) {
+            (_, Some(v)) => client_secret = Some(v),
+            (false, None) => {
+                return Ok(Err(format!(
+                    "the Secret {} named by spec.platform.tenantAuth.clientSecretRef does not exist in namespace {ns}; create it with the key {}",
+                    r.name, r.key
+                )));
+            }
+            (true, None) => {
+                return Ok(Err(format!(
+                    "the Secret {} has no key {} (spec.platform.tenantAuth.clientSecretRef.key); add the key or fix the reference",
+                    r.name, r.key
+                )));
+            }
+        }
+    }
+    Ok(Ok(program::program_config(&program::Inputs {
+        platform,
+        storage_root: format!(
+            "{}/{host_ns}",
+            ctx.settings.storage_root_base.trim_end_matches('/')
+        ),
+        kubernetes_endpoint: endpoint,
+        kubeconfig: kubeconfig.to_string(),
+        client_secret,
+        uid: pi.uid().unwrap_or_default(),
+    })))
+}
+
+/// The installer's view of one instance from its record and tasks.
+fn install_observed(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    record: &Record,
+    config: Option<&Result<ProgramConfig, String>>,
+) -> InstallObserved {
+    let repair_due = record.installed_version.is_some()
+        && record.last_checked().is_none_or(|t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .as_secs()
+                >= ctx.settings.repair_interval.as_secs() as i64
+        });
+    InstallObserved {
+        requested: pi.spec.version.clone().unwrap_or_default(),
+        installed: record.installed_version.clone(),
+        desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
+        applied_hash: record.installed_config_hash.clone(),
+        config_error: config.and_then(|c| c.as_ref().err()).cloned(),
+        task: ctx.tasks.state(&install_key(pi)),
+        preview_task: ctx.tasks.state(&preview_key(pi)),
+        last: record.last_install.as_ref().map(|l| LastRun {
+            version: l.version.clone(),
+            result: l.result,
+            failure: record.failure,
+            message: l.message.clone().unwrap_or_default(),
+        }),
+        drift: record
+            .preview
+            .as_ref()
+            .filter(|p| p.changes > 0)
+            .map(|p| p.message.clone()),
+        preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
+        repair_due,
+    }
 }
 
 /// The vCluster chart's values for one instance: the exported kubeconfig names the in-cluster
@@ -245,7 +365,7 @@ async fn api_serves(kubeconfig: &str) -> bool {
 async fn observe(
     ctx: &Context,
     pi: &PlatformInstance,
-) -> Result<(Observed, Option<String>), ReconcileError> {
+) -> Result<(Observed, Found), ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
     let host_ns = host_namespace(&ns, &pi.name_any());
     let client = &ctx.client;
@@ -373,6 +493,14 @@ async fn observe(
     } else {
         Cleanup::Missing
     };
+    let record = ctx.installer.record(&ns, &pi.name_any());
+    let config = match (&exported, api) {
+        (Some(k), Some(true)) if pi.meta().deletion_timestamp.is_none() => {
+            Some(program_config(ctx, pi, &host_ns, k).await?)
+        }
+        _ => None,
+    };
+    let install = install_observed(ctx, pi, &record, config.as_ref());
     let observed = Observed {
         generation: pi.meta().generation.unwrap_or(0),
         deleting: pi.meta().deletion_timestamp.is_some(),
@@ -399,8 +527,16 @@ async fn observe(
         cleanup,
         state_exists: state_path(&ctx.settings, pi).exists(),
         owner_service: owner,
+        install,
     };
-    Ok((observed, exported))
+    Ok((
+        observed,
+        Found {
+            exported,
+            config: config.and_then(Result::ok),
+            record,
+        },
+    ))
 }
 
 async fn apply<K>(
@@ -429,8 +565,9 @@ async fn act(
     ctx: &Context,
     pi: &PlatformInstance,
     plan: &Plan,
-    exported: Option<String>,
+    found: &Found,
 ) -> Result<(), ReconcileError> {
+    let exported = &found.exported;
     let ns = pi.namespace().unwrap_or_default();
     let name = pi.name_any();
     let host_ns = host_namespace(&ns, &name);
@@ -551,6 +688,44 @@ async fn act(
                 relink_owner_references(ctx, &host_ns, old_uid).await?;
                 record_owner_service(ctx, &host_ns).await?;
             }
+            Action::Install { mode } => {
+                let Some(config) = found.config.clone() else {
+                    continue;
+                };
+                let job = installer::Job {
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                    version: pi.spec.version.clone().unwrap_or_default(),
+                    mode: *mode,
+                    config,
+                    owner: pi.controller_owner_ref(&()),
+                };
+                let (installer, client) = (ctx.installer.clone(), client.clone());
+                let work = async move { installer.install(client, job).await };
+                ctx.tasks.submit(
+                    &install_key(pi),
+                    true,
+                    timed_install(&ctx.metrics, mode.as_str(), work),
+                );
+            }
+            Action::Preview => {
+                let installer = ctx.installer.clone();
+                let (namespace, instance) = (ns.clone(), name.clone());
+                let version = found.record.installed_version.clone().unwrap_or_default();
+                let work = async move { installer.preview(&namespace, &instance, &version).await };
+                ctx.tasks.submit(
+                    &preview_key(pi),
+                    true,
+                    timed_install(&ctx.metrics, "preview", work),
+                );
+            }
+            Action::CancelInstall => {
+                for k in [install_key(pi), preview_key(pi)] {
+                    if ctx.tasks.cancel(&k) {
+                        tracing::info!(task = %k, "stopped an installer task: the instance is being deleted");
+                    }
+                }
+            }
             Action::UninstallVCluster => {
                 let (helm, namespace) = (ctx.helm.clone(), host_ns.clone());
                 let work =
@@ -609,7 +784,9 @@ async fn act(
                     Err(e) if not_found(&e) => {}
                     Err(e) => return Err(write("the finalizer removal")(e)),
                 }
-                ctx.tasks.forget(&key(pi));
+                for k in [key(pi), install_key(pi), preview_key(pi)] {
+                    ctx.tasks.forget(&k);
+                }
             }
         }
     }
@@ -649,6 +826,25 @@ fn timed(
     work: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
 ) -> futures::future::BoxFuture<'static, Result<(), String>> {
     let histogram = metrics.helm_duration.clone();
+    async move {
+        let start = Instant::now();
+        let result = work.await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        histogram
+            .with_label_values(&[operation, outcome])
+            .observe(start.elapsed().as_secs_f64());
+        result
+    }
+    .boxed()
+}
+
+/// Wraps an installer task so its duration lands in the histogram, by operation and outcome.
+fn timed_install(
+    metrics: &crate::metrics::Metrics,
+    operation: &'static str,
+    work: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
+) -> futures::future::BoxFuture<'static, Result<(), String>> {
+    let histogram = metrics.install_duration.clone();
     async move {
         let start = Instant::now();
         let result = work.await;
@@ -791,9 +987,19 @@ pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str) -> serde_
 }
 
 fn event_type(condition: &str, status: bool, reason: &str) -> EventType {
+    const WARNINGS: [&str; 7] = [
+        "DriftDetected",
+        "InstallTimedOut",
+        "VersionNotFound",
+        "RegistryUnreachable",
+        "PassphraseMismatch",
+        "PassphraseUnavailable",
+        "ConfigUnavailable",
+    ];
     if (condition == c::STALLED && status)
         || reason.ends_with("Failed")
         || reason.ends_with("Conflict")
+        || WARNINGS.contains(&reason)
     {
         EventType::Warning
     } else {
@@ -807,6 +1013,7 @@ async fn report(
     pi: &PlatformInstance,
     plan: &Plan,
     retry: Option<String>,
+    record: &Record,
 ) -> Result<(), ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
     let name = pi.name_any();
@@ -832,7 +1039,12 @@ async fn report(
         }),
         conditions,
         acknowledged_retry: retry.or(old.acknowledged_retry.clone()),
-        ..old.clone()
+        installed_version: record
+            .installed_version
+            .clone()
+            .or(old.installed_version.clone()),
+        endpoints: record.endpoints.clone().or(old.endpoints.clone()),
+        last_install: record.last_install.clone().or(old.last_install.clone()),
     };
     if let Ok(mut phases) = ctx.phases.lock() {
         phases.insert(key(pi), format!("{:?}", plan.phase));
@@ -896,7 +1108,9 @@ pub async fn reconcile(
                 .and_then(|s| s.acknowledged_retry.clone());
     if retry_requested {
         tracing::info!(instance = %key, "retry requested by annotation");
-        ctx.tasks.clear_backoff(&key);
+        for k in [key.clone(), install_key(&pi), preview_key(&pi)] {
+            ctx.tasks.clear_backoff(&k);
+        }
     }
     if let Ok(mut hosts) = ctx.hosts.lock() {
         hosts.insert(
@@ -904,13 +1118,20 @@ pub async fn reconcile(
             (pi.namespace().unwrap_or_default(), pi.name_any()),
         );
     }
-    let (observed, exported) = observe(&ctx, &pi).await?;
+    let (observed, found) = observe(&ctx, &pi).await?;
     let plan = decide::decide(&observed);
     tracing::debug!(instance = %key, phase = ?plan.phase, actions = ?plan.actions, "decided");
-    act(&ctx, &pi, &plan, exported).await?;
+    act(&ctx, &pi, &plan, &found).await?;
     let removed = plan.actions.contains(&Action::RemoveFinalizer);
     if !removed {
-        report(&ctx, &pi, &plan, if retry_requested { retry } else { None }).await?;
+        report(
+            &ctx,
+            &pi,
+            &plan,
+            if retry_requested { retry } else { None },
+            &found.record,
+        )
+        .await?;
     } else {
         if let Ok(mut phases) = ctx.phases.lock() {
             phases.remove(&key);

@@ -3,11 +3,11 @@
 //! their position reported), and failures remembered with a capped backoff. Reconciles poll the
 //! registry every `--target-poll`.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
+use futures::future::{AbortHandle, Abortable, BoxFuture};
 
 use crate::decide::TaskState;
 
@@ -27,7 +27,7 @@ struct Failure {
 
 #[derive(Default)]
 struct Inner {
-    running: HashSet<Key>,
+    running: HashMap<Key, AbortHandle>,
     queue: VecDeque<(Key, BoxFuture<'static, Result<(), String>>)>,
     failed: HashMap<Key, Failure>,
 }
@@ -66,7 +66,7 @@ impl Tasks {
         let Ok(inner) = self.inner.lock() else {
             return TaskState::Idle;
         };
-        if inner.running.contains(key) {
+        if inner.running.contains_key(key) {
             return TaskState::Running;
         }
         if let Some(position) = inner.queue.iter().position(|(k, _)| k == key) {
@@ -112,7 +112,7 @@ impl Tasks {
             let Ok(mut inner) = self.inner.lock() else {
                 return false;
             };
-            if inner.running.contains(key) || inner.queue.iter().any(|(k, _)| k == key) {
+            if inner.running.contains_key(key) || inner.queue.iter().any(|(k, _)| k == key) {
                 return false;
             }
             if let Some(f) = inner.failed.get(key)
@@ -123,19 +123,29 @@ impl Tasks {
             if bounded {
                 inner.queue.push_back((key.to_string(), work));
             } else {
-                inner.running.insert(key.to_string());
-                self.spawn(key.to_string(), work);
+                let handle = self.spawn(key.to_string(), work);
+                inner.running.insert(key.to_string(), handle);
             }
         }
         self.dispatch();
         true
     }
 
-    fn spawn(self: &Arc<Self>, key: Key, work: BoxFuture<'static, Result<(), String>>) {
+    fn spawn(
+        self: &Arc<Self>,
+        key: Key,
+        work: BoxFuture<'static, Result<(), String>>,
+    ) -> AbortHandle {
         let this = self.clone();
+        let (handle, registration) = AbortHandle::new_pair();
+        let work = Abortable::new(work, registration);
         tokio::spawn(async move {
             let result = work.await;
             if let Ok(mut inner) = this.inner.lock() {
+                // Cancelled: `cancel` already forgot it (and the key may run a new task now).
+                let Ok(result) = result else {
+                    return;
+                };
                 inner.running.remove(&key);
                 match result {
                     Ok(()) => {
@@ -156,25 +166,44 @@ impl Tasks {
             }
             this.dispatch();
         });
+        handle
     }
 
     /// Starts queued tasks while slots are free, oldest first.
     fn dispatch(self: &Arc<Self>) {
-        let mut start = Vec::new();
         if let Ok(mut inner) = self.inner.lock() {
             while inner.running.len() < self.limit {
                 let Some((key, work)) = inner.queue.pop_front() else {
                     break;
                 };
-                inner.running.insert(key.clone());
-                start.push((key, work));
+                // Spawned under the lock: the task cannot finish (and remove itself) before
+                // it is recorded as running.
+                let handle = self.spawn(key.clone(), work);
+                inner.running.insert(key, handle);
             }
             self.running_gauge.set(inner.running.len() as i64);
             self.queued_gauge.set(inner.queue.len() as i64);
         }
-        for (key, work) in start {
-            self.spawn(key, work);
-        }
+    }
+
+    /// Stops the task of `key`, queued or running: a running one is dropped where it waits,
+    /// which kills the processes it started. Returns whether there was one.
+    pub fn cancel(self: &Arc<Self>, key: &str) -> bool {
+        let found = {
+            let Ok(mut inner) = self.inner.lock() else {
+                return false;
+            };
+            let queued = inner.queue.len();
+            inner.queue.retain(|(k, _)| k != key);
+            let running = inner.running.remove(key);
+            if let Some(handle) = &running {
+                handle.abort();
+            }
+            inner.failed.remove(key);
+            running.is_some() || inner.queue.len() != queued
+        };
+        self.dispatch();
+        found
     }
 
     /// Drops the record of `key` (the instance is gone).
@@ -285,6 +314,48 @@ mod tests {
             "a retry request skips the backoff"
         );
         until(&tasks, "ns/c", TaskState::Idle).await;
+    }
+
+    #[tokio::test]
+    async fn cancelling_drops_the_running_task_and_frees_its_slot() {
+        let tasks = registry(1);
+        let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<()>();
+        struct OnDrop(Option<tokio::sync::oneshot::Sender<()>>);
+        impl Drop for OnDrop {
+            fn drop(&mut self) {
+                if let Some(tx) = self.0.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        let guard = OnDrop(Some(dropped_tx));
+        assert!(
+            tasks.submit(
+                "ns/a",
+                true,
+                async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await;
+                    Ok(())
+                }
+                .boxed()
+            )
+        );
+        assert!(tasks.submit("ns/b", true, async { Ok(()) }.boxed()));
+        assert_eq!(tasks.state("ns/b"), TaskState::Queued(1));
+        until(&tasks, "ns/a", TaskState::Running).await;
+        assert!(tasks.cancel("ns/a"));
+        tokio::time::timeout(Duration::from_secs(5), dropped_rx)
+            .await
+            .expect("the running future is dropped")
+            .expect("dropped, not leaked");
+        assert_eq!(
+            tasks.state("ns/a"),
+            TaskState::Idle,
+            "cancelled is not failed"
+        );
+        until(&tasks, "ns/b", TaskState::Idle).await;
+        assert!(!tasks.cancel("ns/a"), "nothing left to cancel");
     }
 
     #[tokio::test]

@@ -1,0 +1,571 @@
+//! The installer: runs the platform's existing-cluster program (`@di-framework/platform/existing`)
+//! at an instance's exact version with the Pulumi CLI, against the instance's vCluster.
+//!
+//! Each instance has a directory `<--state-dir>/<namespace>/<name>/` holding its generated
+//! project (`platform/`: `Pulumi.yaml`, `package.json` naming the one exact version, npm's
+//! lockfile, `index.js`), the stack `dev` on a local file backend inside it
+//! (`platform/state/`), the passphrase verifier, and the install record
+//! ([`record`]). npm's cache and Pulumi's plugins live under `<--state-dir>/.cache/`, shared by
+//! every instance. Installs and repair previews run as tracked tasks (see [`crate::tasks`]),
+//! bounded by `--install-timeout`; the tools run as process groups that die with the task.
+
+pub mod config;
+pub mod npm;
+pub mod passphrase;
+pub mod process;
+pub mod pulumi;
+pub mod record;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::crd::{Endpoints, InstallResult, InstallSummary, LastInstall};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use common::names::FIELD_MANAGER;
+use config::ProgramConfig;
+use record::{Failure, Preview, Record};
+
+/// The npm package of the platform.
+pub const PACKAGE: &str = "@di-framework/platform";
+/// Label on the per-membership kubeconfig Secrets naming their instance.
+pub const MEMBERSHIP_LABEL: &str = "platform.di-framework.dev/membership-of";
+
+/// Why an install runs (for messages and metrics).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The first install.
+    Install,
+    /// A new `spec.version`.
+    Upgrade,
+    /// Changed settings at the installed version.
+    Reapply,
+    /// Drift (or an interrupted install) put back at the installed version.
+    Repair,
+}
+
+impl Mode {
+    /// A word for messages and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Install => "install",
+            Mode::Upgrade => "upgrade",
+            Mode::Reapply => "reapply",
+            Mode::Repair => "repair",
+        }
+    }
+}
+
+/// How the installer is configured.
+#[derive(Clone, Debug)]
+pub struct Installer {
+    /// The state root (`--state-dir`).
+    pub state_dir: PathBuf,
+    /// The passphrase file (`--passphrase-file`).
+    pub passphrase_file: PathBuf,
+    /// The npm registry (`--npm-registry`).
+    pub registry: String,
+    /// The npm executable (`--npm-binary`).
+    pub npm_binary: String,
+    /// The pulumi executable (`--pulumi-binary`).
+    pub pulumi_binary: String,
+    /// How long one install or preview may run (`--install-timeout`).
+    pub timeout: Duration,
+    /// Time spent inside npm and pulumi, by tool and result.
+    pub tool_seconds: prometheus::HistogramVec,
+}
+
+/// One install to run.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The instance's namespace.
+    pub namespace: String,
+    /// The instance's name.
+    pub name: String,
+    /// The version to install.
+    pub version: String,
+    /// Why.
+    pub mode: Mode,
+    /// What the program gets.
+    pub config: ProgramConfig,
+    /// The owner reference of the Secrets the install writes (the instance).
+    pub owner: Option<OwnerReference>,
+}
+
+type StepError = (Failure, String);
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+impl Installer {
+    /// The directory of instance `namespace/name`.
+    pub fn instance_dir(&self, namespace: &str, name: &str) -> PathBuf {
+        self.state_dir.join(namespace).join(name)
+    }
+
+    /// The record of instance `namespace/name`.
+    pub fn record(&self, namespace: &str, name: &str) -> Record {
+        record::load(&self.instance_dir(namespace, name))
+    }
+
+    fn stack(&self, dir: &Path) -> pulumi::Stack {
+        let project = dir.join("platform");
+        pulumi::Stack {
+            binary: self.pulumi_binary.clone(),
+            home: self.state_dir.join(".cache").join("pulumi"),
+            passphrase_file: self.passphrase_file.clone(),
+            backend: project.join("state"),
+            project,
+            state: dir.to_path_buf(),
+        }
+    }
+
+    fn observe_tool(&self, tool: &str, ok: bool, seconds: f64) {
+        self.tool_seconds
+            .with_label_values(&[tool, if ok { "ok" } else { "error" }])
+            .observe(seconds);
+    }
+
+    /// Runs an install to its end (or its timeout) and records it. The error is the message the
+    /// task registry keeps; the record holds the typed reason.
+    pub async fn install(&self, client: kube::Client, job: Job) -> Result<(), String> {
+        let dir = self.instance_dir(&job.namespace, &job.name);
+        let mut rec = record::load(&dir);
+        let started_at = now();
+        rec.last_install = Some(LastInstall {
+            version: job.version.clone(),
+            started_at: started_at.clone(),
+            finished_at: None,
+            result: InstallResult::Running,
+            message: Some(format!(
+                "{} of {} {PACKAGE} running",
+                job.mode.as_str(),
+                job.version
+            )),
+            summary: None,
+        });
+        rec.failure = None;
+        record::store(&dir, &rec).map_err(|e| {
+            format!(
+                "writing the install record in {} failed: {e}; check the state volume",
+                dir.display()
+            )
+        })?;
+        let outcome =
+            tokio::time::timeout(self.timeout, self.install_steps(&client, &dir, &job, &rec)).await;
+        let finished_at = now();
+        let (result, message, failure) = match outcome {
+            Ok(Ok((counts, endpoints, secrets))) => {
+                rec.installed_version = Some(job.version.clone());
+                rec.installed_config_hash = Some(job.config.hash.clone());
+                rec.endpoints = Some(endpoints);
+                rec.membership_secrets = secrets;
+                rec.preview = None;
+                rec.preview_failure = None;
+                let summary = InstallSummary {
+                    created: counts.created,
+                    updated: counts.updated,
+                    deleted: counts.deleted,
+                    unchanged: counts.unchanged,
+                    config_hash: Some(job.config.hash.clone()),
+                };
+                let message = format!(
+                    "{} of {PACKAGE}@{} applied: {} created, {} updated, {} deleted, {} unchanged",
+                    job.mode.as_str(),
+                    job.version,
+                    counts.created,
+                    counts.updated,
+                    counts.deleted,
+                    counts.unchanged
+                );
+                if let Some(last) = rec.last_install.as_mut() {
+                    last.summary = Some(summary);
+                }
+                (InstallResult::Succeeded, message, None)
+            }
+            Ok(Err((failure, message))) => (InstallResult::Failed, message, Some(failure)),
+            Err(_) => {
+                // The steps' future is gone, and with it every tool's process group; the lock
+                // it held is cleared before the next run, and here at once.
+                let _ = self.stack(&dir).clear_locks();
+                let message = format!(
+                    "{} of {PACKAGE}@{} ran longer than --install-timeout ({}s) and was stopped with its processes; it retries with backoff (raise installTimeout if the program needs longer)",
+                    job.mode.as_str(),
+                    job.version,
+                    self.timeout.as_secs()
+                );
+                (
+                    InstallResult::TimedOut,
+                    message,
+                    Some(Failure::InstallTimedOut),
+                )
+            }
+        };
+        if let Some(last) = rec.last_install.as_mut() {
+            last.finished_at = Some(finished_at);
+            last.result = result;
+            last.message = Some(message.clone());
+        }
+        rec.failure = failure;
+        if let Err(e) = record::store(&dir, &rec) {
+            tracing::warn!(dir = %dir.display(), error = %e, "writing the install record failed");
+        }
+        match failure {
+            None => Ok(()),
+            Some(_) => Err(message),
+        }
+    }
+
+    async fn install_steps(
+        &self,
+        client: &kube::Client,
+        dir: &Path,
+        job: &Job,
+        previous: &Record,
+    ) -> Result<(pulumi::Counts, Endpoints, Vec<String>), StepError> {
+        process::reap(dir);
+        passphrase::check(&self.passphrase_file, dir).map_err(|e| {
+            let failure = match e {
+                passphrase::PassphraseError::Mismatch { .. } => Failure::PassphraseMismatch,
+                passphrase::PassphraseError::Store { .. } => Failure::StateUnavailable,
+                _ => Failure::PassphraseUnavailable,
+            };
+            (failure, e.to_string())
+        })?;
+        let stack = self.stack(dir);
+        write_project(&stack.project, &stack.backend, &job.version, &self.registry)
+            .map_err(|e| (Failure::StateUnavailable, e))?;
+
+        let npm = npm::Npm {
+            binary: self.npm_binary.clone(),
+            registry: self.registry.clone(),
+            cache: self.state_dir.join(".cache").join("npm"),
+        };
+        let started = std::time::Instant::now();
+        let installed = npm
+            .install(&stack.project, PACKAGE, &job.version, dir)
+            .await;
+        self.observe_tool("npm", installed.is_ok(), started.elapsed().as_secs_f64());
+        installed.map_err(|e| {
+            let failure = match e {
+                npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
+                npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
+                npm::NpmError::Spawn { .. } => Failure::ToolMissing,
+                npm::NpmError::Failed { .. } => Failure::PackageInstallFailed,
+            };
+            (failure, e.to_string())
+        })?;
+
+        let started = std::time::Instant::now();
+        let applied = self.apply(&stack, &job.config).await;
+        self.observe_tool("pulumi", applied.is_ok(), started.elapsed().as_secs_f64());
+        let (counts, outputs) = applied.map_err(|e| {
+            let failure = match e {
+                pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
+                pulumi::PulumiError::Io { .. } => Failure::StateUnavailable,
+                _ => Failure::InstallFailed,
+            };
+            (failure, e.to_string())
+        })?;
+        let endpoints = Endpoints {
+            http: outputs
+                .get("httpEndpoint")
+                .and_then(Value::as_str)
+                .map(String::from),
+            route_url_pattern: outputs
+                .get("routeUrlPattern")
+                .and_then(Value::as_str)
+                .map(String::from),
+        };
+        let secrets = write_membership_secrets(client, job, &outputs, &previous.membership_secrets)
+            .await
+            .map_err(|e| (Failure::OutputsFailed, e))?;
+        Ok((counts, endpoints, secrets))
+    }
+
+    async fn apply(
+        &self,
+        stack: &pulumi::Stack,
+        config: &ProgramConfig,
+    ) -> Result<(pulumi::Counts, Value), pulumi::PulumiError> {
+        let cleared = stack.clear_locks()?;
+        if cleared > 0 {
+            tracing::info!(project = %stack.project.display(), cleared, "cleared a stale state lock");
+        }
+        stack.select_or_create().await?;
+        let pending = stack.clear_pending().await?;
+        if pending > 0 {
+            tracing::info!(project = %stack.project.display(), pending, "resolved pending operations an interrupted run left");
+        }
+        stack
+            .set_config(config::SETTINGS_KEY, &config.settings.to_string(), false)
+            .await?;
+        for (key, value) in &config.secrets {
+            stack.set_config(key, value, true).await?;
+        }
+        let up = stack.up().await?;
+        let outputs = stack.outputs().await?;
+        Ok((up.counts, outputs))
+    }
+
+    /// Runs a refreshing preview of the installed config and records what it found.
+    pub async fn preview(&self, namespace: &str, name: &str, version: &str) -> Result<(), String> {
+        let dir = self.instance_dir(namespace, name);
+        let stack = self.stack(&dir);
+        let run = async {
+            process::reap(&dir);
+            passphrase::check(&self.passphrase_file, &dir).map_err(|e| e.to_string())?;
+            stack.clear_locks().map_err(|e| e.to_string())?;
+            stack.preview().await.map_err(|e| e.to_string())
+        };
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(self.timeout, run).await;
+        let mut rec = record::load(&dir);
+        let result = match outcome {
+            Ok(Ok(counts)) => {
+                self.observe_tool("pulumi", true, started.elapsed().as_secs_f64());
+                let message = if counts.changes() == 0 {
+                    "no drift: the installed platform matches its state".to_string()
+                } else {
+                    format!(
+                        "drift: putting it back would create {}, update {} and delete {} resources",
+                        counts.created, counts.updated, counts.deleted
+                    )
+                };
+                rec.preview = Some(Preview {
+                    finished_at: now(),
+                    version: version.to_string(),
+                    changes: counts.changes(),
+                    message,
+                });
+                rec.preview_failure = None;
+                Ok(())
+            }
+            Ok(Err(message)) => {
+                self.observe_tool("pulumi", false, started.elapsed().as_secs_f64());
+                rec.preview_failure = Some((Failure::PreviewFailed, message.clone()));
+                Err(message)
+            }
+            Err(_) => {
+                let _ = stack.clear_locks();
+                let message = format!(
+                    "the repair preview ran longer than --install-timeout ({}s) and was stopped",
+                    self.timeout.as_secs()
+                );
+                rec.preview_failure = Some((Failure::PreviewFailed, message.clone()));
+                Err(message)
+            }
+        };
+        if let Err(e) = record::store(&dir, &rec) {
+            tracing::warn!(dir = %dir.display(), error = %e, "writing the install record failed");
+        }
+        result
+    }
+}
+
+/// The program every project runs: the platform's existing-cluster entry point with the stack's
+/// settings and secrets.
+pub const PROGRAM: &str = r#""use strict";
+// Generated by platform-operator: runs @di-framework/platform/existing with this stack's config.
+const pulumi = require("@pulumi/pulumi");
+const platform = require("@di-framework/platform/existing");
+const config = new pulumi.Config("platform");
+const settings = config.requireObject("settings");
+const out = platform.deploy({
+  ...settings,
+  kubeconfig: config.requireSecret("kubeconfig"),
+  tenantAuth: settings.tenantAuth && { ...settings.tenantAuth, clientSecret: config.requireSecret("tenantAuthClientSecret") },
+});
+exports.httpEndpoint = out.httpEndpoint;
+exports.routeUrlPattern = out.routeUrlPattern;
+exports.kubeconfigs = out.kubeconfigs;
+"#;
+
+/// The project's files for `version`: (file name, content).
+pub fn project_files(backend: &Path, version: &str, registry: &str) -> Vec<(&'static str, String)> {
+    let pulumi_yaml = format!(
+        "# Generated by platform-operator.\nname: di-platform\nruntime: nodejs\ndescription: the di-framework platform (existing-cluster program)\nbackend:\n  url: {}\n",
+        pulumi::backend_url(backend)
+    );
+    let package = json!({
+        "name": "di-platform-instance",
+        "version": "0.0.0",
+        "private": true,
+        "main": "index.js",
+        "dependencies": { PACKAGE: version },
+    });
+    let npmrc = format!("registry={registry}\nsave-exact=true\nfund=false\naudit=false\n");
+    vec![
+        ("Pulumi.yaml", pulumi_yaml),
+        ("package.json", format!("{package:#}\n")),
+        ("index.js", PROGRAM.to_string()),
+        (".npmrc", npmrc),
+    ]
+}
+
+/// Writes the project into `project`, leaving files that are already as they should be.
+pub fn write_project(
+    project: &Path,
+    backend: &Path,
+    version: &str,
+    registry: &str,
+) -> Result<(), String> {
+    std::fs::create_dir_all(backend).map_err(|e| {
+        format!(
+            "creating {} failed: {e}; check the state volume",
+            backend.display()
+        )
+    })?;
+    for (name, content) in project_files(backend, version, registry) {
+        let path = project.join(name);
+        if std::fs::read(&path).ok().as_deref() == Some(content.as_bytes()) {
+            continue;
+        }
+        std::fs::write(&path, content).map_err(|e| {
+            format!(
+                "writing {} failed: {e}; check the state volume",
+                path.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The Secret name of one membership's kubeconfig.
+pub fn membership_secret_name(instance: &str, tenant: &str, user: &str) -> String {
+    format!("{instance}-{tenant}-{user}-kubeconfig")
+}
+
+/// Writes one Secret per membership kubeconfig the program returned, and deletes the ones an
+/// earlier install wrote that are gone now. Returns the names written.
+async fn write_membership_secrets(
+    client: &kube::Client,
+    job: &Job,
+    outputs: &Value,
+    previous: &[String],
+) -> Result<Vec<String>, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &job.namespace);
+    let mut written = Vec::new();
+    for entry in outputs
+        .get("kubeconfigs")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let field = |k: &str| entry.get(k).and_then(Value::as_str).unwrap_or_default();
+        let (tenant, user, role, kubeconfig) = (
+            field("tenant"),
+            field("user"),
+            field("role"),
+            field("kubeconfig"),
+        );
+        if tenant.is_empty() || user.is_empty() || kubeconfig.is_empty() {
+            return Err("the program's kubeconfigs output has an entry without tenant, user or kubeconfig; the platform version may not match this operator".into());
+        }
+        let name = membership_secret_name(&job.name, tenant, user);
+        let secret = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": job.namespace,
+                "ownerReferences": job.owner.iter().collect::<Vec<_>>(),
+                "labels": {
+                    "app.kubernetes.io/managed-by": "platform-operator",
+                    MEMBERSHIP_LABEL: job.name,
+                    "platform.di-framework.dev/tenant": tenant,
+                    "platform.di-framework.dev/user": user,
+                },
+                "annotations": { "platform.di-framework.dev/role": role },
+            },
+            "type": "Opaque",
+            "data": { "kubeconfig": ByteString(kubeconfig.as_bytes().to_vec()) },
+        });
+        secrets
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&secret),
+            )
+            .await
+            .map_err(|e| format!("writing the membership kubeconfig Secret {name} failed: {e}"))?;
+        written.push(name);
+    }
+    for stale in previous.iter().filter(|p| !written.contains(p)) {
+        match secrets.delete(stale, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                return Err(format!(
+                    "deleting the stale membership Secret {stale} failed: {e}"
+                ));
+            }
+        }
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_project_pins_one_exact_version_and_records_its_backend() {
+        let files = project_files(
+            Path::new("/state/ns/one/platform/state"),
+            "6.0.22",
+            "http://registry.local/",
+        );
+        let get = |n: &str| {
+            files
+                .iter()
+                .find(|(name, _)| *name == n)
+                .map(|(_, c)| c.clone())
+                .expect("file")
+        };
+        let package: Value = serde_json::from_str(&get("package.json")).expect("json");
+        assert_eq!(
+            package["dependencies"],
+            json!({"@di-framework/platform": "6.0.22"})
+        );
+        assert!(get("Pulumi.yaml").contains("runtime: nodejs"));
+        assert!(get("Pulumi.yaml").contains("url: file:///state/ns/one/platform/state"));
+        assert!(get(".npmrc").contains("registry=http://registry.local/"));
+        assert!(get(".npmrc").contains("save-exact=true"));
+        assert!(get("index.js").contains("require(\"@di-framework/platform/existing\")"));
+    }
+
+    #[test]
+    fn writing_the_project_twice_changes_nothing() {
+        let dir = std::env::temp_dir().join(format!("installer-project-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (project, backend) = (dir.join("platform"), dir.join("platform/state"));
+        write_project(&project, &backend, "6.0.21", "http://r/").expect("write");
+        let before = std::fs::metadata(project.join("package.json"))
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        std::thread::sleep(Duration::from_millis(20));
+        write_project(&project, &backend, "6.0.21", "http://r/").expect("write");
+        let after = std::fs::metadata(project.join("package.json"))
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        assert_eq!(before, after);
+        write_project(&project, &backend, "6.0.22", "http://r/").expect("write");
+        let package = std::fs::read_to_string(project.join("package.json")).expect("read");
+        assert!(package.contains("\"6.0.22\""));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn membership_secret_names() {
+        assert_eq!(
+            membership_secret_name("one", "acme", "dev"),
+            "one-acme-dev-kubeconfig"
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! Installs the platform package at its exact version into an instance's project with npm:
+//! `package.json` names the one exact version, npm writes the lockfile, and the npm cache is
+//! shared on the state volume, so N instances at one version download it once. npm's `--json`
+//! error object (`error.code`) maps onto typed errors; its human text is never parsed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::process::Command;
+
+use super::process;
+
+/// The npm CLI as the installer runs it.
+#[derive(Clone, Debug)]
+pub struct Npm {
+    /// The npm executable.
+    pub binary: String,
+    /// The registry URL (`--npm-registry`).
+    pub registry: String,
+    /// The shared npm cache folder.
+    pub cache: PathBuf,
+}
+
+/// Errors of an npm install.
+#[derive(Debug, thiserror::Error)]
+pub enum NpmError {
+    /// npm could not be run.
+    #[error("running {binary} failed: {source}; install npm or set --npm-binary")]
+    Spawn {
+        /// The binary.
+        binary: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The registry has no such package version.
+    #[error(
+        "{package}@{version} is not in the npm registry {registry} ({code}); set spec.version to a published version"
+    )]
+    VersionNotFound {
+        /// The package.
+        package: String,
+        /// The version.
+        version: String,
+        /// The registry.
+        registry: String,
+        /// npm's error code (E404, ETARGET).
+        code: String,
+    },
+    /// The registry could not be reached.
+    #[error(
+        "the npm registry {registry} cannot be reached ({code}); check --npm-registry (the chart's npmRegistry) and the operator's egress"
+    )]
+    Unreachable {
+        /// The registry.
+        registry: String,
+        /// npm's error code.
+        code: String,
+    },
+    /// npm failed otherwise.
+    #[error("npm install failed ({code}): {summary}")]
+    Failed {
+        /// npm's error code.
+        code: String,
+        /// npm's one-line summary.
+        summary: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct ErrorReport {
+    error: ErrorBody,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    summary: Option<String>,
+}
+
+/// npm error codes that mean the registry was not reached.
+const UNREACHABLE: [&str; 9] = [
+    "ECONNREFUSED",
+    "ECONNRESET",
+    "ENOTFOUND",
+    "EAI_AGAIN",
+    "ETIMEDOUT",
+    "EHOSTUNREACH",
+    "ENETUNREACH",
+    "ERR_SOCKET_TIMEOUT",
+    "ECONNABORTED",
+];
+
+/// Maps npm's `--json` error object onto an error.
+pub fn classify(stdout: &str, package: &str, version: &str, registry: &str) -> NpmError {
+    let (code, summary) = match serde_json::from_str::<ErrorReport>(stdout.trim()) {
+        Ok(r) => (
+            r.error.code.unwrap_or_else(|| "unknown".into()),
+            r.error.summary.unwrap_or_default(),
+        ),
+        Err(_) => ("unknown".into(), "npm printed no error report".into()),
+    };
+    match code.as_str() {
+        "E404" | "ETARGET" => NpmError::VersionNotFound {
+            package: package.into(),
+            version: version.into(),
+            registry: registry.into(),
+            code,
+        },
+        c if UNREACHABLE.contains(&c) || c.starts_with("EAI_") => NpmError::Unreachable {
+            registry: registry.into(),
+            code,
+        },
+        _ => NpmError::Failed {
+            code,
+            summary: summary.chars().take(300).collect(),
+        },
+    }
+}
+
+impl Npm {
+    /// Runs `npm install` in `project` (whose `package.json` names exact versions only),
+    /// preferring the shared cache. Returns how long npm ran.
+    pub async fn install(
+        &self,
+        project: &Path,
+        package: &str,
+        version: &str,
+        state: &Path,
+    ) -> Result<Duration, NpmError> {
+        let mut cmd = Command::new(&self.binary);
+        cmd.current_dir(project)
+            .args([
+                "install",
+                "--json",
+                "--save-exact",
+                "--prefer-offline",
+                "--no-audit",
+                "--no-fund",
+                "--no-update-notifier",
+                "--loglevel=error",
+                "--fetch-retries=1",
+                "--fetch-retry-mintimeout=2000",
+                "--fetch-retry-maxtimeout=10000",
+            ])
+            .arg(format!("--registry={}", self.registry))
+            .arg(format!("--cache={}", self.cache.display()));
+        let out = process::run(cmd, None, state)
+            .await
+            .map_err(|source| NpmError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+        if out.success() {
+            Ok(out.elapsed)
+        } else {
+            Err(classify(&out.stdout, package, version, &self.registry))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_map_onto_errors_with_the_fix() {
+        let e404 = r#"{"error":{"code":"E404","summary":"Not Found - GET x","detail":"…"}}"#;
+        let e = classify(e404, "@di-framework/platform", "6.0.99", "http://r");
+        assert!(matches!(e, NpmError::VersionNotFound { .. }));
+        assert!(e.to_string().contains("@di-framework/platform@6.0.99"));
+        assert!(e.to_string().contains("spec.version"));
+        let target = r#"{"error":{"code":"ETARGET","summary":"No matching version"}}"#;
+        assert!(matches!(
+            classify(target, "p", "1.0.0", "r"),
+            NpmError::VersionNotFound { .. }
+        ));
+        let refused = r#"{"error":{"code":"ECONNREFUSED","summary":"FetchError"}}"#;
+        let e = classify(refused, "p", "1.0.0", "http://127.0.0.1:9");
+        assert!(matches!(e, NpmError::Unreachable { .. }));
+        assert!(e.to_string().contains("--npm-registry"));
+        assert!(matches!(
+            classify(r#"{"error":{"code":"EAI_FAIL"}}"#, "p", "1", "r"),
+            NpmError::Unreachable { .. }
+        ));
+        let other = r#"{"error":{"code":"EACCES","summary":"permission denied"}}"#;
+        let e = classify(other, "p", "1.0.0", "r");
+        assert!(matches!(e, NpmError::Failed { .. }));
+        assert!(e.to_string().contains("permission denied"));
+        assert!(matches!(
+            classify("garbage", "p", "1", "r"),
+            NpmError::Failed { .. }
+        ));
+    }
+}

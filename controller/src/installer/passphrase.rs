@@ -1,0 +1,182 @@
+//! Checks the passphrase before Pulumi touches an instance's state. The first install records a
+//! salted PBKDF2 verifier of the passphrase beside the state; every later run compares the
+//! current passphrase with it, so a changed passphrase is a typed `PassphraseMismatch` with the
+//! fix, found without running Pulumi and without writing anything.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+
+use ring::rand::SecureRandom;
+use serde::{Deserialize, Serialize};
+
+/// The verifier's file name in the instance's state directory.
+pub const FILE: &str = "passphrase-check.json";
+const ITERATIONS: u32 = 100_000;
+
+/// Errors of the check.
+#[derive(Debug, thiserror::Error)]
+pub enum PassphraseError {
+    /// The passphrase file cannot be read.
+    #[error(
+        "the passphrase file {path} cannot be read ({source}); mount the passphrase Secret (key passphrase) there or set --passphrase-file"
+    )]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It is empty.
+    #[error(
+        "the passphrase file {path} is empty; the passphrase Secret needs a non-empty key passphrase"
+    )]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// It is not the passphrase the state was written with.
+    #[error(
+        "the passphrase in {path} is not the one this instance's Pulumi state was encrypted with; put the original passphrase back into the Secret platform-operator-passphrase (or the Secret passphrase.existingSecret names) and restart the operator; the state is left untouched"
+    )]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The verifier cannot be written.
+    #[error("writing {path} failed: {source}; check the state volume")]
+    Store {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Verifier {
+    salt: String,
+    iterations: u32,
+    hash: String,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn derive(passphrase: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    let iterations = NonZeroU32::new(iterations.max(1)).unwrap_or(NonZeroU32::MIN);
+    ring::pbkdf2::derive(
+        ring::pbkdf2::PBKDF2_HMAC_SHA256,
+        iterations,
+        salt,
+        passphrase,
+        &mut out,
+    );
+    out
+}
+
+/// Reads the passphrase file and checks it against `dir`'s verifier, recording one when `dir`
+/// has none yet.
+pub fn check(passphrase_file: &Path, dir: &Path) -> Result<(), PassphraseError> {
+    let passphrase =
+        std::fs::read(passphrase_file).map_err(|source| PassphraseError::Unreadable {
+            path: passphrase_file.to_path_buf(),
+            source,
+        })?;
+    if passphrase.iter().all(u8::is_ascii_whitespace) {
+        return Err(PassphraseError::Empty {
+            path: passphrase_file.to_path_buf(),
+        });
+    }
+    let file = dir.join(FILE);
+    if let Some(v) = std::fs::read(&file)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Verifier>(&b).ok())
+    {
+        let salt = unhex(&v.salt).unwrap_or_default();
+        let want = unhex(&v.hash).unwrap_or_default();
+        let ok = ring::pbkdf2::verify(
+            ring::pbkdf2::PBKDF2_HMAC_SHA256,
+            NonZeroU32::new(v.iterations.max(1)).unwrap_or(NonZeroU32::MIN),
+            &salt,
+            &passphrase,
+            &want,
+        )
+        .is_ok();
+        return if ok {
+            Ok(())
+        } else {
+            Err(PassphraseError::Mismatch {
+                path: passphrase_file.to_path_buf(),
+            })
+        };
+    }
+    let mut salt = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut salt)
+        .map_err(|_| PassphraseError::Store {
+            path: file.clone(),
+            source: std::io::Error::other("no system randomness"),
+        })?;
+    let verifier = Verifier {
+        salt: hex(&salt),
+        iterations: ITERATIONS,
+        hash: hex(&derive(&passphrase, &salt, ITERATIONS)),
+    };
+    let store = || -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(
+            &file,
+            serde_json::to_vec(&verifier).map_err(std::io::Error::other)?,
+        )
+    };
+    store().map_err(|source| PassphraseError::Store {
+        path: file.clone(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_then_checks_the_passphrase() {
+        let dir = std::env::temp_dir().join(format!("passphrase-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let pass = dir.join("passphrase");
+        assert!(matches!(
+            check(&pass, &dir),
+            Err(PassphraseError::Unreadable { .. })
+        ));
+        std::fs::write(&pass, " \n").expect("write");
+        assert!(matches!(
+            check(&pass, &dir),
+            Err(PassphraseError::Empty { .. })
+        ));
+        std::fs::write(&pass, "correct horse").expect("write");
+        check(&pass, &dir).expect("first run records the verifier");
+        let recorded = std::fs::read_to_string(dir.join(FILE)).expect("verifier");
+        assert!(!recorded.contains("correct horse"));
+        check(&pass, &dir).expect("same passphrase");
+        std::fs::write(&pass, "battery staple").expect("write");
+        let e = check(&pass, &dir).expect_err("changed passphrase");
+        assert!(matches!(e, PassphraseError::Mismatch { .. }));
+        assert!(e.to_string().contains("platform-operator-passphrase"));
+        assert_eq!(
+            std::fs::read_to_string(dir.join(FILE)).expect("verifier"),
+            recorded,
+            "a mismatch never rewrites the verifier"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,236 @@
+//! Runs the installer's tools (npm, pulumi) as whole process trees: each in its own process
+//! group, recorded in a pid file in the instance's state directory, and killed as a group when
+//! the run is dropped (a timeout, a deletion) or found left over by a controller that died
+//! (`reap`). Secrets go to a tool on its standard input, never in its arguments.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+/// The pid file's name in the instance's state directory.
+pub const PID_FILE: &str = "tool.pid";
+
+/// What a finished tool left.
+#[derive(Debug)]
+pub struct Output {
+    /// Its exit code (`None`: killed by a signal).
+    pub code: Option<i32>,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+    /// How long it ran.
+    pub elapsed: Duration,
+}
+
+impl Output {
+    /// It exited 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// The last non-empty line of its standard error (what a status message may quote).
+    pub fn last_error_line(&self) -> String {
+        self.stderr
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("no output")
+            .chars()
+            .take(400)
+            .collect()
+    }
+}
+
+/// Kills the process group when dropped, unless disarmed.
+struct GroupGuard {
+    pgid: Option<i32>,
+    pid_file: PathBuf,
+}
+
+impl GroupGuard {
+    fn disarm(&mut self) {
+        self.pgid = None;
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            kill_group(pgid);
+            let _ = std::fs::remove_file(&self.pid_file);
+        }
+    }
+}
+
+fn kill_group(pgid: i32) {
+    if pgid <= 1 {
+        return;
+    }
+    // The state lock a killed pulumi leaves is cleared before the next run (only the leader
+    // runs tools), so there is nothing to wait for.
+    let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+}
+
+/// The start time (clock ticks since boot) of process `pid`, from `/proc/<pid>/stat`.
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: count fields after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Kills a process group a previous controller left running in `dir` (its pid file names the
+/// group and the start time of its leader, so a reused pid is never killed), and removes the
+/// pid file. Returns whether a group was killed.
+pub fn reap(dir: &Path) -> bool {
+    let file = dir.join(PID_FILE);
+    let Ok(text) = std::fs::read_to_string(&file) else {
+        return false;
+    };
+    let _ = std::fs::remove_file(&file);
+    let mut parts = text.split_whitespace();
+    let (Some(Ok(pgid)), Some(Ok(started))) = (
+        parts.next().map(str::parse::<i32>),
+        parts.next().map(str::parse::<u64>),
+    ) else {
+        return false;
+    };
+    if pgid == std::process::id() as i32 || start_time(pgid) != Some(started) {
+        return false;
+    }
+    tracing::warn!(dir = %dir.display(), pgid, "stopping tools a previous controller left running");
+    kill_group(pgid);
+    true
+}
+
+/// Runs `cmd` to completion as the leader of a new process group, feeding `stdin`, recording
+/// the group in `dir`'s pid file while it runs. Dropping the returned future kills the group.
+pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io::Result<Output> {
+    let started = Instant::now();
+    cmd.process_group(0)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn()?;
+    let pid = child.id().map(|p| p as i32);
+    let pid_file = dir.join(PID_FILE);
+    let mut guard = GroupGuard {
+        pgid: pid,
+        pid_file: pid_file.clone(),
+    };
+    if let Some(pid) = pid
+        && let Some(started) = start_time(pid)
+    {
+        let _ = std::fs::write(&pid_file, format!("{pid} {started}\n"));
+    }
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input).await?;
+        drop(pipe);
+    }
+    let out = child.wait_with_output().await?;
+    // The leader is gone; stop anything it left in its group (a plugin it did not reap).
+    if let Some(pgid) = guard.pgid
+        && killpg(Pid::from_raw(pgid), None).is_ok()
+    {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+    guard.disarm();
+    Ok(Output {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("installer-process-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("dir");
+        d
+    }
+
+    fn alive(pid: i32) -> bool {
+        // A zombie still answers signal 0; read its state instead.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
+            .is_some_and(|state| state != 'Z')
+    }
+
+    #[tokio::test]
+    async fn feeds_stdin_and_captures_output() {
+        let d = dir("stdin");
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "read v; echo got:$v; echo oops >&2; exit 3"]);
+        let out = run(cmd, Some(b"hidden\n"), &d).await.expect("run");
+        assert_eq!(out.code, Some(3));
+        assert_eq!(out.stdout.trim(), "got:hidden");
+        assert_eq!(out.last_error_line(), "oops");
+        assert!(!d.join(PID_FILE).exists(), "the pid file goes with the run");
+    }
+
+    #[tokio::test]
+    async fn dropping_a_run_kills_the_whole_tree() {
+        let d = dir("drop");
+        let marker = d.join("grandchild.pid");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("sleep 300 & echo $! > {}; wait", marker.display()));
+        let run = run(cmd, None, &d);
+        let _ = tokio::time::timeout(Duration::from_millis(500), run).await;
+        let grandchild: i32 = std::fs::read_to_string(&marker)
+            .expect("grandchild started")
+            .trim()
+            .parse()
+            .expect("pid");
+        for _ in 0..50 {
+            if !alive(grandchild) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!alive(grandchild), "the grandchild died with its group");
+        assert!(!d.join(PID_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn reaps_a_group_left_by_a_dead_controller_but_not_a_reused_pid() {
+        let d = dir("reap");
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        let pid = child.id() as i32;
+        let started = start_time(pid).expect("start time");
+        std::fs::write(d.join(PID_FILE), format!("{pid} {}\n", started + 1)).expect("pid file");
+        assert!(!reap(&d), "another start time: a reused pid, left alone");
+        assert!(alive(pid));
+        std::fs::write(d.join(PID_FILE), format!("{pid} {started}\n")).expect("pid file");
+        assert!(reap(&d));
+        let status = child.wait().expect("wait");
+        assert!(!status.success(), "killed");
+        assert!(!d.join(PID_FILE).exists());
+        assert!(!reap(&d), "nothing left");
+    }
+}

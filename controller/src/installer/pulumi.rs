@@ -1,0 +1,431 @@
+//! Drives the Pulumi CLI for one instance's stack the way Pulumi's Automation API does: select
+//! or create the stack, set config (secrets on standard input, never in argv), clear a stale
+//! lock and pending operations a killed run left, `up` with an event log, a `preview` for
+//! drift, and the outputs as JSON. Results come from structured output only (the event log's
+//! summary and diagnostics, `--json`); exit codes map onto typed errors.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::Command;
+
+use super::process::{self, Output};
+
+/// The one stack every instance project has.
+pub const STACK: &str = "dev";
+
+/// Errors of a Pulumi operation.
+#[derive(Debug, thiserror::Error)]
+pub enum PulumiError {
+    /// pulumi could not be run.
+    #[error("running {binary} failed: {source}; install the Pulumi CLI or set --pulumi-binary")]
+    Spawn {
+        /// The binary.
+        binary: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A Pulumi command exited non-zero.
+    #[error("pulumi {action} failed (exit {code}): {message}")]
+    Failed {
+        /// The subcommand.
+        action: &'static str,
+        /// Its exit code (-1: killed).
+        code: i32,
+        /// The program's or engine's error, from the event log when there is one.
+        message: String,
+    },
+    /// Its structured output could not be read.
+    #[error("pulumi {action} printed output the operator cannot read: {detail}")]
+    Output {
+        /// The subcommand.
+        action: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// A file of the workspace could not be written or removed.
+    #[error("{what} {path} failed: {source}; check the state volume")]
+    Io {
+        /// What was done.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Resource counts of an update, from the event log's summary event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Created (and replaced-by-create).
+    pub created: i64,
+    /// Updated.
+    pub updated: i64,
+    /// Deleted.
+    pub deleted: i64,
+    /// Unchanged.
+    pub unchanged: i64,
+}
+
+impl Counts {
+    /// Counts from a `resourceChanges` / `changeSummary` map (`create`, `update`, `delete`,
+    /// `same`, `replace`, ...).
+    pub fn from_changes(changes: &Value) -> Self {
+        let get = |k: &str| changes.get(k).and_then(Value::as_i64).unwrap_or(0);
+        Counts {
+            created: get("create") + get("create-replacement") + get("replace"),
+            updated: get("update"),
+            deleted: get("delete") + get("delete-replaced"),
+            unchanged: get("same"),
+        }
+    }
+
+    /// Changes of any kind.
+    pub fn changes(&self) -> i64 {
+        self.created + self.updated + self.deleted
+    }
+}
+
+/// What an `up` did.
+#[derive(Clone, Debug, Default)]
+pub struct UpResult {
+    /// The resource counts.
+    pub counts: Counts,
+    /// How long pulumi ran.
+    pub elapsed: Duration,
+}
+
+/// Reads an event log (one JSON engine event per line): the summary's resource changes and
+/// the error diagnostics, in order.
+pub fn read_event_log(text: &str) -> (Option<Counts>, Vec<String>) {
+    let mut summary = None;
+    let mut errors = Vec::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if let Some(changes) = event
+            .get("summaryEvent")
+            .and_then(|s| s.get("resourceChanges"))
+        {
+            summary = Some(Counts::from_changes(changes));
+        }
+        if let Some(d) = event.get("diagnosticEvent")
+            && d.get("severity").and_then(Value::as_str) == Some("error")
+            && let Some(message) = d.get("message").and_then(Value::as_str)
+        {
+            let message = message.trim();
+            if !message.is_empty() {
+                errors.push(message.to_string());
+            }
+        }
+    }
+    (summary, errors)
+}
+
+/// One instance's stack: its project folder, its local file backend, its state folder.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    /// The pulumi executable.
+    pub binary: String,
+    /// `PULUMI_HOME`: plugins live here, shared by every instance.
+    pub home: PathBuf,
+    /// The passphrase file (`PULUMI_CONFIG_PASSPHRASE_FILE`).
+    pub passphrase_file: PathBuf,
+    /// The project folder.
+    pub project: PathBuf,
+    /// The local backend folder.
+    pub backend: PathBuf,
+    /// The instance's state folder (pid file, event logs).
+    pub state: PathBuf,
+}
+
+/// The backend URL of a backend folder.
+pub fn backend_url(backend: &Path) -> String {
+    format!("file://{}", backend.display())
+}
+
+impl Stack {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.current_dir(&self.project)
+            .args(args)
+            .args(["--non-interactive", "--color", "never"])
+            .env("PULUMI_BACKEND_URL", backend_url(&self.backend))
+            .env("PULUMI_CONFIG_PASSPHRASE_FILE", &self.passphrase_file)
+            .env_remove("PULUMI_CONFIG_PASSPHRASE")
+            .env("PULUMI_HOME", &self.home)
+            .env("PULUMI_SKIP_UPDATE_CHECK", "true")
+            .env("PULUMI_SKIP_CONFIRMATIONS", "true")
+            .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true")
+            .env("NO_COLOR", "1");
+        cmd
+    }
+
+    async fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<Output, PulumiError> {
+        process::run(self.command(args), stdin, &self.state)
+            .await
+            .map_err(|source| PulumiError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })
+    }
+
+    fn failed(action: &'static str, out: &Output, message: Option<String>) -> PulumiError {
+        PulumiError::Failed {
+            action,
+            code: out.code.unwrap_or(-1),
+            message: message.unwrap_or_else(|| out.last_error_line()),
+        }
+    }
+
+    async fn ok(
+        &self,
+        action: &'static str,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<Output, PulumiError> {
+        let out = self.run(args, stdin).await?;
+        if out.success() {
+            Ok(out)
+        } else {
+            Err(Self::failed(action, &out, None))
+        }
+    }
+
+    /// Removes the backend's lock files. Only the leader runs Pulumi and it runs one operation
+    /// per instance at a time, so a lock found before an operation was left by a process that
+    /// is gone. Returns how many were removed.
+    pub fn clear_locks(&self) -> Result<usize, PulumiError> {
+        let locks = self.backend.join(".pulumi").join("locks");
+        let mut removed = 0;
+        let mut stack = vec![locks];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    std::fs::remove_file(&path).map_err(|source| PulumiError::Io {
+                        what: "removing the stale lock",
+                        path: path.clone(),
+                        source,
+                    })?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Selects the stack, creating it on first use.
+    pub async fn select_or_create(&self) -> Result<(), PulumiError> {
+        std::fs::create_dir_all(&self.backend).map_err(|source| PulumiError::Io {
+            what: "creating the backend folder",
+            path: self.backend.clone(),
+            source,
+        })?;
+        self.ok(
+            "stack select",
+            &["stack", "select", "--create", STACK],
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Sets config `key` to `value` (a Pulumi secret when `secret`), passing the value on
+    /// standard input.
+    pub async fn set_config(
+        &self,
+        key: &str,
+        value: &str,
+        secret: bool,
+    ) -> Result<(), PulumiError> {
+        let kind = if secret { "--secret" } else { "--plaintext" };
+        self.ok(
+            "config set",
+            &["config", "set", key, kind, "--stack", STACK],
+            Some(value.as_bytes()),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Removes config `key` (a value no longer given).
+    pub async fn remove_config(&self, key: &str) -> Result<(), PulumiError> {
+        self.ok("config rm", &["config", "rm", key, "--stack", STACK], None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Resolves pending operations a killed run left in the checkpoint: the stack is exported,
+    /// its `pending_operations` dropped and the result imported (the next `up --refresh` reads
+    /// the real state of anything they touched). Returns how many were dropped.
+    pub async fn clear_pending(&self) -> Result<usize, PulumiError> {
+        let out = self
+            .ok("stack export", &["stack", "export", "--stack", STACK], None)
+            .await?;
+        let mut state: Value =
+            serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output {
+                action: "stack export",
+                detail: e.to_string(),
+            })?;
+        let pending = state
+            .get("deployment")
+            .and_then(|d| d.get("pending_operations"))
+            .and_then(Value::as_array)
+            .map(Vec::len)
+            .unwrap_or(0);
+        if pending == 0 {
+            return Ok(0);
+        }
+        if let Some(d) = state.get_mut("deployment").and_then(Value::as_object_mut) {
+            d.remove("pending_operations");
+        }
+        let file = self.state.join("stack-export.json");
+        std::fs::write(&file, state.to_string()).map_err(|source| PulumiError::Io {
+            what: "writing the stack export",
+            path: file.clone(),
+            source,
+        })?;
+        let file_arg = file.display().to_string();
+        let result = self
+            .ok(
+                "stack import",
+                &["stack", "import", "--file", &file_arg, "--stack", STACK],
+                None,
+            )
+            .await;
+        let _ = std::fs::remove_file(&file);
+        result.map(|_| pending)
+    }
+
+    /// `pulumi up` with refresh (so objects deleted behind Pulumi's back are created again),
+    /// reading the result from its event log.
+    pub async fn up(&self) -> Result<UpResult, PulumiError> {
+        let log = self.state.join("up-events.jsonl");
+        let _ = std::fs::remove_file(&log);
+        let log_arg = log.display().to_string();
+        let out = self
+            .run(
+                &[
+                    "up",
+                    "--yes",
+                    "--skip-preview",
+                    "--refresh",
+                    "--suppress-progress",
+                    "--event-log",
+                    &log_arg,
+                    "--stack",
+                    STACK,
+                ],
+                None,
+            )
+            .await?;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let (summary, errors) = read_event_log(&text);
+        if !out.success() {
+            return Err(Self::failed(
+                "up",
+                &out,
+                (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect()),
+            ));
+        }
+        Ok(UpResult {
+            counts: summary.unwrap_or_default(),
+            elapsed: out.elapsed,
+        })
+    }
+
+    /// A refreshing preview: the changes an `up` would make now (0: no drift).
+    pub async fn preview(&self) -> Result<Counts, PulumiError> {
+        let out = self
+            .run(&["preview", "--refresh", "--json", "--stack", STACK], None)
+            .await?;
+        let report: Option<Value> = serde_json::from_str(&out.stdout).ok();
+        if !out.success() {
+            let message = report.as_ref().and_then(|r| {
+                let errors: Vec<String> = r
+                    .get("diagnostics")?
+                    .as_array()?
+                    .iter()
+                    .filter(|d| d.get("severity").and_then(Value::as_str) == Some("error"))
+                    .filter_map(|d| d.get("message")?.as_str().map(|m| m.trim().to_string()))
+                    .collect();
+                (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect())
+            });
+            return Err(Self::failed("preview", &out, message));
+        }
+        let report = report.ok_or_else(|| PulumiError::Output {
+            action: "preview",
+            detail: "no JSON report".into(),
+        })?;
+        Ok(Counts::from_changes(
+            report.get("changeSummary").unwrap_or(&Value::Null),
+        ))
+    }
+
+    /// The stack outputs, secrets shown (they go into Secrets, never into logs or status).
+    pub async fn outputs(&self) -> Result<Value, PulumiError> {
+        let out = self
+            .ok(
+                "stack output",
+                &[
+                    "stack",
+                    "output",
+                    "--json",
+                    "--show-secrets",
+                    "--stack",
+                    STACK,
+                ],
+                None,
+            )
+            .await?;
+        serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output {
+            action: "stack output",
+            detail: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_counts_and_errors_from_an_event_log() {
+        let log = r#"{"sequence":0,"timestamp":1,"cancelEvent":null,"stdoutEvent":{"message":"x"}}
+{"sequence":1,"timestamp":1,"diagnosticEvent":{"urn":"u","message":"warned\n","severity":"warning"}}
+{"sequence":2,"timestamp":1,"diagnosticEvent":{"urn":"u","message":"stand-in failure: boom\n","severity":"error"}}
+not json
+{"sequence":3,"timestamp":2,"summaryEvent":{"maybeCorrupt":false,"durationSeconds":3,"resourceChanges":{"create":4,"same":2,"update":1,"delete":1},"policyPacks":{}}}"#;
+        let (summary, errors) = read_event_log(log);
+        assert_eq!(
+            summary,
+            Some(Counts {
+                created: 4,
+                updated: 1,
+                deleted: 1,
+                unchanged: 2
+            })
+        );
+        assert_eq!(errors, ["stand-in failure: boom"]);
+        assert_eq!(read_event_log(""), (None, vec![]));
+    }
+
+    #[test]
+    fn counts_changes_of_any_kind() {
+        let c = Counts::from_changes(&serde_json::json!({"same": 5}));
+        assert_eq!(c.changes(), 0);
+        let c = Counts::from_changes(&serde_json::json!({"same": 4, "create": 1}));
+        assert_eq!(c.changes(), 1);
+        let c = Counts::from_changes(&serde_json::json!({"replace": 1, "delete": 2}));
+        assert_eq!((c.created, c.deleted, c.changes()), (1, 2, 3));
+    }
+}
