@@ -120,6 +120,8 @@ pub struct InstallObserved {
     pub preview_failed: Option<String>,
     /// `--repair-interval` has passed since the last install or preview.
     pub repair_due: bool,
+    /// The installer is turned off (`--install-platform=false`).
+    pub disabled: bool,
 }
 
 /// Everything observed about one instance.
@@ -628,6 +630,18 @@ fn decide_install(
     actions: &mut Vec<Action>,
     conditions: &mut Vec<Want>,
 ) -> InstallStep {
+    if i.disabled {
+        let message =
+            "the platform program is not run: the controller runs with --install-platform=false";
+        conditions.push(Want::no(c::INSTALLED, "InstallerDisabled", message));
+        return InstallStep {
+            phase: Phase::Installing,
+            ready: None,
+            reconciling: Some(("InstallerDisabled", message.to_string())),
+            stalled: None,
+            requeue: Requeue::Idle,
+        };
+    }
     let requested = i.requested.as_str();
     let installed = i.installed.as_deref();
     let at_requested = installed == Some(requested);
@@ -1354,6 +1368,17 @@ mod tests {
             i.preview_failed = Some("pulumi preview failed".into());
         }));
         assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    }
+
+    #[test]
+    fn a_disabled_installer_stops_at_installing() {
+        let mut o = fresh();
+        o.install.disabled = true;
+        let plan = decide(&o);
+        assert!(plan.actions.is_empty());
+        assert_eq!(plan.phase, Phase::Installing);
+        assert_eq!(plan.requeue, Requeue::Idle);
+        assert_eq!(cond(&plan, c::INSTALLED), (false, "InstallerDisabled"));
     }
 
     #[test]

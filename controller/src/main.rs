@@ -89,6 +89,11 @@ struct Args {
     #[arg(long, default_value = "npm")]
     npm_binary: String,
 
+    /// Run the platform program. `false` stops every instance at `Installing` with its vCluster
+    /// and kubeconfig (for benchmarks of the provisioning path).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    install_platform: bool,
+
     /// The Pulumi CLI executable (its language host `pulumi-language-nodejs` on PATH beside it).
     #[arg(long, default_value = "pulumi")]
     pulumi_binary: String,
@@ -188,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
         operator_user: args.operator_user.clone().unwrap_or_else(|| {
             format!("system:serviceaccount:{}:platform-operator", args.namespace)
         }),
+        install_platform: args.install_platform,
     };
     let ctx = Arc::new(Context {
         client: client.clone(),

@@ -110,6 +110,8 @@ pub struct Settings {
     pub extra_values: Option<PathBuf>,
     /// The user the operator acts as (exempt from the service/vcluster policy).
     pub operator_user: String,
+    /// Run the platform program (`--install-platform`).
+    pub install_platform: bool,
 }
 
 /// Shared by every reconcile.
@@ -251,6 +253,7 @@ fn install_observed(
             .map(|p| p.message.clone()),
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
+        disabled: !ctx.settings.install_platform,
     }
 }
 

@@ -143,7 +143,7 @@ impl Installer {
             finished_at: None,
             result: InstallResult::Running,
             message: Some(format!(
-                "{} of {} {PACKAGE} running",
+                "{} of {PACKAGE}@{} running",
                 job.mode.as_str(),
                 job.version
             )),

@@ -158,6 +158,8 @@ impl Stack {
             .env_remove("PULUMI_CONFIG_PASSPHRASE")
             .env("PULUMI_HOME", &self.home)
             .env("PULUMI_SKIP_UPDATE_CHECK", "true")
+            // `--event-log` exists only with debug commands on (as the Automation API runs it).
+            .env("PULUMI_DEBUG_COMMANDS", "true")
             .env("PULUMI_SKIP_CONFIRMATIONS", "true")
             .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true")
             .env("NO_COLOR", "1");

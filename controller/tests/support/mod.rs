@@ -27,6 +27,30 @@ impl Controller {
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
         let file = std::fs::File::create(&log).expect("log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_controller"));
+        // The installer's tools: the Pulumi CLI and its Node.js language host and dynamic
+        // provider plugin (built from Go modules into the tool cache), node and npm.
+        let tools = e2e::tools::Tools::locate().expect("tools");
+        let bin = tools.bin("pulumi").parent().expect("bin").to_path_buf();
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        cmd.env("PATH", path)
+            .arg("--pulumi-binary")
+            .arg(tools.bin("pulumi"));
+        if !extra.contains(&"--passphrase-file") {
+            cmd.arg("--passphrase-file").arg(&fixture.passphrase);
+        }
+        // The installer runs only in tests that ask for it (`--install-platform=true`); the
+        // others stop at Installing, as the provisioning path did before it.
+        let installs = extra.contains(&"--install-platform=true");
+        if !installs {
+            cmd.arg("--install-platform=false");
+        } else if !extra.contains(&"--npm-registry") {
+            let registry = e2e::npm::shared().expect("npm registry");
+            cmd.args(["--npm-registry", registry.url()]);
+        }
         cmd.env("KUBECONFIG", &cluster.kubeconfig)
             .args(["--metrics-bind-address", &format!("127.0.0.1:{ops_port}")])
             .args(["--namespace", &fixture.operator_ns])
@@ -126,6 +150,8 @@ pub struct Fixture {
     pub values: PathBuf,
     /// The operator's namespace.
     pub operator_ns: String,
+    /// The passphrase file the controller reads.
+    pub passphrase: PathBuf,
     /// The inner (vCluster) API server.
     pub inner: ControlPlane,
 }
@@ -164,7 +190,14 @@ pub async fn fixture(cluster: &Shared, name: &str) -> Fixture {
     let operator_ns = cluster
         .create_namespace("operator", &[])
         .expect("namespace");
+    let passphrase = dir.join("passphrase");
+    std::fs::write(
+        &passphrase,
+        format!("test-passphrase-{}", std::process::id()),
+    )
+    .expect("passphrase");
     Fixture {
+        passphrase,
         dir,
         chart,
         digest,

@@ -1,8 +1,10 @@
 //! `local-cluster`: the local demo for people. `up` starts the control plane, installs the
-//! PlatformInstance CRD, runs the admission webhook and the controller (built by
-//! `e2e/run-demo.sh`) with the **stand-in** vCluster chart (the real chart cannot be fetched here)
-//! whose kubeconfig points at a second API server, applies the example instance, waits for it to
-//! reach `Installing`, prints how to reach everything, and runs until Ctrl-C.
+//! PlatformInstance CRD, starts a local npm registry (verdaccio) with the **stand-in**
+//! `@di-framework/platform` published into it, runs the admission webhook and the controller
+//! (built by `e2e/run-demo.sh`) with the **stand-in** vCluster chart (the real chart and package
+//! cannot be fetched here) whose kubeconfig points at a second API server, applies the example
+//! instance, waits for it to be `Ready` (installed by the real Pulumi CLI), prints
+//! `kubectl get pi -A`, its endpoints and where its kubeconfig is, and runs until Ctrl-C.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -100,6 +102,19 @@ async fn main() -> anyhow::Result<()> {
         serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))?,
     )?;
 
+    // The npm registry with the stand-in platform package, and the installer's tools.
+    eprintln!("starting the npm registry with the stand-in @di-framework/platform");
+    let registry = e2e::npm::Registry::start(&cp.dir().join("npm-registry"))?;
+    registry.publish_standins()?;
+    let tools = e2e::tools::Tools::locate()?;
+    let tool_bin = tools
+        .bin("pulumi")
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let passphrase = cp.dir().join("passphrase");
+    std::fs::write(&passphrase, format!("demo-{}", std::process::id()))?;
+
     // The operator's namespace, the webhook and the controller.
     let operator_ns = "platform-operator";
     cluster.kubectl_ok(&["create", "namespace", operator_ns], None)?;
@@ -119,6 +134,19 @@ async fn main() -> anyhow::Result<()> {
     let mut controller = Command::new(bin_dir.join("controller"));
     controller
         .env("KUBECONFIG", cp.kubeconfig())
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                tool_bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .args(["--npm-registry", registry.url()])
+        .arg("--pulumi-binary")
+        .arg(tools.bin("pulumi"))
+        .arg("--passphrase-file")
+        .arg(&passphrase)
         .args([
             "--namespace",
             operator_ns,
@@ -178,7 +206,9 @@ async fn main() -> anyhow::Result<()> {
             None
         )?
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
+    eprintln!("waiting for the example to be Ready (npm and pulumi install the platform)");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut last = String::new();
     loop {
         let phases = cluster
             .kubectl_ok(
@@ -186,19 +216,34 @@ async fn main() -> anyhow::Result<()> {
                 None,
             )
             .unwrap_or_default();
-        if !phases.is_empty() && phases.split_whitespace().all(|p| p == "Installing") {
+        if phases != last {
+            eprintln!("  phase: {phases}");
+            last = phases.clone();
+        }
+        if !phases.is_empty() && phases.split_whitespace().all(|p| p == "Ready") {
             break;
         }
         if Instant::now() > deadline {
             eprintln!(
-                "the example has not reached Installing yet; see {}",
+                "the example is not Ready yet; see kubectl describe pi -A and {}",
                 controller_log.display()
             );
             break;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
     print!("{}", cluster.kubectl_ok(&["get", "pi", "-A"], None)?);
+    let endpoints = cluster.kubectl_ok(
+        &[
+            "get",
+            "pi",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}: http {.status.endpoints.http}, routes {.status.endpoints.routeUrlPattern}, kubeconfig Secret {.metadata.namespace}/{.status.kubeconfigSecretRef.name} (key {.status.kubeconfigSecretRef.key}){\"\\n\"}{end}",
+        ],
+        None,
+    )?;
+    println!("\nEndpoints and kubeconfig:\n{endpoints}");
 
     println!(
         "\nThe control plane is up at {}; the stand-in vCluster's API server at {}.",
@@ -218,7 +263,13 @@ async fn main() -> anyhow::Result<()> {
         "Then: kubectl describe pi -n {namespace}; kubectl get secret -n {namespace}; kubectl get ns -l platform.di-framework.dev/host-namespace"
     );
     println!(
-        "Logs are in {}/logs (controller.log among them). Press Ctrl-C to stop.",
+        "The stand-in platform package is served by the npm registry at {} (log {}).",
+        registry.url(),
+        registry.handle().log().display()
+    );
+    println!(
+        "Logs are in {}/logs (controller.log among them); the instance's Pulumi project is under {}/state. Press Ctrl-C to stop.",
+        cp.dir().display(),
         cp.dir().display()
     );
     common::http::shutdown_signal().await;

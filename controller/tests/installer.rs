@@ -1,0 +1,664 @@
+//! End-to-end tests of the installer: the controller binary installs the STAND-IN
+//! `@di-framework/platform` (published into a real npm registry, verdaccio, on loopback; the
+//! real package cannot be had here) with the real Pulumi CLI built from Go modules, into the
+//! second API server that stands for each vCluster's inside.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use e2e::npm::STANDIN_PACKAGE;
+use e2e::shared::Shared;
+use serde_json::Value;
+
+mod support;
+use support::{Controller, Fixture, condition, fixture, get, wait_for};
+
+const CLIENT_SECRET: &str = "oauth-client-secret-e2e-7f3a";
+
+fn instance(ns: &str, name: &str, version: &str, policy: &str, extra: &str) -> String {
+    format!(
+        r#"apiVersion: platform.di-framework.dev/v1alpha1
+kind: PlatformInstance
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  version: {version}
+  deletionPolicy: {policy}
+  target: {{ type: vcluster }}
+  platform:
+    gateway: {{ httpNodePort: 30080, httpEndpoint: "http://apps.example:30080" }}
+    tenants: [{{ name: acme }}]
+    users: [{{ name: dev, memberships: [{{ tenant: acme, role: developer }}] }}]
+    tenantAuth:
+      image: "ghcr.io/di-framework/tenant-auth@sha256:0000000000000000000000000000000000000000000000000000000000000000"
+      issuer: https://id.example
+      clientId: console
+      clientSecretRef: {{ name: oauth, key: clientSecret }}
+{extra}"#
+    )
+}
+
+fn apply(cluster: &Shared, yaml: &str) {
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(yaml))
+        .expect("apply");
+}
+
+fn set_version(cluster: &Shared, ns: &str, name: &str, version: &str) {
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                ns,
+                "patch",
+                "pi",
+                name,
+                "--type=merge",
+                "-p",
+                &format!(r#"{{"spec":{{"version":"{version}"}}}}"#),
+            ],
+            None,
+        )
+        .expect("patch");
+}
+
+fn inner_get(fx: &Fixture, cluster: &Shared, args: &[&str]) -> Option<Value> {
+    let mut cmd = Command::new(&cluster.kubectl);
+    cmd.env("KUBECONFIG", fx.inner.kubeconfig())
+        .args(args)
+        .args(["-o", "json"]);
+    let out = e2e::cmd::run(cmd, None).expect("kubectl");
+    out.success
+        .then(|| serde_json::from_str(&out.stdout).expect("json"))
+}
+
+fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
+    fx.dir.join("state").join(ns).join(name)
+}
+
+/// Processes whose command line mentions `dir` (tools an install left running).
+fn processes_under(dir: &Path) -> Vec<String> {
+    let needle = dir.display().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&needle) && !cmdline.contains("controller") {
+            found.push(cmdline);
+        }
+    }
+    found
+}
+
+async fn wait_phase(
+    cluster: &Shared,
+    controller: &Controller,
+    ns: &str,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    wait_for(what, limit, controller, || {
+        let pi = get(cluster, &["-n", ns, "get", "pi", name])?;
+        check(&pi).then_some(pi)
+    })
+    .await
+}
+
+fn is_ready(pi: &Value, version: &str) -> bool {
+    pi["status"]["phase"] == "Ready"
+        && pi["status"]["installedVersion"] == version
+        && condition(pi, "Ready").is_some_and(|c| c.0 == "True")
+}
+
+#[tokio::test]
+async fn installs_upgrades_fails_times_out_and_repairs_drift() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let registry = e2e::npm::shared().expect("npm registry");
+    let fx = fixture(&cluster, "installer").await;
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--install-platform=true",
+            "--install-timeout",
+            "150s",
+            "--repair-interval",
+            "20s",
+        ],
+    );
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "create",
+                "secret",
+                "generic",
+                "oauth",
+                &format!("--from-literal=clientSecret={CLIENT_SECRET}"),
+            ],
+            None,
+        )
+        .expect("secret");
+
+    // Install: Pending → … → Ready at 6.0.21.
+    apply(&cluster, &instance(&team, "one", "6.0.21", "Delete", ""));
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "one",
+        "one to be Ready at 6.0.21",
+        Duration::from_secs(420),
+        |pi| is_ready(pi, "6.0.21"),
+    )
+    .await;
+    assert_eq!(
+        condition(&pi, "Installed"),
+        Some(("True".into(), "Installed".into()))
+    );
+    assert_eq!(
+        pi["status"]["endpoints"]["http"],
+        "http://apps.example:30080"
+    );
+    assert_eq!(
+        pi["status"]["endpoints"]["routeUrlPattern"],
+        "http://{route}.{tenant}.apps.example:30080/"
+    );
+    let last = &pi["status"]["lastInstall"];
+    assert_eq!(last["result"], "Succeeded");
+    assert_eq!(last["version"], "6.0.21");
+    assert!(
+        last["summary"]["created"].as_i64().unwrap_or(0) > 0,
+        "{last}"
+    );
+    assert!(
+        last["summary"]["configHash"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("sha256:")),
+        "{last}"
+    );
+    assert!(last["finishedAt"].is_string() && last["startedAt"].is_string());
+
+    // The program's objects are in the vCluster-side API server, with the settings it was given.
+    let cm = inner_get(
+        &fx,
+        &cluster,
+        &["-n", "di-platform", "get", "configmap", "platform-settings"],
+    )
+    .expect("settings ConfigMap");
+    assert_eq!(cm["data"]["packageVersion"], "6.0.21");
+    let settings: Value =
+        serde_json::from_str(cm["data"]["settings.json"].as_str().expect("settings"))
+            .expect("json");
+    let host = pi["status"]["hostNamespace"].as_str().expect("host");
+    assert_eq!(
+        settings["storageRoot"],
+        format!("{}/{host}", fx.dir.join("storage").display())
+    );
+    assert!(
+        settings["kubernetesEndpoint"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("https://"))
+    );
+    assert_eq!(settings["gateway"]["httpNodePort"], 30080);
+    assert_eq!(settings["networkPolicyEngine"], "existing");
+    assert_eq!(settings["tenantAuth"]["clientId"], "console");
+    let auth = inner_get(
+        &fx,
+        &cluster,
+        &["-n", "di-platform", "get", "secret", "tenant-auth"],
+    )
+    .expect("tenant-auth Secret");
+    let decoded = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        auth["data"]["clientSecret"].as_str().expect("key"),
+    )
+    .expect("base64");
+    assert_eq!(decoded, CLIENT_SECRET.as_bytes(), "the secret arrived");
+    assert!(inner_get(&fx, &cluster, &["get", "namespace", "tenant-acme"]).is_some());
+
+    // The membership kubeconfig is passed on as a Secret and works as that user.
+    let secret = get(
+        &cluster,
+        &["-n", &team, "get", "secret", "one-acme-dev-kubeconfig"],
+    )
+    .expect("membership Secret");
+    let kubeconfig = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        secret["data"]["kubeconfig"].as_str().expect("key"),
+    )
+    .expect("base64");
+    let file = fx.dir.join("member.kubeconfig");
+    std::fs::write(&file, kubeconfig).expect("write");
+    let mut whoami = Command::new(&cluster.kubectl);
+    whoami.env("KUBECONFIG", &file).args([
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
+    let who = e2e::cmd::run(whoami, None)
+        .expect("kubectl")
+        .ok("kubectl auth whoami with the membership kubeconfig")
+        .expect("membership kubeconfig works");
+    assert_eq!(who.trim(), "system:serviceaccount:tenant-acme:dev");
+
+    // Secrets never reach status or Events.
+    let events = cluster
+        .kubectl_ok(&["-n", &team, "get", "events", "-o", "json"], None)
+        .expect("events");
+    assert!(!pi.to_string().contains(CLIENT_SECRET));
+    assert!(!events.contains(CLIENT_SECRET));
+    assert!(!controller.log().contains(CLIENT_SECRET));
+
+    // Upgrade 6.0.21 → 6.0.22: Upgrading shows both versions, then Ready at 6.0.22.
+    set_version(&cluster, &team, "one", "6.0.22");
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "one",
+        "one to be Upgrading",
+        Duration::from_secs(60),
+        |pi| pi["status"]["phase"] == "Upgrading",
+    )
+    .await;
+    assert_eq!(pi["status"]["version"], "6.0.22");
+    assert_eq!(pi["status"]["installedVersion"], "6.0.21");
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "one",
+        "one to be Ready at 6.0.22",
+        Duration::from_secs(300),
+        |pi| is_ready(pi, "6.0.22"),
+    )
+    .await;
+    let cm = inner_get(
+        &fx,
+        &cluster,
+        &["-n", "di-platform", "get", "configmap", "platform-settings"],
+    )
+    .expect("settings ConfigMap");
+    assert_eq!(cm["data"]["packageVersion"], "6.0.22");
+
+    // A failing version: the upgrade fails, 6.0.22 stays installed and the reason says why.
+    set_version(&cluster, &team, "one", "6.0.23");
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "one",
+        "the 6.0.23 upgrade to fail",
+        Duration::from_secs(300),
+        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
+    )
+    .await;
+    assert_eq!(pi["status"]["installedVersion"], "6.0.22");
+    assert_eq!(pi["status"]["lastInstall"]["result"], "Failed");
+    assert_eq!(pi["status"]["phase"], "Upgrading");
+    let message = pi["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Installed"))
+        .map(|c| c["message"].to_string())
+        .unwrap_or_default();
+    assert!(message.contains("6.0.22 stays installed"), "{message}");
+
+    // A hanging version: stopped at --install-timeout with its processes, then recovers.
+    set_version(&cluster, &team, "one", "6.0.24");
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "one",
+        "the hanging 6.0.24 install to time out",
+        Duration::from_secs(400),
+        |pi| {
+            pi["status"]["lastInstall"]["version"] == "6.0.24"
+                && pi["status"]["lastInstall"]["result"] == "TimedOut"
+        },
+    )
+    .await;
+    assert_eq!(
+        condition(&pi, "Installed").map(|c| c.1),
+        Some("InstallTimedOut".into())
+    );
+    let dir = instance_dir(&fx, &team, "one");
+    assert!(
+        processes_under(&dir).is_empty(),
+        "the timed-out install left processes: {:?}",
+        processes_under(&dir)
+    );
+    set_version(&cluster, &team, "one", "6.0.22");
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "one",
+        "one to be Ready at 6.0.22 again",
+        Duration::from_secs(300),
+        |pi| is_ready(pi, "6.0.22") && pi["status"]["lastInstall"]["version"] == "6.0.22",
+    )
+    .await;
+
+    // Drift: an object the program made is deleted; the repair tick finds it and puts it back.
+    let mut delete = Command::new(&cluster.kubectl);
+    delete.env("KUBECONFIG", fx.inner.kubeconfig()).args([
+        "-n",
+        "di-platform",
+        "delete",
+        "configmap",
+        "platform-settings",
+    ]);
+    e2e::cmd::run(delete, None)
+        .expect("kubectl")
+        .ok("deleting the ConfigMap")
+        .expect("deleted");
+    wait_for(
+        "a DriftDetected event",
+        Duration::from_secs(240),
+        &controller,
+        || {
+            let events = cluster
+                .kubectl_ok(&["-n", &team, "get", "events", "-o", "json"], None)
+                .ok()?;
+            events.contains("DriftDetected").then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "the ConfigMap to be put back",
+        Duration::from_secs(300),
+        &controller,
+        || {
+            inner_get(
+                &fx,
+                &cluster,
+                &["-n", "di-platform", "get", "configmap", "platform-settings"],
+            )
+        },
+    )
+    .await;
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "one",
+        "one to be Ready without drift",
+        Duration::from_secs(120),
+        |pi| {
+            is_ready(pi, "6.0.22") && condition(pi, "DriftDetected").is_some_and(|c| c.0 == "False")
+        },
+    )
+    .await;
+
+    // A second instance at one version downloads the package no more: the shared npm cache.
+    let before = registry.tarball_downloads(STANDIN_PACKAGE, "6.0.22");
+    assert!(before >= 1, "the first install downloaded 6.0.22");
+    let other = cluster.create_namespace("team", &[]).expect("namespace");
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &other,
+                "create",
+                "secret",
+                "generic",
+                "oauth",
+                "--from-literal=clientSecret=x",
+            ],
+            None,
+        )
+        .expect("secret");
+    apply(&cluster, &instance(&other, "two", "6.0.22", "Retain", ""));
+    wait_phase(
+        &cluster,
+        &controller,
+        &other,
+        "two",
+        "two to be Ready at 6.0.22",
+        Duration::from_secs(300),
+        |pi| is_ready(pi, "6.0.22"),
+    )
+    .await;
+    assert_eq!(
+        registry.tarball_downloads(STANDIN_PACKAGE, "6.0.22"),
+        before,
+        "the second instance at 6.0.22 installed from the shared npm cache"
+    );
+
+    // Delete removes the instance's state; Retain keeps it.
+    cluster
+        .kubectl_ok(&["-n", &team, "delete", "pi", "one", "--wait=false"], None)
+        .expect("delete");
+    cluster
+        .kubectl_ok(&["-n", &other, "delete", "pi", "two", "--wait=false"], None)
+        .expect("delete");
+    for (ns, name) in [(&team, "one"), (&other, "two")] {
+        wait_for(
+            &format!("{name} to be gone"),
+            Duration::from_secs(180),
+            &controller,
+            || {
+                get(&cluster, &["-n", ns, "get", "pi", name])
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    assert!(
+        !instance_dir(&fx, &team, "one").exists(),
+        "Delete removed the state"
+    );
+    assert!(
+        instance_dir(&fx, &other, "two")
+            .join("install.json")
+            .exists(),
+        "Retain kept the state"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
+    // A control plane of its own: a controller watches every instance of its cluster.
+    let cp = e2e::ControlPlane::start(e2e::Options::new("installer-crash"))
+        .await
+        .expect("control plane");
+    let cluster = cp.handle();
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "installer-crash").await;
+    let args = [
+        "--leader-elect=false",
+        "--install-platform=true",
+        "--repair-interval",
+        "10m",
+    ];
+    let mut controller = Controller::start(&cluster, &fx, &args);
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "create",
+                "secret",
+                "generic",
+                "oauth",
+                "--from-literal=clientSecret=s",
+            ],
+            None,
+        )
+        .expect("secret");
+
+    // Killed in the middle of `pulumi up`: the next controller resumes with no manual step.
+    apply(&cluster, &instance(&team, "three", "6.0.21", "Delete", ""));
+    let dir = instance_dir(&fx, &team, "three");
+    wait_for(
+        "pulumi up to start",
+        Duration::from_secs(300),
+        &controller,
+        || dir.join("up-events.jsonl").exists().then_some(()),
+    )
+    .await;
+    controller.child.kill().expect("kill -9 the controller");
+    let _ = controller.child.wait();
+    drop(controller);
+    let controller = Controller::start(&cluster, &fx, &args);
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "three",
+        "three to be Ready after the crash",
+        Duration::from_secs(420),
+        |pi| is_ready(pi, "6.0.21"),
+    )
+    .await;
+    assert_eq!(pi["status"]["lastInstall"]["result"], "Succeeded");
+    assert!(
+        processes_under(&dir).is_empty(),
+        "{:?}",
+        processes_under(&dir)
+    );
+    drop(controller);
+
+    // A wrong passphrase: a clear reason, nothing written; the right one carries on.
+    let wrong = fx.dir.join("wrong-passphrase");
+    std::fs::write(&wrong, "not the passphrase").expect("write");
+    let mut wrong_args = args.to_vec();
+    wrong_args.extend(["--passphrase-file", wrong.to_str().expect("path")]);
+    let controller = Controller::start(&cluster, &fx, &wrong_args);
+    let record_before = std::fs::read(dir.join("install.json")).expect("record");
+    let state_before = std::fs::read_dir(dir.join("platform/state/.pulumi/stacks"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "patch",
+                "pi",
+                "three",
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"platform":{"egressAllowedDestinations":["api.example:443"]}}}"#,
+            ],
+            None,
+        )
+        .expect("patch");
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "three",
+        "a PassphraseMismatch",
+        Duration::from_secs(120),
+        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "PassphraseMismatch"),
+    )
+    .await;
+    assert_eq!(
+        condition(&pi, "Stalled"),
+        Some(("True".into(), "PassphraseMismatch".into()))
+    );
+    assert_eq!(pi["status"]["installedVersion"], "6.0.21");
+    assert_eq!(
+        std::fs::read_dir(dir.join("platform/state/.pulumi/stacks"))
+            .map(|d| d.count())
+            .unwrap_or(0),
+        state_before
+    );
+    let record_after: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("install.json")).expect("record"))
+            .expect("json");
+    let before: Value = serde_json::from_slice(&record_before).expect("json");
+    assert_eq!(record_after["installedVersion"], before["installedVersion"]);
+    assert_eq!(
+        record_after["installedConfigHash"],
+        before["installedConfigHash"]
+    );
+    drop(controller);
+    let controller = Controller::start(&cluster, &fx, &args);
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "three",
+        "three to apply the new setting with the right passphrase",
+        Duration::from_secs(300),
+        |pi| {
+            is_ready(pi, "6.0.21")
+                && pi["status"]["lastInstall"]["result"] == "Succeeded"
+                && pi["status"]["lastInstall"]["summary"]["configHash"].is_string()
+                && pi["status"]["lastInstall"]["summary"]["configHash"]
+                    != record_after["installedConfigHash"]
+        },
+    )
+    .await;
+    let cm = inner_get(
+        &fx,
+        &cluster,
+        &["-n", "di-platform", "get", "configmap", "platform-settings"],
+    )
+    .expect("settings");
+    assert!(
+        cm["data"]["settings.json"]
+            .as_str()
+            .is_some_and(|s| s.contains("api.example:443"))
+    );
+
+    // An unknown version: VersionNotFound, stalled, with the fix.
+    apply(&cluster, &instance(&team, "four", "6.0.99", "Retain", ""));
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "four",
+        "a VersionNotFound",
+        Duration::from_secs(300),
+        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "VersionNotFound"),
+    )
+    .await;
+    assert_eq!(pi["status"]["phase"], "Installing");
+    assert_eq!(condition(&pi, "Stalled").map(|c| c.0), Some("True".into()));
+    assert!(pi.to_string().contains("@di-framework/platform@6.0.99"));
+
+    // An unreachable registry: its own reason.
+    drop(controller);
+    let mut unreachable = args.to_vec();
+    unreachable.extend(["--npm-registry", "http://127.0.0.1:9/"]);
+    let controller = Controller::start(&cluster, &fx, &unreachable);
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "annotate",
+                "pi",
+                "four",
+                "platform.di-framework.dev/retry=1",
+            ],
+            None,
+        )
+        .expect("annotate");
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "four",
+        "a RegistryUnreachable",
+        Duration::from_secs(120),
+        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "RegistryUnreachable"),
+    )
+    .await;
+}
