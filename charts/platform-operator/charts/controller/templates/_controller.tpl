@@ -1,0 +1,306 @@
+{{/*
+The controller's objects. Helm gives a subchart no view of its parent's values, and the values
+this chart documents are top-level (image.digest, replicaCount, leaderElect, ...), so the parent
+renders these named templates with its own context: `include "platform-operator-controller.manifests" .`
+*/}}
+
+{{- define "platform-operator-controller.manifests" -}}
+{{- $sa := include "platform-operator.controllerServiceAccount" . -}}
+{{- $labels := include "platform-operator.labels" (dict "root" . "component" "controller") -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ $sa }}
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+---
+{{ include "platform-operator-controller.clusterRole" . }}
+---
+{{- if .Values.rbac.clusterAdmin }}
+# rbac.clusterAdmin=true: the vCluster chart creates RBAC, workloads and Services in each host
+# namespace, and Kubernetes only lets Helm grant permissions it already holds.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: platform-operator-cluster-admin
+  labels:
+    {{- $labels | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: cluster-admin
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ .Release.Namespace }}
+{{- else }}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: platform-operator
+  labels:
+    {{- $labels | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: platform-operator
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ .Release.Namespace }}
+---
+# The leader Lease, in the operator's namespace only.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: platform-operator
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+rules:
+  - apiGroups: [coordination.k8s.io]
+    resources: [leases]
+    verbs: [get, create, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: platform-operator
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: platform-operator
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ .Release.Namespace }}
+---
+# The storage cleanup Jobs, in the cleanup namespace only.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: platform-operator-cleanup
+  namespace: {{ include "platform-operator.cleanupNamespace" . }}
+  labels:
+    {{- $labels | nindent 4 }}
+rules:
+  - apiGroups: [batch]
+    resources: [jobs]
+    verbs: [get, create, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: platform-operator-cleanup
+  namespace: {{ include "platform-operator.cleanupNamespace" . }}
+  labels:
+    {{- $labels | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: platform-operator-cleanup
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ .Release.Namespace }}
+{{- end }}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: platform-operator-controller-metrics
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- $labels | nindent 4 }}
+spec:
+  type: ClusterIP
+  selector:
+    {{- include "platform-operator.selectorLabels" (dict "root" . "component" "controller") | nindent 4 }}
+  ports:
+    - name: metrics
+      port: {{ include "platform-operator.opsPort" . }}
+      targetPort: metrics
+      protocol: TCP
+---
+{{ include "platform-operator-controller.deployment" . }}
+{{- end -}}
+
+{{/*
+The ClusterRole platform-operator: exactly what the controller calls, what Helm needs for the
+vCluster release, and what the shipped vCluster chart's own Role grants (Kubernetes lets Helm
+create that Role only if the operator holds every permission in it). Rendered whatever
+rbac.clusterAdmin says, so the permissions are on record; bound only when it is false.
+*/}}
+{{- define "platform-operator-controller.clusterRole" -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: platform-operator
+  labels:
+    {{- include "platform-operator.labels" (dict "root" . "component" "controller") | nindent 4 }}
+rules:
+  # Instances: watched in every namespace; finalizer added and removed by merge patch; status.
+  - apiGroups: [platform.di-framework.dev]
+    resources: [platforminstances]
+    verbs: [get, list, watch, patch]
+  - apiGroups: [platform.di-framework.dev]
+    resources: [platforminstances/status]
+    verbs: [patch]
+  # Owner references with blockOwnerDeletion on each instance's kubeconfig Secret.
+  - apiGroups: [platform.di-framework.dev]
+    resources: [platforminstances/finalizers]
+    verbs: [update]
+  # Host namespaces: applied, annotated, deleted.
+  - apiGroups: [""]
+    resources: [namespaces]
+    verbs: [get, create, patch, delete]
+  # Secrets: owned kubeconfig Secrets watched everywhere; the kubeconfig written, read and deleted
+  # in instance namespaces; secrets the installer reads there; Helm's release Secrets and the
+  # exported kubeconfig in host namespaces.
+  - apiGroups: [""]
+    resources: [secrets]
+    verbs: [get, list, watch, create, update, patch, delete]
+  # service/vcluster: watched everywhere, recreated on drift, installed by Helm.
+  - apiGroups: [""]
+    resources: [services]
+    verbs: [get, list, watch, create, update, patch, delete]
+  # Owner references relinked in host namespaces; the vCluster chart's ConfigMaps.
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get, list, watch, create, update, patch, delete]
+  - apiGroups: [networking.k8s.io]
+    resources: [networkpolicies]
+    verbs: [get, create, patch]
+  - apiGroups: [apps]
+    resources: [statefulsets]
+    verbs: [get, list, watch, create, update, patch, delete]
+  # Events about instances.
+  - apiGroups: [events.k8s.io]
+    resources: [events]
+    verbs: [create, patch]
+  # The admission policy that protects each service/vcluster, and its binding (server-side
+  # apply: a patch, and a create the first time; both name the object).
+  - apiGroups: [admissionregistration.k8s.io]
+    resources: [validatingadmissionpolicies, validatingadmissionpolicybindings]
+    verbs: [get, create, patch]
+    resourceNames: [platform-operator-protect-vcluster-service]
+  # The vCluster chart's own objects (ServiceAccounts, Role and RoleBinding) ...
+  - apiGroups: [""]
+    resources: [serviceaccounts]
+    verbs: [get, list, watch, create, update, patch, delete]
+  - apiGroups: [rbac.authorization.k8s.io]
+    resources: [roles, rolebindings]
+    verbs: [get, list, watch, create, update, patch, delete]
+  # ... and what its Role grants the vCluster syncer in the host namespace.
+  - apiGroups: [""]
+    resources: [pods, pods/attach, pods/portforward, pods/exec, persistentvolumeclaims]
+    verbs: [get, list, watch, create, update, patch, delete]
+  - apiGroups: [""]
+    resources: [pods/status, pods/ephemeralcontainers]
+    verbs: [patch, update]
+  - apiGroups: [""]
+    resources: [endpoints, events, pods/log]
+    verbs: [get, list, watch]
+  - apiGroups: [apps]
+    resources: [replicasets, deployments]
+    verbs: [get, list, watch]
+  {{- with .Values.rbac.extraRules }}
+  # rbac.extraRules
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{- define "platform-operator-controller.deployment" -}}
+{{- $home := include "platform-operator.home" . -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: platform-operator-controller
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "platform-operator.labels" (dict "root" . "component" "controller") | nindent 4 }}
+spec:
+  replicas: {{ .Values.replicaCount }}
+  selector:
+    matchLabels:
+      {{- include "platform-operator.selectorLabels" (dict "root" . "component" "controller") | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "platform-operator.labels" (dict "root" . "component" "controller") | nindent 8 }}
+    spec:
+      serviceAccountName: {{ include "platform-operator.controllerServiceAccount" . }}
+      automountServiceAccountToken: true
+      securityContext:
+        {{- include "platform-operator.podSecurityContext" . | nindent 8 }}
+      # Installs in progress stop and resume after a restart; give helm and pulumi time to stop.
+      terminationGracePeriodSeconds: 60
+      containers:
+        - name: controller
+          image: {{ include "platform-operator.image" . }}
+          imagePullPolicy: {{ .Values.image.pullPolicy }}
+          command: [/usr/local/bin/controller]
+          args:
+            - {{ printf "--leader-elect=%v" .Values.leaderElect | quote }}
+            - {{ printf "--storage-root-base=%v" .Values.storageRootBase | quote }}
+            - {{ printf "--install-timeout=%v" .Values.installTimeout | quote }}
+            - {{ printf "--repair-interval=%v" .Values.repairInterval | quote }}
+            - {{ printf "--target-poll=%v" .Values.targetPoll | quote }}
+            - {{ printf "--max-concurrent-installs=%v" .Values.maxConcurrentInstalls | quote }}
+            {{- with .Values.cleanupNamespace }}
+            - {{ printf "--cleanup-namespace=%v" . | quote }}
+            {{- end }}
+            - {{ printf "--npm-registry=%v" .Values.npmRegistry | quote }}
+            - --state-dir={{ include "platform-operator.stateDir" . }}
+            - --passphrase-file={{ include "platform-operator.passphraseDir" . }}/passphrase
+            - --metrics-bind-address=0.0.0.0:{{ include "platform-operator.opsPort" . }}
+            {{- range .Values.extraArgs }}
+            - {{ . | quote }}
+            {{- end }}
+          env:
+            {{- include "platform-operator.podEnv" . | nindent 12 }}
+            - name: HOME
+              value: {{ $home }}
+            - name: TMPDIR
+              value: /tmp
+          ports:
+            - name: metrics
+              containerPort: {{ include "platform-operator.opsPort" . }}
+              protocol: TCP
+          {{- include "platform-operator.probes" . | nindent 10 }}
+          resources:
+            {{- toYaml .Values.resources | nindent 12 }}
+          securityContext:
+            {{- include "platform-operator.containerSecurityContext" . | nindent 12 }}
+          volumeMounts:
+            - name: state
+              mountPath: {{ include "platform-operator.stateDir" . }}
+            - name: passphrase
+              mountPath: {{ include "platform-operator.passphraseDir" . }}
+              readOnly: true
+            - name: home
+              mountPath: {{ $home }}
+            - name: tmp
+              mountPath: /tmp
+      volumes:
+        - name: state
+          persistentVolumeClaim:
+            claimName: {{ include "platform-operator.stateClaim" . }}
+        - name: passphrase
+          secret:
+            secretName: {{ include "platform-operator.passphraseSecret" . }}
+            defaultMode: 0440
+            items:
+              - key: passphrase
+                path: passphrase
+        - name: home
+          emptyDir:
+            sizeLimit: {{ .Values.emptyDirSizeLimit.home }}
+        - name: tmp
+          emptyDir:
+            sizeLimit: {{ .Values.emptyDirSizeLimit.tmp }}
+{{- end -}}

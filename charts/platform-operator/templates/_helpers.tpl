@@ -1,0 +1,139 @@
+{{/*
+Helpers shared by the parent chart and the named templates of its subcharts (controller,
+webhook). Object names are fixed, not derived from the release name: the chart installs once per
+cluster, and the binaries' defaults and the seed's documentation name these objects.
+*/}}
+
+{{/* The controller's ServiceAccount; the operator's user is system:serviceaccount:<ns>:platform-operator. */}}
+{{- define "platform-operator.controllerServiceAccount" -}}platform-operator{{- end -}}
+{{- define "platform-operator.webhookServiceAccount" -}}platform-operator-webhook{{- end -}}
+{{/* The webhook's Service; the webhook's --service-name default. */}}
+{{- define "platform-operator.webhookService" -}}platform-operator-webhook{{- end -}}
+{{/* Both webhook configurations; the webhook's --mutating/--validating-webhook-configuration defaults. */}}
+{{- define "platform-operator.webhookConfiguration" -}}platform-operator{{- end -}}
+{{- define "platform-operator.stateClaimDefault" -}}platform-operator-state{{- end -}}
+{{- define "platform-operator.passphraseSecretDefault" -}}platform-operator-passphrase{{- end -}}
+
+{{/* Mount paths inside the controller container; the controller's flag defaults. */}}
+{{- define "platform-operator.stateDir" -}}/var/lib/platform-operator/state{{- end -}}
+{{- define "platform-operator.passphraseDir" -}}/etc/platform-operator/passphrase{{- end -}}
+{{/* HOME of the image (ENV HOME in the Dockerfile), kept on an emptyDir. */}}
+{{- define "platform-operator.home" -}}/home/platform-operator{{- end -}}
+{{/* The operations port of both binaries (/healthz, /readyz, /metrics). */}}
+{{- define "platform-operator.opsPort" -}}8080{{- end -}}
+{{/* The webhook's TLS admission port. */}}
+{{- define "platform-operator.admissionPort" -}}9443{{- end -}}
+
+{{- define "platform-operator.stateClaim" -}}
+{{- .Values.state.existingClaim | default (include "platform-operator.stateClaimDefault" .) -}}
+{{- end -}}
+
+{{- define "platform-operator.passphraseSecret" -}}
+{{- .Values.passphrase.existingSecret | default (include "platform-operator.passphraseSecretDefault" .) -}}
+{{- end -}}
+
+{{- define "platform-operator.cleanupNamespace" -}}
+{{- .Values.cleanupNamespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{- define "platform-operator.image" -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- end -}}
+
+{{/* Labels of every object; call with (dict "root" $ "component" "controller"). */}}
+{{- define "platform-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: platform-operator
+{{ include "platform-operator.selectorLabels" . }}
+{{- end -}}
+
+{{- define "platform-operator.selectorLabels" -}}
+app.kubernetes.io/name: platform-operator
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Pod Security "restricted": pod level. */}}
+{{- define "platform-operator.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 1000
+fsGroup: 1000
+fsGroupChangePolicy: OnRootMismatch
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Pod Security "restricted": container level. */}}
+{{- define "platform-operator.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 1000
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Downward-API environment both binaries read (--namespace and, for the controller, --identity). */}}
+{{- define "platform-operator.podEnv" -}}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end -}}
+
+{{/* Probes on the operations port. */}}
+{{- define "platform-operator.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 3
+{{- end -}}
+
+{{/*
+Refuses extraArgs that repeat a flag the chart sets from a value; call with
+(dict "args" <list> "reserved" <list> "key" "extraArgs").
+*/}}
+{{- define "platform-operator.checkExtraArgs" -}}
+{{- range .args -}}
+{{- $flag := regexFind "^--[a-z0-9-]+" (toString .) -}}
+{{- if has $flag $.reserved -}}
+{{- fail (printf "%s sets %s, which the chart sets itself: set its value instead (see docs/chart.md)" $.key $flag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Rules across values, each failing with a one-line reason. */}}
+{{- define "platform-operator.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElect) -}}
+{{- fail (printf "replicaCount is %d: more than 1 replica requires leaderElect=true, or several controllers would reconcile the same instances" (int .Values.replicaCount)) -}}
+{{- end -}}
+{{- if and .Values.state.existingClaim (not .Values.passphrase.existingSecret) -}}
+{{- fail "state.existingClaim requires passphrase.existingSecret: the chart can't know the passphrase of state in a claim it didn't create" -}}
+{{- end -}}
+{{- if and .Values.headlamp.enabled (not (hasKey .Subcharts "headlamp")) -}}
+{{- fail "headlamp.enabled=true needs the Headlamp chart 0.46.0 vendored in this chart's charts/ folder (a release does it with charts/vendor-headlamp.sh); this build has none" -}}
+{{- end -}}
+{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.extraArgs "key" "extraArgs" "reserved" (list "--leader-elect" "--storage-root-base" "--install-timeout" "--repair-interval" "--target-poll" "--max-concurrent-installs" "--cleanup-namespace" "--npm-registry" "--state-dir" "--passphrase-file" "--namespace" "--metrics-bind-address")) -}}
+{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.webhook.extraArgs "key" "webhook.extraArgs" "reserved" (list "--cert-lifetime" "--namespace" "--service-name" "--admission-bind-address" "--metrics-bind-address" "--mutating-webhook-configuration" "--validating-webhook-configuration" "--tls-secret-name")) -}}
+{{- end -}}
