@@ -1,6 +1,7 @@
 //! The end-to-end harness: a real local Kubernetes control plane built from pinned Go modules,
 //! usable from Rust tests ([`ControlPlane`], [`shared`]) and from the `local-cluster` command.
 
+pub mod chart;
 pub mod cmd;
 pub mod control_plane;
 pub mod https;

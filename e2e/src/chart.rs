@@ -1,0 +1,264 @@
+//! The operator's Helm chart (`charts/platform-operator`) from Rust tests: render it with the real
+//! helm binary and read what rendered, run helm against a control plane, give a ServiceAccount
+//! of the chart a kubeconfig (a token from the TokenRequest API), and find the operator's own
+//! binaries so tests can run them under those accounts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::HarnessError;
+use crate::cmd::{Outcome, run};
+use crate::shared::Shared;
+
+/// The chart's folder.
+pub fn chart_dir() -> PathBuf {
+    crate::repo_root().join("charts/platform-operator")
+}
+
+/// A digest for the operator image in tests: KWOK runs no containers, so nothing pulls it.
+pub const TEST_DIGEST: &str =
+    "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+/// The helm binary built by `e2e/tools/build.sh`, optionally aimed at a control plane.
+#[derive(Debug, Clone)]
+pub struct Helm {
+    bin: PathBuf,
+    kubeconfig: Option<PathBuf>,
+}
+
+impl Helm {
+    /// Helm for offline work (lint, template, package): its kubeconfig names no cluster.
+    pub fn offline() -> Result<Self, HarnessError> {
+        Ok(Helm {
+            bin: crate::tools::Tools::locate()?.bin("helm"),
+            kubeconfig: None,
+        })
+    }
+
+    /// Helm with the admin kubeconfig of `cluster`.
+    pub fn for_cluster(cluster: &Shared) -> Self {
+        Helm {
+            bin: cluster.helm.clone(),
+            kubeconfig: Some(cluster.kubeconfig.clone()),
+        }
+    }
+
+    /// The helm executable.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    /// A helm command (offline: KUBECONFIG points at a file that does not exist).
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.bin);
+        let kubeconfig = self.kubeconfig.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join("platform-operator-no-cluster.kubeconfig")
+        });
+        cmd.env("KUBECONFIG", kubeconfig);
+        cmd
+    }
+
+    /// Runs helm with `args`.
+    pub fn run(&self, args: &[&str]) -> Result<Outcome, HarnessError> {
+        let mut cmd = self.command();
+        cmd.args(args);
+        run(cmd, None)
+    }
+
+    /// Runs helm with `args`, returning its standard output or failing with its standard error.
+    pub fn ok(&self, args: &[&str]) -> Result<String, HarnessError> {
+        self.run(args)?.ok(&format!("helm {}", args.join(" ")))
+    }
+
+    /// `helm template platform-operator <chart> -n <namespace>` with `--set` for each of `sets`
+    /// (offline): what rendered, or helm's standard error.
+    pub fn template(&self, namespace: &str, sets: &[&str]) -> Result<Rendered, String> {
+        let chart = chart_dir();
+        self.template_chart(&chart, namespace, sets)
+    }
+
+    /// As [`Helm::template`], for the chart in folder `chart`.
+    pub fn template_chart(
+        &self,
+        chart: &Path,
+        namespace: &str,
+        sets: &[&str],
+    ) -> Result<Rendered, String> {
+        let chart = chart.display().to_string();
+        let mut args = vec!["template", "platform-operator", &chart, "-n", namespace];
+        for set in sets {
+            args.push("--set");
+            args.push(set);
+        }
+        let out = self.run(&args).map_err(|e| e.to_string())?;
+        if !out.success {
+            return Err(out.stderr);
+        }
+        Rendered::parse(&out.stdout)
+    }
+}
+
+/// The objects a render produced.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    /// Every object, in render order.
+    pub objects: Vec<Value>,
+}
+
+impl Rendered {
+    /// Parses a multi-document manifest (helm's output).
+    pub fn parse(manifest: &str) -> Result<Self, String> {
+        let objects: Vec<Value> = serde_saphyr::from_multiple(manifest)
+            .map_err(|e| format!("the manifest is not YAML: {e}\n{manifest}"))?;
+        Ok(Rendered {
+            objects: objects.into_iter().filter(|o| !o.is_null()).collect(),
+        })
+    }
+
+    /// The object of `kind` named `name`, if it rendered.
+    pub fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+
+    /// The object of `kind` named `name`; panics naming what did render when it did not.
+    pub fn get(&self, kind: &str, name: &str) -> &Value {
+        self.find(kind, name)
+            .unwrap_or_else(|| panic!("{kind}/{name} did not render; rendered: {:?}", self.names()))
+    }
+
+    /// `Kind/name` of every object.
+    pub fn names(&self) -> Vec<String> {
+        self.objects
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap_or("?"),
+                    o["metadata"]["name"].as_str().unwrap_or("?")
+                )
+            })
+            .collect()
+    }
+
+    /// The first container of Deployment `name`.
+    pub fn container(&self, deployment: &str) -> &Value {
+        &self.get("Deployment", deployment)["spec"]["template"]["spec"]["containers"][0]
+    }
+
+    /// The arguments of the first container of Deployment `name`.
+    pub fn args(&self, deployment: &str) -> Vec<String> {
+        strings(&self.container(deployment)["args"])
+    }
+}
+
+/// A JSON array of strings as a vector (empty when it is not one).
+pub fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Writes to `path` a kubeconfig for ServiceAccount `account` of `namespace` on `cluster`, with
+/// a token from the TokenRequest API (`kubectl create token`), valid for two hours.
+pub fn service_account_kubeconfig(
+    cluster: &Shared,
+    namespace: &str,
+    account: &str,
+    path: &Path,
+) -> Result<(), HarnessError> {
+    let token = cluster.kubectl_ok(
+        &["create", "token", account, "-n", namespace, "--duration=2h"],
+        None,
+    )?;
+    let admin = std::fs::read_to_string(&cluster.kubeconfig)
+        .map_err(|e| HarnessError::io(&cluster.kubeconfig, e))?;
+    let admin: Value = serde_saphyr::from_str(&admin)
+        .map_err(|e| HarnessError::Client(format!("admin kubeconfig: {e}")))?;
+    let cluster_entry = admin["clusters"][0]["cluster"].clone();
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": cluster_entry}],
+        "users": [{"name": account, "user": {"token": token.trim()}}],
+        "contexts": [{"name": account, "context": {"cluster": "e2e", "user": account, "namespace": namespace}}],
+        "current-context": account
+    });
+    let yaml = serde_saphyr::to_string(&config)
+        .map_err(|e| HarnessError::Client(format!("kubeconfig: {e}")))?;
+    std::fs::write(path, yaml).map_err(|e| HarnessError::io(path, e))
+}
+
+/// The `controller` and `webhook` binaries of this workspace (the target folder this test runs
+/// from), built with `cargo build` first when either is missing or older than the sources.
+pub fn operator_binaries() -> Result<(PathBuf, PathBuf), String> {
+    static BINARIES: OnceLock<Result<(PathBuf, PathBuf), String>> = OnceLock::new();
+    BINARIES
+        .get_or_init(|| {
+            let dir = std::env::current_exe()
+                .map_err(|e| e.to_string())?
+                .parent()
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .ok_or("the test executable has no target folder")?;
+            let controller = dir.join("controller");
+            let webhook = dir.join("webhook");
+            let root = crate::repo_root();
+            let newest_source = ["common", "controller", "webhook"]
+                .iter()
+                .filter_map(|c| newest(&root.join(c).join("src")))
+                .chain(newest(&root.join("Cargo.lock")))
+                .max();
+            let stale = |bin: &Path| {
+                let built = std::fs::metadata(bin).and_then(|m| m.modified()).ok();
+                match (built, newest_source) {
+                    (Some(b), Some(s)) => b < s,
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                }
+            };
+            if stale(&controller) || stale(&webhook) {
+                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+                let status = Command::new(cargo)
+                    .current_dir(&root)
+                    .args([
+                        "build",
+                        "--locked",
+                        "-p",
+                        "controller",
+                        "-p",
+                        "webhook",
+                        "--bins",
+                    ])
+                    .status()
+                    .map_err(|e| format!("running cargo build: {e}"))?;
+                if !status.success() {
+                    return Err(format!("cargo build of controller and webhook: {status}"));
+                }
+            }
+            Ok((controller, webhook))
+        })
+        .clone()
+}
+
+/// The newest modification time of any file under `path`.
+fn newest(path: &Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_file() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| newest(&e.path()))
+        .max()
+}
