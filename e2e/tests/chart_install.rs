@@ -1,0 +1,902 @@
+//! The Helm chart on a real control plane (one per test binary; the tests take turns, since the
+//! chart installs once per cluster):
+//!
+//! - `--dry-run=server` renders with `lookup` and creates nothing; a client-side dry run fails
+//!   with the passphrase rule; `helm install` into a namespace that enforces Pod Security
+//!   `restricted` (the pods are admitted); the real webhook, run as a process under the chart's
+//!   webhook ServiceAccount, fills the caBundle and `helm upgrade` keeps it and the passphrase;
+//!   `helm uninstall` keeps the CRD, the claim and the Secret; a second install adopts them.
+//! - With `rbac.clusterAdmin=false`, the controller and the webhook run as processes with the
+//!   chart's own arguments under the chart's ServiceAccounts (tokens from the TokenRequest API):
+//!   the webhook defaults and validates an instance, the controller provisions it with the
+//!   **stand-in** vCluster chart and installs the **stand-in** `@di-framework/platform` (the real
+//!   ones cannot be fetched here) from a local npm registry, restores a deleted `service/vcluster`,
+//!   and deletes it with `deletionPolicy: Delete`. Any `forbidden` in either log fails the test.
+//!
+//! KWOK runs no containers, so the chart's Deployments never run the binaries here: the
+//! processes run on the host with the flags the chart rendered, and only paths and listen
+//! addresses changed for the host.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use e2e::chart::{
+    Helm, Rendered, TEST_DIGEST, chart_dir, operator_binaries, service_account_kubeconfig,
+};
+use e2e::control_plane::{free_port, plain_get};
+use e2e::shared::Shared;
+use e2e::{ControlPlane, Options};
+use serde_json::Value;
+
+/// The chart installs once per cluster: its tests take turns on the shared control plane.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const RELEASE: &str = "platform-operator";
+
+fn cluster() -> Shared {
+    e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"))
+}
+
+fn digest_set() -> String {
+    format!("image.digest={TEST_DIGEST}")
+}
+
+/// `helm <verb> platform-operator <chart> -n <ns> --set ...`.
+fn helm_release(
+    helm: &Helm,
+    verb: &str,
+    ns: &str,
+    sets: &[&str],
+    extra: &[&str],
+) -> e2e::cmd::Outcome {
+    let chart = chart_dir().display().to_string();
+    let mut args = vec![verb, RELEASE, &chart, "-n", ns];
+    let digest = digest_set();
+    for set in std::iter::once(&digest.as_str()).chain(sets) {
+        args.push("--set");
+        args.push(set);
+    }
+    args.extend_from_slice(extra);
+    helm.run(&args).expect("helm runs")
+}
+
+/// Uninstalls the release when dropped, so a failed test leaves the cluster to the next one.
+struct Installed {
+    helm: Helm,
+    ns: String,
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = self
+            .helm
+            .run(&["uninstall", RELEASE, "-n", &self.ns, "--wait=false"]);
+    }
+}
+
+fn get(cluster: &Shared, args: &[&str]) -> Option<Value> {
+    let mut cmd = cluster.kubectl();
+    cmd.args(args).args(["-o", "json"]);
+    let out = e2e::cmd::run(cmd, None).expect("kubectl");
+    out.success
+        .then(|| serde_json::from_str(&out.stdout).expect("kubectl prints JSON"))
+}
+
+fn uid(object: &Value) -> String {
+    object["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn passphrase(cluster: &Shared, ns: &str) -> (String, String) {
+    let secret = get(
+        cluster,
+        &["-n", ns, "get", "secret", "platform-operator-passphrase"],
+    )
+    .expect("the passphrase Secret exists");
+    let data = secret["data"]["passphrase"]
+        .as_str()
+        .expect("key passphrase");
+    let plain = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .expect("base64");
+    (uid(&secret), String::from_utf8(plain).expect("utf-8"))
+}
+
+fn ca_bundle(cluster: &Shared, kind: &str) -> String {
+    cluster
+        .kubectl_ok(
+            &[
+                "get",
+                kind,
+                "platform-operator",
+                "-o",
+                "jsonpath={.webhooks[0].clientConfig.caBundle}",
+            ],
+            None,
+        )
+        .unwrap_or_default()
+}
+
+/// Polls `check` until it yields; on timeout fails with `show()` (what was last seen) and the
+/// processes' logs.
+async fn eventually<T>(
+    what: &str,
+    limit: Duration,
+    logs: &[&Proc],
+    show: impl Fn() -> String,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        for p in logs {
+            p.assert_running();
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = logs.iter().map(|p| p.describe()).collect();
+            panic!(
+                "timed out after {limit:?} waiting for {what}\n{}\n{}",
+                show(),
+                logs.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// An operator binary run as a process; stopped on drop (its log printed if the test fails).
+struct Proc {
+    name: &'static str,
+    child: std::cell::RefCell<Child>,
+    log: PathBuf,
+    ops_port: u16,
+}
+
+impl Proc {
+    fn start(
+        name: &'static str,
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: PathBuf,
+        ops_port: u16,
+    ) -> Self {
+        let file = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        e2e::process::die_with_parent(&mut cmd);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("{name} starts: {e}"));
+        Proc {
+            name,
+            child: std::cell::RefCell::new(child),
+            log,
+            ops_port,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "--- {} log {} ---\n{}",
+            self.name,
+            self.log.display(),
+            self.log_text()
+        )
+    }
+
+    fn assert_running(&self) {
+        if let Ok(Some(status)) = self.child.borrow_mut().try_wait() {
+            panic!("{} exited with {status}\n{}", self.name, self.describe());
+        }
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !matches!(plain_get(self.ops_port, "/readyz").await, Some((200, _))) {
+            self.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready\n{}",
+                self.name,
+                self.describe()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Fails when the process was refused anything by the API server.
+    fn assert_never_forbidden(&self) {
+        let log = self.log_text();
+        let refused: Vec<&str> = log
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().contains("forbidden"))
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "{} was refused by RBAC:\n{}",
+            self.name,
+            refused.join("\n")
+        );
+    }
+
+    fn stop(&self) {
+        e2e::process::terminate(&mut self.child.borrow_mut(), Duration::from_secs(10));
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("{}", self.describe());
+        }
+    }
+}
+
+/// The arguments of Deployment `name` as rendered, each `--flag=...` in `replace` swapped for
+/// the value given, and `add` appended.
+fn host_args(
+    rendered: &Rendered,
+    deployment: &str,
+    replace: &[(&str, String)],
+    add: &[String],
+) -> Vec<String> {
+    let mut args = rendered.args(deployment);
+    for (flag, value) in replace {
+        let prefix = format!("{flag}=");
+        let at = args
+            .iter()
+            .position(|a| a.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("the chart does not pass {flag} to {deployment}: {args:?}"));
+        args[at] = format!("{flag}={value}");
+    }
+    args.extend_from_slice(add);
+    args
+}
+
+/// The manifest of the installed release.
+fn release_manifest(helm: &Helm, ns: &str) -> Rendered {
+    let manifest = helm
+        .ok(&["get", "manifest", RELEASE, "-n", ns])
+        .expect("helm get manifest");
+    Rendered::parse(&manifest).expect("manifest")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = e2e::control_plane::base_dir().join(format!("chart-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    dir
+}
+
+/// Starts the real webhook with the chart's arguments under its ServiceAccount, listening on
+/// loopback (the certificate also names 127.0.0.1 for a URL-configured webhook).
+fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_port: u16) -> Proc {
+    let (_, webhook_bin) = operator_binaries().expect("operator binaries");
+    let kubeconfig = dir.join("webhook.kubeconfig");
+    service_account_kubeconfig(cluster, ns, "platform-operator-webhook", &kubeconfig)
+        .expect("webhook token");
+    let ops_port = free_port().expect("port");
+    let rendered = release_manifest(helm, ns);
+    let args = host_args(
+        &rendered,
+        "platform-operator-webhook",
+        &[
+            (
+                "--admission-bind-address",
+                format!("127.0.0.1:{admission_port}"),
+            ),
+            ("--metrics-bind-address", format!("127.0.0.1:{ops_port}")),
+        ],
+        &[
+            "--extra-san=127.0.0.1".into(),
+            "--log-level=info,webhook=debug".into(),
+        ],
+    );
+    Proc::start(
+        "webhook",
+        &webhook_bin,
+        &args,
+        &[
+            ("KUBECONFIG", kubeconfig.display().to_string()),
+            ("POD_NAMESPACE", ns.to_string()),
+            ("POD_NAME", "platform-operator-webhook-e2e".to_string()),
+        ],
+        dir.join(format!("webhook-{ops_port}.log")),
+        ops_port,
+    )
+}
+
+#[tokio::test]
+async fn install_upgrade_uninstall_and_install_again_keep_the_crd_claim_and_passphrase() {
+    let _turn = SERIAL.lock().await;
+    let cluster = cluster();
+    let helm = Helm::for_cluster(&cluster);
+    let ns = cluster
+        .create_namespace(
+            "po-lifecycle",
+            &[("pod-security.kubernetes.io/enforce", "restricted")],
+        )
+        .expect("namespace");
+    let dir = scratch("lifecycle");
+
+    // --dry-run=server sees the cluster: it renders (generating a passphrase) and creates nothing.
+    let dry = helm_release(&helm, "install", &ns, &[], &["--dry-run=server"]);
+    assert!(dry.success, "{}", dry.stderr);
+    assert!(
+        dry.stdout.contains("name: platform-operator-passphrase"),
+        "{}",
+        dry.stdout
+    );
+    assert!(
+        get(
+            &cluster,
+            &["-n", &ns, "get", "secret", "platform-operator-passphrase"]
+        )
+        .is_none()
+    );
+    assert!(
+        get(
+            &cluster,
+            &[
+                "-n",
+                &ns,
+                "get",
+                "deployment",
+                "platform-operator-controller"
+            ]
+        )
+        .is_none()
+    );
+    // A client-side dry run cannot look the passphrase up, so it refuses.
+    let client = helm_release(&helm, "install", &ns, &[], &["--dry-run=client"]);
+    assert!(!client.success);
+    assert!(
+        client
+            .stderr
+            .contains("set passphrase.existingSecret=platform-operator-passphrase"),
+        "{}",
+        client.stderr
+    );
+
+    // Install.
+    let out = helm_release(&helm, "install", &ns, &[], &[]);
+    assert!(out.success, "{}", out.stderr);
+    let _installed = Installed {
+        helm: helm.clone(),
+        ns: ns.clone(),
+    };
+    let crd = get(
+        &cluster,
+        &["get", "crd", "platforminstances.platform.di-framework.dev"],
+    )
+    .expect("the CRD");
+    let (secret_uid, first) = passphrase(&cluster, &ns);
+    assert_eq!(first.len(), 48, "36 random bytes, base64");
+    let claim = get(
+        &cluster,
+        &["-n", &ns, "get", "pvc", "platform-operator-state"],
+    )
+    .expect("the claim");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "10Gi");
+
+    // The namespace enforces Pod Security "restricted": the ReplicaSets' pods are admitted.
+    for component in ["controller", "webhook"] {
+        eventually(
+            &format!("a {component} pod"),
+            Duration::from_secs(60),
+            &[],
+            String::new,
+            || {
+                let pods = get(
+                    &cluster,
+                    &[
+                        "-n",
+                        &ns,
+                        "get",
+                        "pods",
+                        "-l",
+                        &format!("app.kubernetes.io/component={component}"),
+                    ],
+                )?;
+                pods["items"]
+                    .as_array()
+                    .filter(|i| !i.is_empty())
+                    .map(|_| ())
+            },
+        )
+        .await;
+    }
+
+    // The webhook, under the chart's webhook ServiceAccount, fills both caBundles.
+    let webhook = start_webhook(&cluster, &helm, &ns, &dir, free_port().expect("port"));
+    let bundle = eventually(
+        "the caBundle",
+        Duration::from_secs(60),
+        &[&webhook],
+        String::new,
+        || {
+            let m = ca_bundle(&cluster, "mutatingwebhookconfiguration");
+            let v = ca_bundle(&cluster, "validatingwebhookconfiguration");
+            (!m.is_empty() && m == v).then_some(m)
+        },
+    )
+    .await;
+    webhook.stop();
+    webhook.assert_never_forbidden();
+
+    // An upgrade that changes the webhook configurations keeps the caBundle (the webhook is
+    // stopped, so nothing puts it back) and the passphrase.
+    let out = helm_release(&helm, "upgrade", &ns, &["webhook.timeoutSeconds=9"], &[]);
+    assert!(out.success, "{}", out.stderr);
+    let validating = get(
+        &cluster,
+        &["get", "validatingwebhookconfiguration", "platform-operator"],
+    )
+    .expect("config");
+    assert_eq!(
+        validating["webhooks"][0]["timeoutSeconds"], 9,
+        "the upgrade applied"
+    );
+    assert_eq!(
+        ca_bundle(&cluster, "validatingwebhookconfiguration"),
+        bundle
+    );
+    assert_eq!(ca_bundle(&cluster, "mutatingwebhookconfiguration"), bundle);
+    assert_eq!(
+        passphrase(&cluster, &ns),
+        (secret_uid.clone(), first.clone())
+    );
+    let out = helm_release(
+        &helm,
+        "upgrade",
+        &ns,
+        &["webhook.timeoutSeconds=9", "state.size=10Gi"],
+        &[],
+    );
+    assert!(out.success, "{}", out.stderr);
+    assert_eq!(passphrase(&cluster, &ns).1, first, "a second upgrade too");
+
+    // Uninstall keeps the CRD, the claim and the Secret.
+    let out = helm
+        .run(&["uninstall", RELEASE, "-n", &ns, "--wait"])
+        .expect("helm");
+    assert!(out.success, "{}", out.stderr);
+    for (kind, name) in [
+        ("deployment", "platform-operator-controller"),
+        ("deployment", "platform-operator-webhook"),
+        ("serviceaccount", "platform-operator"),
+        ("service", "platform-operator-webhook"),
+    ] {
+        assert!(
+            get(&cluster, &["-n", &ns, "get", kind, name]).is_none(),
+            "{kind}/{name} is gone"
+        );
+    }
+    for (kind, name) in [
+        ("clusterrole", "platform-operator"),
+        ("clusterrolebinding", "platform-operator-cluster-admin"),
+        ("validatingwebhookconfiguration", "platform-operator"),
+        ("mutatingwebhookconfiguration", "platform-operator"),
+    ] {
+        assert!(
+            get(&cluster, &["get", kind, name]).is_none(),
+            "{kind}/{name} is gone"
+        );
+    }
+    let kept = get(
+        &cluster,
+        &["get", "crd", "platforminstances.platform.di-framework.dev"],
+    )
+    .expect("the CRD is kept");
+    assert_eq!(uid(&kept), uid(&crd));
+    let kept = get(
+        &cluster,
+        &["-n", &ns, "get", "pvc", "platform-operator-state"],
+    )
+    .expect("the claim is kept");
+    assert_eq!(uid(&kept), uid(&claim));
+    assert_eq!(
+        passphrase(&cluster, &ns),
+        (secret_uid.clone(), first.clone()),
+        "the Secret is kept"
+    );
+
+    // Installing again with the same release name and namespace adopts all three.
+    let out = helm_release(&helm, "install", &ns, &[], &[]);
+    assert!(out.success, "{}", out.stderr);
+    assert_eq!(
+        passphrase(&cluster, &ns),
+        (secret_uid, first),
+        "same Secret, same passphrase"
+    );
+    let adopted = get(
+        &cluster,
+        &["-n", &ns, "get", "pvc", "platform-operator-state"],
+    )
+    .expect("claim");
+    assert_eq!(uid(&adopted), uid(&claim), "same claim");
+    assert_eq!(
+        adopted["metadata"]["annotations"]["meta.helm.sh/release-name"],
+        RELEASE
+    );
+    let manifest = release_manifest(&helm, &ns);
+    assert!(
+        manifest
+            .find("Secret", "platform-operator-passphrase")
+            .is_some()
+    );
+    assert!(
+        manifest
+            .find("PersistentVolumeClaim", "platform-operator-state")
+            .is_some()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn condition(pi: &Value, type_: &str) -> Option<(String, String)> {
+    pi["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+}
+
+/// The stand-in vCluster chart (`e2e/standin-vcluster`; the real chart cannot be fetched here),
+/// packaged, its digest, and values pointing it at a second API server (the vCluster's inside).
+async fn standin_vcluster(helm: &Helm, dir: &Path) -> (PathBuf, String, PathBuf, ControlPlane) {
+    let out = dir.display().to_string();
+    helm.ok(&[
+        "package",
+        &e2e::repo_root()
+            .join("e2e/standin-vcluster")
+            .display()
+            .to_string(),
+        "-d",
+        &out,
+    ])
+    .expect("helm package");
+    let chart = dir.join("vcluster-0.37.3-standin.tgz");
+    let bytes = std::fs::read(&chart).expect("chart archive");
+    let digest: String = ring::digest::digest(&ring::digest::SHA256, &bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let inner = ControlPlane::start(Options::new("chart-vcluster-inside").api_only())
+        .await
+        .expect("inner API server");
+    let kubeconfig = std::fs::read_to_string(inner.kubeconfig()).expect("inner kubeconfig");
+    let values = dir.join("standin-values.yaml");
+    let yaml = serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))
+        .expect("yaml");
+    std::fs::write(&values, yaml).expect("values");
+    (chart, format!("sha256:{digest}"), values, inner)
+}
+
+#[tokio::test]
+async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_false() {
+    let _turn = SERIAL.lock().await;
+    let cluster = cluster();
+    let helm = Helm::for_cluster(&cluster);
+    let registry = e2e::npm::shared().expect("npm registry");
+    let (controller_bin, _) = operator_binaries().expect("operator binaries");
+    // The seed: the namespace the cleanup Jobs run in admits privileged pods.
+    let ns = cluster
+        .create_namespace(
+            "po-rbac",
+            &[("pod-security.kubernetes.io/enforce", "privileged")],
+        )
+        .expect("namespace");
+    let dir = scratch("rbac");
+    let registry_set = format!("npmRegistry={}", registry.url());
+    let out = helm_release(
+        &helm,
+        "install",
+        &ns,
+        &[
+            "rbac.clusterAdmin=false",
+            "targetPoll=1s",
+            "installTimeout=5m",
+            &registry_set,
+        ],
+        &[],
+    );
+    assert!(out.success, "{}", out.stderr);
+    let _installed = Installed {
+        helm: helm.clone(),
+        ns: ns.clone(),
+    };
+    let rendered = release_manifest(&helm, &ns);
+    assert!(
+        rendered
+            .find("ClusterRoleBinding", "platform-operator-cluster-admin")
+            .is_none()
+    );
+
+    // The API server here cannot reach a Service (no kube-proxy, no running pods), so the
+    // chart's configurations are pointed at the webhook process; everything else is the chart's.
+    let admission_port = free_port().expect("port");
+    for (kind, path) in [
+        ("mutatingwebhookconfiguration", "mutate"),
+        ("validatingwebhookconfiguration", "validate"),
+    ] {
+        let patch = format!(
+            r#"[{{"op":"replace","path":"/webhooks/0/clientConfig","value":{{"url":"https://127.0.0.1:{admission_port}/{path}"}}}}]"#
+        );
+        cluster
+            .kubectl_ok(
+                &[
+                    "patch",
+                    kind,
+                    "platform-operator",
+                    "--type=json",
+                    "-p",
+                    &patch,
+                ],
+                None,
+            )
+            .expect("point the configuration at the process");
+    }
+    let webhook = start_webhook(&cluster, &helm, &ns, &dir, admission_port);
+    webhook.wait_ready().await;
+    eventually(
+        "the caBundle",
+        Duration::from_secs(60),
+        &[&webhook],
+        String::new,
+        || {
+            (!ca_bundle(&cluster, "validatingwebhookconfiguration").is_empty()
+                && !ca_bundle(&cluster, "mutatingwebhookconfiguration").is_empty())
+            .then_some(())
+        },
+    )
+    .await;
+
+    // The controller: the chart's arguments, with the state volume and the mounted passphrase
+    // as host paths, and the image's vCluster chart and tools as the stand-in chart and the
+    // tools on PATH (helm, pulumi and its Node.js language host from the tool cache; node, npm).
+    let (chart, chart_digest, values, inner) = standin_vcluster(&helm, &dir).await;
+    let passphrase_file = dir.join("passphrase");
+    std::fs::write(&passphrase_file, passphrase(&cluster, &ns).1).expect("passphrase file");
+    let kubeconfig = dir.join("controller.kubeconfig");
+    service_account_kubeconfig(&cluster, &ns, "platform-operator", &kubeconfig)
+        .expect("controller token");
+    let ops_port = free_port().expect("port");
+    let args = host_args(
+        &rendered,
+        "platform-operator-controller",
+        &[
+            ("--state-dir", dir.join("state").display().to_string()),
+            ("--passphrase-file", passphrase_file.display().to_string()),
+            ("--metrics-bind-address", format!("127.0.0.1:{ops_port}")),
+        ],
+        &[
+            format!("--vcluster-chart={}", chart.display()),
+            format!("--vcluster-extra-values={}", values.display()),
+            "--log-level=info,controller=debug".into(),
+        ],
+    );
+    assert!(
+        args.contains(&format!("--npm-registry={}", registry.url())),
+        "{args:?}"
+    );
+    let tools = e2e::tools::Tools::locate().expect("tools");
+    let tool_bin = tools.bin("helm").parent().expect("bin").to_path_buf();
+    let path = format!(
+        "{}:{}",
+        tool_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let controller = Proc::start(
+        "controller",
+        &controller_bin,
+        &args,
+        &[
+            ("KUBECONFIG", kubeconfig.display().to_string()),
+            ("POD_NAMESPACE", ns.clone()),
+            ("POD_NAME", "platform-operator-controller-e2e".into()),
+            ("VCLUSTER_CHART_SHA256", chart_digest),
+            ("PATH", path),
+        ],
+        dir.join(format!("controller-{ops_port}.log")),
+        ops_port,
+    );
+    controller.wait_ready().await;
+    let procs = [&webhook, &controller];
+
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "create",
+                "secret",
+                "generic",
+                "oauth",
+                "--from-literal=clientSecret=e2e-chart-secret",
+            ],
+            None,
+        )
+        .expect("secret");
+    let instance = |version: &str| {
+        format!(
+            r#"apiVersion: platform.di-framework.dev/v1alpha1
+kind: PlatformInstance
+metadata: {{ name: one, namespace: {team} }}
+spec:
+  {version}
+  deletionPolicy: Delete
+  target: {{ type: vcluster }}
+  platform:
+    tenants: [{{ name: acme }}]
+    users: [{{ name: dev, memberships: [{{ tenant: acme, role: developer }}] }}]
+    tenantAuth:
+      image: "ghcr.io/di-framework/tenant-auth@sha256:0000000000000000000000000000000000000000000000000000000000000000"
+      issuer: https://id.example
+      clientId: console
+      clientSecretRef: {{ name: oauth, key: clientSecret }}
+"#
+        )
+    };
+    // The webhook validates (outside the supported range: denied) ...
+    let mut apply = cluster.kubectl();
+    apply.args(["apply", "--server-side", "-f", "-"]);
+    let denied = e2e::cmd::run(apply, Some(&instance("version: 7.0.22"))).expect("kubectl");
+    assert!(
+        !denied.success && denied.stderr.contains("validate.platform.di-framework.dev"),
+        "{}",
+        denied.stderr
+    );
+    // ... and defaults: no spec.version, so it sets --default-platform-version (its
+    // clientSecretRef check asks the API server whether the requester may read the Secret).
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&instance("")))
+        .expect("the instance is admitted");
+    let pi = get(&cluster, &["-n", &team, "get", "pi", "one"]).expect("instance");
+    assert_eq!(pi["spec"]["version"], "6.0.22", "defaulted by the webhook");
+
+    // The controller, under the ClusterRole platform-operator, takes it to Ready.
+    let started = Instant::now();
+    let show = || {
+        cluster
+            .kubectl_ok(&["-n", &team, "get", "pi", "one", "-o", "yaml"], None)
+            .unwrap_or_default()
+    };
+    let pi = eventually(
+        "the instance to be Ready",
+        Duration::from_secs(480),
+        &procs,
+        show,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "one"])?;
+            (pi["status"]["phase"] == "Ready"
+                && condition(&pi, "Ready").is_some_and(|c| c.0 == "True"))
+            .then_some(pi)
+        },
+    )
+    .await;
+    eprintln!("the instance was Ready after {:?}", started.elapsed());
+    assert_eq!(
+        condition(&pi, "OwnerServiceProtected"),
+        Some(("True".into(), "PolicyActive".into()))
+    );
+    assert_eq!(
+        condition(&pi, "KubeconfigReady").map(|c| c.0),
+        Some("True".into())
+    );
+    assert_eq!(pi["status"]["installedVersion"], "6.0.22");
+    let host = pi["status"]["hostNamespace"]
+        .as_str()
+        .expect("host namespace")
+        .to_string();
+    // Leader election through the Role in the release namespace; Events through events.k8s.io.
+    let lease = get(
+        &cluster,
+        &["-n", &ns, "get", "lease", "platform-operator-controller"],
+    )
+    .expect("lease");
+    assert_eq!(
+        lease["spec"]["holderIdentity"],
+        "platform-operator-controller-e2e"
+    );
+    let events = get(&cluster, &["-n", &team, "get", "events.v1.events.k8s.io"]).expect("events");
+    assert!(
+        events["items"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["regarding"]["name"] == "one"
+                && e["reportingController"] == "platform-operator")),
+        "{events}"
+    );
+
+    // Owner-Service resync: the vCluster's own account (vc-*, which the policy lets through)
+    // deletes service/vcluster; the controller recreates it and relinks owner references.
+    let before =
+        get(&cluster, &["-n", &host, "get", "service", "vcluster"]).expect("service/vcluster");
+    let rbac = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{ name: vc-e2e, namespace: {host} }}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: vc-e2e, namespace: {host} }}\nrules: [{{ apiGroups: [\"\"], resources: [services], verbs: [delete] }}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: vc-e2e, namespace: {host} }}\nroleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: vc-e2e }}\nsubjects: [{{ kind: ServiceAccount, name: vc-e2e, namespace: {host} }}]\n"
+    );
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&rbac))
+        .expect("vc-e2e");
+    let vc = dir.join("vc.kubeconfig");
+    service_account_kubeconfig(&cluster, &host, "vc-e2e", &vc).expect("vc token");
+    let mut delete = Command::new(&cluster.kubectl);
+    delete.env("KUBECONFIG", &vc).args([
+        "-n",
+        &host,
+        "delete",
+        "service",
+        "vcluster",
+        "--wait=false",
+    ]);
+    e2e::cmd::run(delete, None)
+        .expect("kubectl")
+        .ok("delete service/vcluster as vc-e2e")
+        .expect("deleted");
+    eventually(
+        "service/vcluster to be restored",
+        Duration::from_secs(120),
+        &procs,
+        String::new,
+        || {
+            let svc = get(&cluster, &["-n", &host, "get", "service", "vcluster"])?;
+            let ns = get(&cluster, &["get", "namespace", &host])?;
+            let record =
+                ns["metadata"]["annotations"]["platform.di-framework.dev/vcluster-service"]
+                    .as_str()?
+                    .to_string();
+            (uid(&svc) != uid(&before) && record.starts_with(&uid(&svc))).then_some(())
+        },
+    )
+    .await;
+
+    // deletionPolicy: Delete: helm uninstall, the host namespace, the cleanup Job in the release
+    // namespace, the state directory, the kubeconfig Secret, then the finalizer.
+    cluster
+        .kubectl_ok(&["-n", &team, "delete", "pi", "one", "--wait=false"], None)
+        .expect("delete");
+    eventually(
+        "the instance to be gone",
+        Duration::from_secs(180),
+        &procs,
+        show,
+        || {
+            get(&cluster, &["-n", &team, "get", "pi", "one"])
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        get(&cluster, &["-n", &ns, "get", "job", &host]).is_some(),
+        "the cleanup Job ran in the release namespace"
+    );
+    assert!(!dir.join("state").join(&team).join("one").exists());
+
+    webhook.assert_never_forbidden();
+    controller.assert_never_forbidden();
+    drop(inner);
+    let _ = std::fs::remove_dir_all(&dir);
+}
