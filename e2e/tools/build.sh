@@ -75,4 +75,8 @@ build helm "-X helm.sh/helm/v3/internal/version.version=$helm_version" helm.sh/h
 kwok_version="$(modver kwok sigs.k8s.io/kwok)"
 build kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" sigs.k8s.io/kwok/cmd/kwok
 
+# The local npm registry of the stand-in platform tests: verdaccio from the npm registry, pinned by
+# verdaccio/package-lock.json (see e2e/src/npm.rs).
+bash "$here/verdaccio/install.sh" >/dev/null
+
 echo "$cache/bin"
