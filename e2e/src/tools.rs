@@ -1,12 +1,14 @@
 //! Finds the binaries built from pinned Go modules by `e2e/tools/build.sh`, building them on
-//! first use (kubectl, kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm, kwok).
+//! first use (kubectl, kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm, kwok,
+//! and pulumi with its Node.js language host and dynamic-provider plugin; see
+//! `e2e/tools/pulumi/NOTES.md`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::HarnessError;
 
-const NEEDED: [&str; 7] = [
+const NEEDED: [&str; 10] = [
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
@@ -14,6 +16,9 @@ const NEEDED: [&str; 7] = [
     "kubectl",
     "kwok",
     "helm",
+    "pulumi",
+    "pulumi-language-nodejs",
+    "pulumi-resource-pulumi-nodejs",
 ];
 
 /// The cache folder the build script writes to.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane from pinned Go modules: kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubectl (k8s.io/kubernetes), etcd, helm and kwok (with its stage files).
+# kube-scheduler and kubectl (k8s.io/kubernetes), etcd, helm and kwok (with its stage files), and
+# the Pulumi CLI with a Node.js language host and the Node.js dynamic-provider plugin (see
+# pulumi/NOTES.md).
 #
 # Each tool has its own wrapper module beside this script (go.mod + go.sum pin every version).
 # Binaries go to a cache outside the clone, keyed by a hash of the module files and the Go
@@ -17,9 +19,15 @@ mkdir -p "$cache/tools" "$cache/bin"
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
-# key NAME: a short hash over the wrapper module and the Go version.
+# key NAME: a short hash over the wrapper module (go.mod, go.sum and any sources or scripts of
+# its own) and the Go version.
 key() {
-  cat "$here/$1/go.mod" "$here/$1/go.sum" <(go env GOVERSION) | sha256sum | cut -c1-12
+  local dir="$here/$1"
+  {
+    cat "$dir/go.mod" "$dir/go.sum"
+    find "$dir" -type f ! -name go.mod ! -name go.sum ! -name '*.md' -print0 | LC_ALL=C sort -z | xargs -0r cat
+    go env GOVERSION
+  } | sha256sum | cut -c1-12
 }
 
 # modver NAME MODULE: the version the wrapper module resolves for MODULE.
@@ -46,6 +54,10 @@ build() {
         dir="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
         cp -r "$dir/kustomize/stage" "$out/stage"
         chmod -R u+w "$out/stage"
+        ;;
+      pulumi)
+        # Bundled plugins: the CLI looks for them next to its own (symlink-resolved) binary.
+        install -m 0755 "$here/pulumi/pulumi-resource-pulumi-nodejs" "$out/bin/"
         ;;
     esac
     touch "$out/.complete"
@@ -74,6 +86,13 @@ build helm "-X helm.sh/helm/v3/internal/version.version=$helm_version" helm.sh/h
 
 kwok_version="$(modver kwok sigs.k8s.io/kwok)"
 build kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" sigs.k8s.io/kwok/cmd/kwok
+
+# The CLI from pkg/v3; the Node.js language host is our own (./cmd/pulumi-language-nodejs, see
+# pulumi/NOTES.md). Cold build: ~12 min on 2 loaded cores (6-8 min idle).
+pulumi_version="$(modver pulumi github.com/pulumi/pulumi/sdk/v3)"
+build pulumi "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$pulumi_version" \
+  github.com/pulumi/pulumi/pkg/v3/cmd/pulumi \
+  ./cmd/pulumi-language-nodejs
 
 # The local npm registry of the stand-in platform tests: verdaccio from the npm registry, pinned by
 # verdaccio/package-lock.json (see e2e/src/npm.rs).
