@@ -12,7 +12,7 @@
 #
 # The digests are build arguments without defaults: the build fails rather than trust an
 # unchecked download. The image runs as uid 1000 with a read-only root filesystem; it writes only
-# to HOME (/home/platform-operator: npm cache, Pulumi plugins), /tmp and the state volume, which
+# to HOME (/home/platform-operator), /tmp and the state volume (npm's cache, Pulumi's plugins), which
 # the chart mounts as two emptyDirs and a claim. e2e/tests/image.rs checks that the paths and
 # environment set here are the binaries' flag defaults and what the chart mounts.
 
