@@ -87,7 +87,7 @@ build helm "-X helm.sh/helm/v3/internal/version.version=$helm_version" helm.sh/h
 kwok_version="$(modver kwok sigs.k8s.io/kwok)"
 build kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version" sigs.k8s.io/kwok/cmd/kwok
 
-# The CLI from pkg/v3; the Node.js language host is our own (./cmd/pulumi-language-nodejs, see
+# The CLI from pkg/v3; the Node.js language host is a STAND-IN of our own (./cmd/pulumi-language-nodejs, see
 # pulumi/NOTES.md). Cold build: ~12 min on 2 loaded cores (6-8 min idle).
 pulumi_version="$(modver pulumi github.com/pulumi/pulumi/sdk/v3)"
 build pulumi "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$pulumi_version" \

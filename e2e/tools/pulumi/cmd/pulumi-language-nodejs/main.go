@@ -1,8 +1,10 @@
-// Command pulumi-language-nodejs is the Node.js language host the e2e tests give the Pulumi CLI.
+// Command pulumi-language-nodejs is a STAND-IN for Pulumi's Node.js language host, used by the
+// e2e tests and the local demo only; the operator's image ships Pulumi's own host.
 //
-// Pulumi's own host lives in a module of its own that the Go module proxy reachable here does
-// not serve, so this is a small host of ours, written against the gRPC contract of the pinned
-// SDK (pulumirpc.LanguageRuntimeServer). It covers what `pulumi up/preview/refresh/destroy`
+// Pulumi's own host lives in a module of its own
+// (github.com/pulumi/pulumi/sdk/nodejs/cmd/pulumi-language-nodejs/v3) that the Go module proxy
+// reachable here refuses at every version, so this is a small host of ours, written against the
+// gRPC contract of the pinned SDK (pulumirpc.LanguageRuntimeServer). It covers what `pulumi up/preview/refresh/destroy`
 // need for a JavaScript or TypeScript program:
 //
 //   - Run: starts `node [nodeargs] <@pulumi/pulumi/cmd/run> --monitor=... <entry point>` in the
