@@ -703,6 +703,13 @@ async fn act(
                     config,
                     owner: pi.controller_owner_ref(&()),
                 };
+                // A failed install backs off; a new version or new settings try at once.
+                let last = found.record.last_install.as_ref();
+                if last.is_some_and(|l| l.version != job.version)
+                    || found.record.attempted_config_hash.as_ref() != Some(&job.config.hash)
+                {
+                    ctx.tasks.clear_backoff(&install_key(pi));
+                }
                 let (installer, client) = (ctx.installer.clone(), client.clone());
                 let work = async move { installer.install(client, job).await };
                 ctx.tasks.submit(

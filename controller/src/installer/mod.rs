@@ -150,6 +150,7 @@ impl Installer {
             summary: None,
         });
         rec.failure = None;
+        rec.attempted_config_hash = Some(job.config.hash.clone());
         record::store(&dir, &rec).map_err(|e| {
             format!(
                 "writing the install record in {} failed: {e}; check the state volume",

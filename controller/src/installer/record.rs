@@ -89,6 +89,9 @@ pub struct Record {
     /// Why the last install failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// The config hash the last install (whatever its result) was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempted_config_hash: Option<String>,
     /// The program's outputs after the last successful install.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Endpoints>,
@@ -178,6 +181,7 @@ mod tests {
                 summary: None,
             }),
             failure: None,
+            attempted_config_hash: Some("sha256:0123456789abcdef".into()),
             endpoints: Some(Endpoints {
                 http: Some("http://x".into()),
                 route_url_pattern: None,
