@@ -118,8 +118,8 @@ function deploy(args) {
   const users = rest.users || [];
   validate(tenants, users);
 
-  const admin = pulumi.secret(pulumi.output(kubeconfig).apply(connection));
-  const cluster = admin;
+  // How the providers reach the cluster (server, CA, client credentials): a secret input.
+  const cluster = pulumi.secret(pulumi.output(kubeconfig).apply(connection));
 
   // The applied settings without secrets: the kubeconfig is left out, the client secret too.
   const settings = { ...rest };
@@ -216,9 +216,9 @@ function deploy(args) {
         serviceAccountUid: account.uid,
         expirationSeconds: TOKEN_SECONDS,
       }, { dependsOn: [account] });
-      const server = rest.kubernetesEndpoint ? pulumi.output(rest.kubernetesEndpoint) : admin.apply((a) => a.server);
+      const server = rest.kubernetesEndpoint ? pulumi.output(rest.kubernetesEndpoint) : cluster.apply((c) => c.server);
       kubeconfigs.push(
-        pulumi.all([admin, server, token.token]).apply(([adminConn, endpoint, jwt]) => ({
+        pulumi.all([cluster, server, token.token]).apply(([adminConn, endpoint, jwt]) => ({
           tenant: m.tenant,
           user: u.name,
           role: m.role,
