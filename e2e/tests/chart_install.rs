@@ -594,10 +594,102 @@ async fn standin_vcluster(helm: &Helm, dir: &Path) -> (PathBuf, String, PathBuf,
     (chart, format!("sha256:{digest}"), values, inner)
 }
 
+/// Audit every request of every ServiceAccount (metadata only), once per request.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n    userGroups: [\"system:serviceaccounts\"]\n  - level: None\n";
+
+/// Permissions of the ClusterRole platform-operator that this test cannot see used, each with why
+/// the operator holds it: `(resource, verb)`, `*` for every verb.
+const NOT_SEEN_HERE: &[(&str, &str)] = &[
+    // What the real vCluster chart's Role grants (Kubernetes lets Helm create a Role only with
+    // permissions it holds) and the objects that chart creates; the stand-in creates no RBAC.
+    ("serviceaccounts", "*"),
+    ("roles", "*"),
+    ("rolebindings", "*"),
+    ("pods", "*"),
+    ("pods/attach", "*"),
+    ("pods/portforward", "*"),
+    ("pods/exec", "*"),
+    ("pods/status", "*"),
+    ("pods/ephemeralcontainers", "*"),
+    ("pods/log", "*"),
+    ("persistentvolumeclaims", "*"),
+    ("endpoints", "*"),
+    ("events", "*"),
+    ("replicasets", "*"),
+    ("deployments", "*"),
+    ("configmaps", "get"),
+    ("configmaps", "create"),
+    ("configmaps", "delete"),
+    // Relinking patches only ConfigMaps owned by the old service/vcluster; the stand-in has none.
+    ("configmaps", "patch"),
+    // Helm patches the release's objects when it upgrades the vCluster to a new chart version.
+    ("services", "patch"),
+    ("statefulsets", "patch"),
+];
+
+/// `(group, resource[/subresource], verb)` of every request `user` made, from the audit log.
+fn used_permissions(
+    audit: &Path,
+    user: &str,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    let text = std::fs::read_to_string(audit).expect("audit log");
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["user"]["username"] == user && e["objectRef"].is_object())
+        .map(|e| {
+            let r = &e["objectRef"];
+            let mut resource = r["resource"].as_str().unwrap_or_default().to_string();
+            if let Some(sub) = r["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            (
+                r["apiGroup"].as_str().unwrap_or_default().to_string(),
+                resource,
+                e["verb"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// `(group, resource, verb)` of every rule of the `Kind/name` roles in `rendered`.
+fn granted(rendered: &Rendered, roles: &[&str]) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for role in roles {
+        let (kind, name) = role.split_once('/').expect("Kind/name");
+        for rule in rendered.get(kind, name)["rules"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            for group in e2e::chart::strings(&rule["apiGroups"]) {
+                for resource in e2e::chart::strings(&rule["resources"]) {
+                    for verb in e2e::chart::strings(&rule["verbs"]) {
+                        out.push((group.clone(), resource.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 #[tokio::test]
 async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_false() {
     let _turn = SERIAL.lock().await;
-    let cluster = cluster();
+    // A control plane of its own, with an audit log of every request a ServiceAccount makes and
+    // the OwnerReferencesPermissionEnforcement admission plugin of hardened clusters.
+    let dir = scratch("rbac");
+    let policy = dir.join("audit-policy.yaml");
+    std::fs::write(&policy, AUDIT_POLICY).expect("audit policy");
+    let audit = dir.join("audit.log");
+    let plane = ControlPlane::start(Options::new("chart-rbac").apiserver_args([
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", audit.display()),
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_string(),
+    ]))
+    .await
+    .expect("control plane");
+    let cluster = plane.handle();
     let helm = Helm::for_cluster(&cluster);
     let registry = e2e::npm::shared().expect("npm registry");
     let (controller_bin, _) = operator_binaries().expect("operator binaries");
@@ -608,7 +700,6 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
             &[("pod-security.kubernetes.io/enforce", "privileged")],
         )
         .expect("namespace");
-    let dir = scratch("rbac");
     let registry_set = format!("npmRegistry={}", registry.url());
     let out = helm_release(
         &helm,
@@ -617,6 +708,7 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
         &[
             "rbac.clusterAdmin=false",
             "targetPoll=1s",
+            "webhook.certLifetime=90s",
             "installTimeout=5m",
             &registry_set,
         ],
@@ -897,6 +989,46 @@ spec:
 
     webhook.assert_never_forbidden();
     controller.assert_never_forbidden();
+
+    // Every permission the chart grants was used, but those the controller holds only so that
+    // Helm may create the real vCluster chart's Role (the stand-in creates no RBAC).
+    let rendered = release_manifest(&helm, &ns);
+    let mut unused = Vec::new();
+    for (account, roles, not_seen) in [
+        (
+            "platform-operator",
+            &[
+                "ClusterRole/platform-operator",
+                "Role/platform-operator",
+                "Role/platform-operator-cleanup",
+            ][..],
+            NOT_SEEN_HERE,
+        ),
+        (
+            "platform-operator-webhook",
+            &[
+                "ClusterRole/platform-operator-webhook",
+                "Role/platform-operator-webhook",
+            ][..],
+            &[][..],
+        ),
+    ] {
+        let used = used_permissions(&audit, &format!("system:serviceaccount:{ns}:{account}"));
+        let seen = |group: &str, resource: &str, verb: &str| {
+            used.contains(&(group.to_string(), resource.to_string(), verb.to_string()))
+        };
+        for (group, resource, verb) in granted(&rendered, roles) {
+            let excused = not_seen
+                .iter()
+                .any(|(r, v)| *r == resource && (*v == "*" || *v == verb));
+            // A server-side apply that creates is audited as a patch.
+            let applied = verb == "create" && seen(&group, &resource, "patch");
+            if !(excused || applied || seen(&group, &resource, &verb)) {
+                unused.push(format!("{account}: {verb} {resource}.{group}"));
+            }
+        }
+    }
+    assert!(unused.is_empty(), "granted but never used: {unused:?}");
     drop(inner);
     let _ = std::fs::remove_dir_all(&dir);
 }

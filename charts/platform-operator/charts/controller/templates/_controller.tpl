@@ -146,14 +146,10 @@ rules:
   # Instances: watched in every namespace; finalizer added and removed by merge patch; status.
   - apiGroups: [platform.di-framework.dev]
     resources: [platforminstances]
-    verbs: [get, list, watch, patch]
+    verbs: [list, watch, patch]
   - apiGroups: [platform.di-framework.dev]
     resources: [platforminstances/status]
     verbs: [patch]
-  # Owner references with blockOwnerDeletion on each instance's kubeconfig Secret.
-  - apiGroups: [platform.di-framework.dev]
-    resources: [platforminstances/finalizers]
-    verbs: [update]
   # Host namespaces: applied, annotated, deleted.
   - apiGroups: [""]
     resources: [namespaces]
@@ -164,20 +160,22 @@ rules:
   - apiGroups: [""]
     resources: [secrets]
     verbs: [get, list, watch, create, update, patch, delete]
-  # service/vcluster: watched everywhere, recreated on drift, installed by Helm.
+  # service/vcluster: watched everywhere, deleted and recreated on drift; Helm installs, upgrades
+  # (patch) and uninstalls the release's Services.
   - apiGroups: [""]
     resources: [services]
-    verbs: [get, list, watch, create, update, patch, delete]
-  # Owner references relinked in host namespaces; the vCluster chart's ConfigMaps.
+    verbs: [get, list, watch, create, patch, delete]
+  # Owner references relinked in host namespaces (list, patch); the vCluster chart's ConfigMaps.
   - apiGroups: [""]
     resources: [configmaps]
-    verbs: [get, list, watch, create, update, patch, delete]
+    verbs: [get, list, create, patch, delete]
   - apiGroups: [networking.k8s.io]
     resources: [networkpolicies]
     verbs: [get, create, patch]
+  # The vCluster StatefulSet: read for readiness; installed, upgraded and uninstalled by Helm.
   - apiGroups: [apps]
     resources: [statefulsets]
-    verbs: [get, list, watch, create, update, patch, delete]
+    verbs: [get, create, patch, delete]
   # Events about instances.
   - apiGroups: [events.k8s.io]
     resources: [events]
@@ -186,7 +184,7 @@ rules:
   # apply: a patch, and a create the first time; both name the object).
   - apiGroups: [admissionregistration.k8s.io]
     resources: [validatingadmissionpolicies, validatingadmissionpolicybindings]
-    verbs: [get, create, patch]
+    verbs: [create, patch]
     resourceNames: [platform-operator-protect-vcluster-service]
   # The vCluster chart's own objects (ServiceAccounts, Role and RoleBinding) ...
   - apiGroups: [""]
