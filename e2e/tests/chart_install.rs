@@ -522,7 +522,7 @@ async fn install_upgrade_uninstall_and_install_again_keep_the_crd_claim_and_pass
     assert!(out.success, "{}", out.stderr);
     assert_eq!(
         passphrase(&cluster, &ns),
-        (secret_uid, first),
+        (secret_uid, first.clone()),
         "same Secret, same passphrase"
     );
     let adopted = get(
@@ -546,6 +546,65 @@ async fn install_upgrade_uninstall_and_install_again_keep_the_crd_claim_and_pass
             .find("PersistentVolumeClaim", "platform-operator-state")
             .is_some()
     );
+
+    // A lost passphrase Secret is never replaced by a new passphrase: the upgrade fails until it
+    // is restored, and then goes on with the same passphrase.
+    let saved = cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &ns,
+                "get",
+                "secret",
+                "platform-operator-passphrase",
+                "-o",
+                "json",
+            ],
+            None,
+        )
+        .expect("the Secret");
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &ns,
+                "delete",
+                "secret",
+                "platform-operator-passphrase",
+            ],
+            None,
+        )
+        .expect("delete");
+    let out = helm_release(&helm, "upgrade", &ns, &[], &[]);
+    assert!(
+        !out.success,
+        "an upgrade without the passphrase Secret must fail"
+    );
+    assert!(
+        out.stderr.contains("Secret")
+            && out.stderr.contains(
+                "platform-operator-passphrase is missing but the operator's state exists"
+            ),
+        "{}",
+        out.stderr
+    );
+    let mut restored: Value = serde_json::from_str(&saved).expect("json");
+    for field in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        if let Some(meta) = restored["metadata"].as_object_mut() {
+            meta.remove(field);
+        }
+    }
+    cluster
+        .kubectl_ok(&["create", "-f", "-"], Some(&restored.to_string()))
+        .expect("restore the Secret");
+    let out = helm_release(&helm, "upgrade", &ns, &[], &[]);
+    assert!(out.success, "{}", out.stderr);
+    assert_eq!(passphrase(&cluster, &ns).1, first);
     let _ = std::fs::remove_dir_all(dir);
 }
 
