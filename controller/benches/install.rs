@@ -113,8 +113,6 @@ async fn main() {
             "--install-platform=true",
             "--log-level",
             "info",
-            "--target-poll",
-            "1s",
         ],
     );
     let first = one(&cluster, &controller, &registry, &version, "first").await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 /// The pid file's name in the instance's state directory.
@@ -48,35 +48,85 @@ impl Output {
     }
 }
 
-/// Kills the process group when dropped, unless disarmed.
-struct GroupGuard {
+/// Owns a running tool: when dropped before it finished (a timeout, a cancel), it kills the
+/// tool's whole tree first, and only then lets go of the child (which tokio then reaps).
+struct Running {
+    child: Option<tokio::process::Child>,
     pgid: Option<i32>,
     pid_file: PathBuf,
 }
 
-impl GroupGuard {
-    fn disarm(&mut self) {
+impl Running {
+    fn finished(&mut self) {
         self.pgid = None;
         let _ = std::fs::remove_file(&self.pid_file);
     }
 }
 
-impl Drop for GroupGuard {
+impl Drop for Running {
     fn drop(&mut self) {
         if let Some(pgid) = self.pgid.take() {
             kill_group(pgid);
             let _ = std::fs::remove_file(&self.pid_file);
         }
+        drop(self.child.take());
     }
 }
 
+/// The parent of every live process, from `/proc/<pid>/stat`.
+fn parents() -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().nth(1)?.parse::<i32>().ok());
+        if let Some(ppid) = ppid {
+            out.push((pid, ppid));
+        }
+    }
+    out
+}
+
+/// Kills the process group `pgid` and every descendant of its leader, wherever they are:
+/// Pulumi starts its plugins (language host, providers) in process groups of their own. The
+/// tree is collected before anything is killed, while the parent links still hold.
 fn kill_group(pgid: i32) {
     if pgid <= 1 {
         return;
     }
+    let links = parents();
+    let mut tree = vec![pgid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            links
+                .iter()
+                .filter(|(pid, ppid)| *ppid == parent && !tree.contains(pid))
+                .map(|(pid, _)| *pid)
+                .collect::<Vec<_>>(),
+        );
+        i += 1;
+    }
     // The state lock a killed pulumi leaves is cleared before the next run (only the leader
     // runs tools), so there is nothing to wait for.
     let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    for pid in tree.into_iter().skip(1) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
 }
 
 /// The start time (clock ticks since boot) of process `pid`, from `/proc/<pid>/stat`.
@@ -111,6 +161,15 @@ pub fn reap(dir: &Path) -> bool {
     true
 }
 
+/// Everything a pipe gives until it closes.
+async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    if let Some(mut p) = pipe {
+        p.read_to_end(&mut buf).await?;
+    }
+    Ok(buf)
+}
+
 /// Runs `cmd` to completion as the leader of a new process group, feeding `stdin`, recording
 /// the group in `dir`'s pid file while it runs. Dropping the returned future kills the group.
 pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io::Result<Output> {
@@ -127,27 +186,37 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
     let mut child = cmd.spawn()?;
     let pid = child.id().map(|p| p as i32);
     let pid_file = dir.join(PID_FILE);
-    let mut guard = GroupGuard {
-        pgid: pid,
-        pid_file: pid_file.clone(),
-    };
     if let Some(pid) = pid
         && let Some(started) = start_time(pid)
     {
         let _ = std::fs::write(&pid_file, format!("{pid} {started}\n"));
     }
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input).await?;
+    let (input, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    let mut running = Running {
+        child: Some(child),
+        pgid: pid,
+        pid_file,
+    };
+    if let (Some(data), Some(mut pipe)) = (stdin, input) {
+        pipe.write_all(data).await?;
         drop(pipe);
     }
-    let out = child.wait_with_output().await?;
+    let Some(child) = running.child.as_mut() else {
+        return Err(std::io::Error::other("the tool's process is gone"));
+    };
+    let (status, out, err) = tokio::try_join!(child.wait(), read_all(stdout), read_all(stderr))?;
     // The leader is gone; stop anything it left in its group (a plugin it did not reap).
-    if let Some(pgid) = guard.pgid
+    if let Some(pgid) = running.pgid
         && killpg(Pid::from_raw(pgid), None).is_ok()
     {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
-    guard.disarm();
+    running.finished();
+    let out = std::process::Output {
+        status,
+        stdout: out,
+        stderr: err,
+    };
     Ok(Output {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -210,6 +279,33 @@ mod tests {
         }
         assert!(!alive(grandchild), "the grandchild died with its group");
         assert!(!d.join(PID_FILE).exists());
+    }
+
+    #[tokio::test]
+    async fn a_timeout_kills_children_that_left_the_group() {
+        let d = dir("setsid");
+        let marker = d.join("escaped.pid");
+        // The child starts a grandchild in a process group of its own (as pulumi does with its
+        // plugins), then waits.
+        let mut cmd = Command::new("python3");
+        cmd.arg("-c").arg(format!(
+            "import subprocess, time\np = subprocess.Popen(['sleep', '300'], start_new_session=True)\nopen('{}', 'w').write(str(p.pid))\ntime.sleep(300)",
+            marker.display()
+        ));
+        let run = run(cmd, None, &d);
+        let _ = tokio::time::timeout(Duration::from_millis(1500), run).await;
+        let escaped: i32 = std::fs::read_to_string(&marker)
+            .expect("grandchild started")
+            .trim()
+            .parse()
+            .expect("pid");
+        for _ in 0..50 {
+            if !alive(escaped) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!alive(escaped), "a descendant in its own group died too");
     }
 
     #[tokio::test]
