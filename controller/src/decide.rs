@@ -122,6 +122,8 @@ pub struct InstallObserved {
     pub repair_due: bool,
     /// The installer is turned off (`--install-platform=false`).
     pub disabled: bool,
+    /// A person asked for a retry (a new value of the retry annotation): repair at once.
+    pub retry_requested: bool,
 }
 
 /// Everything observed about one instance.
@@ -763,13 +765,20 @@ fn decide_install(
             "Repairing",
             format!("the repair preview found {drift}; installing {requested} again"),
         ))
+    } else if let Some(e) = &i.preview_failed {
+        Some((
+            "Repairing",
+            format!("the repair preview failed ({e}); installing {requested} again"),
+        ))
+    } else if i.retry_requested {
+        Some((
+            "Repairing",
+            format!(
+                "a retry was requested (annotation platform.di-framework.dev/retry); installing {requested} again"
+            ),
+        ))
     } else {
-        i.preview_failed.as_ref().map(|e| {
-            (
-                "Repairing",
-                format!("the repair preview failed ({e}); installing {requested} again"),
-            )
-        })
+        None
     };
     if let Some((reason, message)) = need {
         let mode = if reason == "Repairing" || interrupted && at_requested {
@@ -1368,6 +1377,13 @@ mod tests {
             i.preview_failed = Some("pulumi preview failed".into());
         }));
         assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    }
+
+    #[test]
+    fn a_retry_request_repairs_an_installed_instance_at_once() {
+        let plan = decide(&with_install(|i| i.retry_requested = true));
+        assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+        assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
     }
 
     #[test]

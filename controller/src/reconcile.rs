@@ -254,7 +254,19 @@ fn install_observed(
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
         disabled: !ctx.settings.install_platform,
+        retry_requested: retry_requested(pi),
     }
+}
+
+/// The retry annotation has a value the status has not acknowledged yet.
+fn retry_requested(pi: &PlatformInstance) -> bool {
+    let retry = pi.annotations().get(RETRY_ANNOTATION);
+    retry.is_some()
+        && retry
+            != pi
+                .status
+                .as_ref()
+                .and_then(|s| s.acknowledged_retry.as_ref())
 }
 
 /// The vCluster chart's values for one instance: the exported kubeconfig names the in-cluster
@@ -1110,12 +1122,7 @@ pub async fn reconcile(
     let timer = ctx.metrics.reconcile_duration.start_timer();
     let key = key(&pi);
     let retry = pi.annotations().get(RETRY_ANNOTATION).cloned();
-    let retry_requested = retry.is_some()
-        && retry
-            != pi
-                .status
-                .as_ref()
-                .and_then(|s| s.acknowledged_retry.clone());
+    let retry_requested = retry_requested(&pi);
     if retry_requested {
         tracing::info!(instance = %key, "retry requested by annotation");
         for k in [key.clone(), install_key(&pi), preview_key(&pi)] {
