@@ -767,7 +767,7 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
         &[
             "rbac.clusterAdmin=false",
             "targetPoll=1s",
-            "webhook.certLifetime=90s",
+            "webhook.certLifetime=60s",
             "installTimeout=5m",
             &registry_set,
         ],
@@ -1046,6 +1046,30 @@ spec:
     );
     assert!(!dir.join("state").join(&team).join("one").exists());
 
+    // The webhook rotates its certificate (webhook.certLifetime=60s: a new pair is prepared at
+    // half of it) by updating its Secret, as its Role allows.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let metrics = plain_get(webhook.ops_port, "/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let prepared = metrics
+            .lines()
+            .filter(|l| l.starts_with("platform_operator_webhook_certificate_rotations_total"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum::<f64>();
+        if prepared >= 1.0 {
+            break;
+        }
+        webhook.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "the webhook did not rotate\n{}",
+            webhook.describe()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     webhook.assert_never_forbidden();
     controller.assert_never_forbidden();
 
