@@ -16,7 +16,14 @@ pub enum LogFormat {
 pub struct LogArgs {
     /// Log filter: a level (error, warn, info, debug, trace) or a full `tracing` directive list
     /// such as `info,controller=debug`. `RUST_LOG` overrides it.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    /// `--zap-log-level` (the Go operator's name, as in the seed's `extraArgs` example) is
+    /// accepted too.
+    #[arg(
+        long,
+        alias = "zap-log-level",
+        env = "LOG_LEVEL",
+        default_value = "info"
+    )]
     pub log_level: String,
 
     /// Log line format.

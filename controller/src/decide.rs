@@ -749,6 +749,11 @@ fn decide_install(
     let interrupted = last.is_some_and(|l| l.result == InstallResult::Running);
     let failed = last.and_then(|l| l.failure.map(|f| (f, l.message.clone())));
     let backing_off = matches!(i.task, TaskState::Failed(_));
+    // No task runs here, so a last run that is not `Succeeded` did not finish well.
+    let unsettled = i
+        .last
+        .as_ref()
+        .filter(|l| l.result != InstallResult::Succeeded);
     let hash_differs = i.desired_hash.is_some() && i.desired_hash != i.applied_hash;
 
     let need = if interrupted {
@@ -760,6 +765,22 @@ fn decide_install(
         ))
     } else if !at_requested || hash_differs {
         Some(("Installing", what.clone()))
+    } else if let Some(l) = unsettled {
+        // A run that failed, timed out or was interrupted (at any version: spec.version may
+        // have been set back to the installed one) left the workspace, the stack's config and
+        // perhaps the cluster part-way: put the installed version back at once.
+        Some((
+            "Repairing",
+            format!(
+                "the last run ({} of {}) did not succeed; installing {requested} again",
+                match l.result {
+                    InstallResult::Running => "interrupted",
+                    InstallResult::TimedOut => "timed out",
+                    _ => "failed",
+                },
+                l.version
+            ),
+        ))
     } else if let Some(drift) = &i.drift {
         Some((
             "Repairing",
@@ -1377,6 +1398,36 @@ mod tests {
             i.preview_failed = Some("pulumi preview failed".into());
         }));
         assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    }
+
+    #[test]
+    fn a_failed_run_at_another_version_is_put_back_at_once() {
+        // 6.0.22 installed; the upgrade to 6.0.24 timed out; spec.version is set back.
+        let plan = decide(&with_install(|i| {
+            i.last = Some(LastRun {
+                version: "6.0.24".into(),
+                result: InstallResult::TimedOut,
+                failure: Some(Failure::InstallTimedOut),
+                message: "timed out".into(),
+            });
+        }));
+        assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+        assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
+        assert_eq!(cond(&plan, c::INSTALLED), (true, "Installed"));
+        // A repair that failed at the installed version is retried (with backoff), not Ready.
+        let plan = decide(&with_install(|i| {
+            i.task = TaskState::Failed("boom".into());
+            i.last = Some(LastRun {
+                version: "6.0.22".into(),
+                result: InstallResult::Failed,
+                failure: Some(Failure::InstallFailed),
+                message: "boom".into(),
+            });
+        }));
+        assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+        assert_eq!(plan.requeue, Requeue::Backoff);
+        assert_eq!(cond(&plan, c::INSTALLED), (false, "InstallFailed"));
+        assert!(!cond(&plan, c::READY).0);
     }
 
     #[test]

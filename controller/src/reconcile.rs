@@ -28,6 +28,7 @@ use serde_json::json;
 
 use crate::decide::{
     self, Action, Cleanup, InstallObserved, LastRun, Observed, OwnerService, Plan, Protection,
+    TaskState,
 };
 use crate::helm::{Helm, RELEASE, release_from_secrets};
 use crate::installer::config::{self as program, ProgramConfig};
@@ -222,6 +223,7 @@ async fn program_config(
 fn install_observed(
     ctx: &Context,
     pi: &PlatformInstance,
+    tasks: (TaskState, TaskState),
     record: &Record,
     config: Option<&Result<ProgramConfig, String>>,
 ) -> InstallObserved {
@@ -238,8 +240,8 @@ fn install_observed(
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
         config_error: config.and_then(|c| c.as_ref().err()).cloned(),
-        task: ctx.tasks.state(&install_key(pi)),
-        preview_task: ctx.tasks.state(&preview_key(pi)),
+        task: tasks.0,
+        preview_task: tasks.1,
         last: record.last_install.as_ref().map(|l| LastRun {
             version: l.version.clone(),
             result: l.result,
@@ -508,6 +510,13 @@ async fn observe(
     } else {
         Cleanup::Missing
     };
+    // The tasks' states before the record: a task that finishes in between then shows as a
+    // running task over a finished record (harmless), never as an idle task over a `Running`
+    // record (which reads as an interrupted install).
+    let tasks = (
+        ctx.tasks.state(&install_key(pi)),
+        ctx.tasks.state(&preview_key(pi)),
+    );
     let record = ctx.installer.record(&ns, &pi.name_any());
     let config = match (&exported, api) {
         (Some(k), Some(true)) if pi.meta().deletion_timestamp.is_none() => {
@@ -515,7 +524,7 @@ async fn observe(
         }
         _ => None,
     };
-    let install = install_observed(ctx, pi, &record, config.as_ref());
+    let install = install_observed(ctx, pi, tasks, &record, config.as_ref());
     let observed = Observed {
         generation: pi.meta().generation.unwrap_or(0),
         deleting: pi.meta().deletion_timestamp.is_some(),
@@ -648,8 +657,11 @@ async fn act(
                     }
                     install.1.await
                 };
-                ctx.tasks
-                    .submit(&key(pi), true, timed(&ctx.metrics, "install", work));
+                ctx.tasks.submit(
+                    &key(pi),
+                    true,
+                    timed(&ctx.metrics.helm_duration, "install", work),
+                );
             }
             Action::WriteKubeconfig => {
                 let Some(kubeconfig) = &exported else {
@@ -696,8 +708,11 @@ async fn act(
                     }
                     install.await
                 };
-                ctx.tasks
-                    .submit(&key(pi), false, timed(&ctx.metrics, "restore", work));
+                ctx.tasks.submit(
+                    &key(pi),
+                    false,
+                    timed(&ctx.metrics.helm_duration, "restore", work),
+                );
             }
             Action::RelinkOwnerService { old_uid } => {
                 relink_owner_references(ctx, &host_ns, old_uid).await?;
@@ -727,7 +742,7 @@ async fn act(
                 ctx.tasks.submit(
                     &install_key(pi),
                     true,
-                    timed_install(&ctx.metrics, mode.as_str(), work),
+                    timed(&ctx.metrics.install_duration, mode.as_str(), work),
                 );
             }
             Action::Preview => {
@@ -738,7 +753,7 @@ async fn act(
                 ctx.tasks.submit(
                     &preview_key(pi),
                     true,
-                    timed_install(&ctx.metrics, "preview", work),
+                    timed(&ctx.metrics.install_duration, "preview", work),
                 );
             }
             Action::CancelInstall => {
@@ -752,8 +767,11 @@ async fn act(
                 let (helm, namespace) = (ctx.helm.clone(), host_ns.clone());
                 let work =
                     async move { helm.uninstall(&namespace).await.map_err(|e| e.to_string()) };
-                ctx.tasks
-                    .submit(&key(pi), false, timed(&ctx.metrics, "uninstall", work));
+                ctx.tasks.submit(
+                    &key(pi),
+                    false,
+                    timed(&ctx.metrics.helm_duration, "uninstall", work),
+                );
             }
             Action::DeleteNamespace => {
                 match Api::<Namespace>::all(client.clone())
@@ -841,32 +859,14 @@ fn chart_install(
     (driver, work.boxed())
 }
 
-/// Wraps a helm task so its duration lands in the histogram, by operation and outcome.
+/// Wraps a task so its duration lands in `histogram` (Helm's or the installer's), by operation
+/// and outcome.
 fn timed(
-    metrics: &crate::metrics::Metrics,
+    histogram: &prometheus::HistogramVec,
     operation: &'static str,
     work: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
 ) -> futures::future::BoxFuture<'static, Result<(), String>> {
-    let histogram = metrics.helm_duration.clone();
-    async move {
-        let start = Instant::now();
-        let result = work.await;
-        let outcome = if result.is_ok() { "ok" } else { "error" };
-        histogram
-            .with_label_values(&[operation, outcome])
-            .observe(start.elapsed().as_secs_f64());
-        result
-    }
-    .boxed()
-}
-
-/// Wraps an installer task so its duration lands in the histogram, by operation and outcome.
-fn timed_install(
-    metrics: &crate::metrics::Metrics,
-    operation: &'static str,
-    work: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
-) -> futures::future::BoxFuture<'static, Result<(), String>> {
-    let histogram = metrics.install_duration.clone();
+    let histogram = histogram.clone();
     async move {
         let start = Instant::now();
         let result = work.await;
@@ -1166,7 +1166,12 @@ pub async fn reconcile(
     Ok(match plan.requeue {
         decide::Requeue::Poll => Requeue::requeue(ctx.settings.target_poll),
         decide::Requeue::Backoff => {
-            Requeue::requeue(ctx.tasks.retry_in(&key).max(Duration::from_secs(1)))
+            let wait = [key.clone(), install_key(&pi), preview_key(&pi)]
+                .iter()
+                .map(|k| ctx.tasks.retry_in(k))
+                .max()
+                .unwrap_or_default();
+            Requeue::requeue(wait.max(Duration::from_secs(1)))
         }
         decide::Requeue::Idle => Requeue::requeue(ctx.settings.repair_interval),
     })

@@ -230,7 +230,7 @@ impl Installer {
         previous: &Record,
     ) -> Result<(pulumi::Counts, Endpoints, Vec<String>), StepError> {
         process::reap(dir);
-        passphrase::check(&self.passphrase_file, dir).map_err(|e| {
+        let unrecorded = passphrase::check(&self.passphrase_file, dir).map_err(|e| {
             let failure = match e {
                 passphrase::PassphraseError::Mismatch { .. } => Failure::PassphraseMismatch,
                 passphrase::PassphraseError::Store { .. } => Failure::StateUnavailable,
@@ -273,6 +273,13 @@ impl Installer {
             };
             (failure, e.to_string())
         })?;
+        // Pulumi decrypted and wrote the state with this passphrase: it is the one to check
+        // against from now on.
+        if let Some(verifier) = unrecorded {
+            verifier
+                .store(dir)
+                .map_err(|e| (Failure::StateUnavailable, e.to_string()))?;
+        }
         let endpoints = Endpoints {
             http: outputs
                 .get("httpEndpoint")
@@ -445,6 +452,22 @@ pub fn membership_secret_name(instance: &str, tenant: &str, user: &str) -> Strin
     format!("{instance}-{tenant}-{user}-kubeconfig")
 }
 
+/// Whether Secret `name` is free or a membership kubeconfig of `instance` (never overwrite or
+/// delete another's Secret, such as an instance's admin kubeconfig of the same name).
+async fn owned_by(secrets: &Api<Secret>, name: &str, instance: &str) -> Result<bool, String> {
+    let existing = secrets
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading the Secret {name} failed: {e}"))?;
+    Ok(existing.is_none_or(|s| {
+        s.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MEMBERSHIP_LABEL))
+            .is_some_and(|owner| owner == instance)
+    }))
+}
+
 /// Writes one Secret per membership kubeconfig the program returned, and deletes the ones an
 /// earlier install wrote that are gone now. Returns the names written.
 async fn write_membership_secrets(
@@ -472,6 +495,17 @@ async fn write_membership_secrets(
             return Err("the program's kubeconfigs output has an entry without tenant, user or kubeconfig; the platform version may not match this operator".into());
         }
         let name = membership_secret_name(&job.name, tenant, user);
+        if written.contains(&name) {
+            return Err(format!(
+                "two memberships map onto one Secret name {name} (tenant and user names joined by '-'); rename a tenant or user"
+            ));
+        }
+        if !owned_by(&secrets, &name, &job.name).await? {
+            return Err(format!(
+                "the Secret {name} exists and is not a membership kubeconfig of {}; rename it, or the tenant or user",
+                job.name
+            ));
+        }
         let secret = json!({
             "apiVersion": "v1",
             "kind": "Secret",
@@ -501,6 +535,9 @@ async fn write_membership_secrets(
         written.push(name);
     }
     for stale in previous.iter().filter(|p| !written.contains(p)) {
+        if !owned_by(&secrets, stale, &job.name).await? {
+            continue;
+        }
         match secrets.delete(stale, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}

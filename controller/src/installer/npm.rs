@@ -93,6 +93,16 @@ const UNREACHABLE: [&str; 9] = [
     "ECONNABORTED",
 ];
 
+/// `url` with any credentials in it (`user:token@`) replaced, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// Maps npm's `--json` error object onto an error.
 pub fn classify(stdout: &str, package: &str, version: &str, registry: &str) -> NpmError {
     let (code, summary) = match serde_json::from_str::<ErrorReport>(stdout.trim()) {
@@ -145,8 +155,9 @@ impl Npm {
                 "--fetch-retry-mintimeout=2000",
                 "--fetch-retry-maxtimeout=10000",
             ])
-            .arg(format!("--registry={}", self.registry))
-            .arg(format!("--cache={}", self.cache.display()));
+            .arg(format!("--cache={}", self.cache.display()))
+            // In the environment, not argv: a mirror URL may carry credentials.
+            .env("npm_config_registry", &self.registry);
         let out = process::run(cmd, None, state)
             .await
             .map_err(|source| NpmError::Spawn {
@@ -156,7 +167,12 @@ impl Npm {
         if out.success() {
             Ok(out.elapsed)
         } else {
-            Err(classify(&out.stdout, package, version, &self.registry))
+            Err(classify(
+                &out.stdout,
+                package,
+                version,
+                &redact(&self.registry),
+            ))
         }
     }
 }
@@ -164,6 +180,15 @@ impl Npm {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_a_registry_url_never_reach_a_message() {
+        assert_eq!(
+            redact("https://user:s3cret@npm.example/repo/"),
+            "https://***@npm.example/repo/"
+        );
+        assert_eq!(redact("https://npm.example/"), "https://npm.example/");
+    }
 
     #[test]
     fn error_codes_map_onto_errors_with_the_fix() {

@@ -52,7 +52,7 @@ pub enum PassphraseError {
     },
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Verifier {
     salt: String,
     iterations: u32,
@@ -83,15 +83,38 @@ fn derive(passphrase: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
     out
 }
 
-/// Reads the passphrase file and checks it against `dir`'s verifier, recording one when `dir`
-/// has none yet.
-pub fn check(passphrase_file: &Path, dir: &Path) -> Result<(), PassphraseError> {
-    let passphrase =
-        std::fs::read(passphrase_file).map_err(|source| PassphraseError::Unreadable {
-            path: passphrase_file.to_path_buf(),
-            source,
-        })?;
-    if passphrase.iter().all(u8::is_ascii_whitespace) {
+/// A verifier for a passphrase no verifier was recorded for yet: stored only once Pulumi has
+/// accepted that passphrase (an install succeeded), so a wrong passphrase is never recorded.
+#[derive(Debug)]
+pub struct Unrecorded(Verifier);
+
+impl Unrecorded {
+    /// Writes the verifier into `dir` (a temporary file renamed over, so never half written).
+    pub fn store(&self, dir: &Path) -> Result<(), PassphraseError> {
+        let file = dir.join(FILE);
+        let tmp = dir.join(format!(".{FILE}.tmp"));
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(
+                &tmp,
+                serde_json::to_vec(&self.0).map_err(std::io::Error::other)?,
+            )?;
+            std::fs::rename(&tmp, &file)
+        };
+        write().map_err(|source| PassphraseError::Store { path: file, source })
+    }
+}
+
+/// Reads the passphrase file (surrounding white space trimmed, as Pulumi reads it) and checks it
+/// against `dir`'s verifier. With no verifier yet, returns one to store after a successful
+/// install.
+pub fn check(passphrase_file: &Path, dir: &Path) -> Result<Option<Unrecorded>, PassphraseError> {
+    let raw = std::fs::read(passphrase_file).map_err(|source| PassphraseError::Unreadable {
+        path: passphrase_file.to_path_buf(),
+        source,
+    })?;
+    let passphrase = raw.trim_ascii();
+    if passphrase.is_empty() {
         return Err(PassphraseError::Empty {
             path: passphrase_file.to_path_buf(),
         });
@@ -107,12 +130,12 @@ pub fn check(passphrase_file: &Path, dir: &Path) -> Result<(), PassphraseError> 
             ring::pbkdf2::PBKDF2_HMAC_SHA256,
             NonZeroU32::new(v.iterations.max(1)).unwrap_or(NonZeroU32::MIN),
             &salt,
-            &passphrase,
+            passphrase,
             &want,
         )
         .is_ok();
         return if ok {
-            Ok(())
+            Ok(None)
         } else {
             Err(PassphraseError::Mismatch {
                 path: passphrase_file.to_path_buf(),
@@ -126,22 +149,11 @@ pub fn check(passphrase_file: &Path, dir: &Path) -> Result<(), PassphraseError> 
             path: file.clone(),
             source: std::io::Error::other("no system randomness"),
         })?;
-    let verifier = Verifier {
+    Ok(Some(Unrecorded(Verifier {
         salt: hex(&salt),
         iterations: ITERATIONS,
-        hash: hex(&derive(&passphrase, &salt, ITERATIONS)),
-    };
-    let store = || -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
-        std::fs::write(
-            &file,
-            serde_json::to_vec(&verifier).map_err(std::io::Error::other)?,
-        )
-    };
-    store().map_err(|source| PassphraseError::Store {
-        path: file.clone(),
-        source,
-    })
+        hash: hex(&derive(passphrase, &salt, ITERATIONS)),
+    })))
 }
 
 #[cfg(test)]
@@ -164,10 +176,23 @@ mod tests {
             Err(PassphraseError::Empty { .. })
         ));
         std::fs::write(&pass, "correct horse").expect("write");
-        check(&pass, &dir).expect("first run records the verifier");
+        let unrecorded = check(&pass, &dir)
+            .expect("no verifier yet")
+            .expect("one to record");
+        assert!(
+            !dir.join(FILE).exists(),
+            "recorded only after Pulumi accepted it"
+        );
+        unrecorded.store(&dir).expect("store");
         let recorded = std::fs::read_to_string(dir.join(FILE)).expect("verifier");
         assert!(!recorded.contains("correct horse"));
-        check(&pass, &dir).expect("same passphrase");
+        assert!(check(&pass, &dir).expect("same passphrase").is_none());
+        std::fs::write(&pass, "correct horse\n").expect("write");
+        assert!(
+            check(&pass, &dir)
+                .expect("a trailing newline is trimmed, as Pulumi does")
+                .is_none()
+        );
         std::fs::write(&pass, "battery staple").expect("write");
         let e = check(&pass, &dir).expect_err("changed passphrase");
         assert!(matches!(e, PassphraseError::Mismatch { .. }));
