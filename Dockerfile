@@ -81,6 +81,11 @@ COPY --from=build /out/webhook /usr/local/bin/webhook
 COPY --from=tools /out/bin/ /usr/local/bin/
 # --vcluster-chart's default; the controller checks it against VCLUSTER_CHART_SHA256 at start.
 COPY --from=tools /out/vcluster.tgz /opt/platform-operator/charts/vcluster-0.37.3.tgz
+# The system CA store: Helm and the Pulumi CLI (Go programs) verify TLS with it when they fetch
+# plugins and charts; the slim Node.js base image leaves it empty.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
 # Mount points (the chart mounts the state claim, the passphrase Secret and two emptyDirs) and a
 # HOME that works without the chart too.
 RUN mkdir -p /home/platform-operator /var/lib/platform-operator/state /etc/platform-operator/passphrase \

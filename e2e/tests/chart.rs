@@ -558,6 +558,7 @@ fn the_schema_rejects_wrong_types_and_shapes() {
             "at '/installTimeout': got number, want string",
         ),
         ("repairInterval=soon", "at '/repairInterval'"),
+        ("repairInterval=0s", "at '/repairInterval'"),
         ("targetPoll=10", "at '/targetPoll'"),
         (
             "maxConcurrentInstalls=0",
@@ -685,8 +686,15 @@ fn rules_across_values_fail_with_a_one_line_reason() {
             "{sets:?}: expected {message:?} in:\n{err}"
         );
     }
-    // One replica without leader election is fine, and so is more than one with it.
-    render(&["replicaCount=1", "leaderElect=false"]);
+    // One replica without leader election is fine (and the flag says so), and so is more than
+    // one with it.
+    let r = render(&["replicaCount=1", "leaderElect=false"]);
+    assert!(
+        r.args("platform-operator-controller")
+            .contains(&"--leader-elect=false".to_string()),
+        "{:?}",
+        r.args("platform-operator-controller")
+    );
     render(&["replicaCount=2"]);
 }
 

@@ -232,6 +232,11 @@ fn the_image_puts_everything_where_the_binaries_and_the_chart_expect_it() {
         Some("sha256:${VCLUSTER_CHART_SHA256}")
     );
     assert!(all(runtime, "ARG").any(|a| a == "VCLUSTER_CHART_SHA256"));
+    // Helm and pulumi are Go programs that read the system CA store (node brings its own).
+    assert!(
+        all(runtime, "RUN").any(|r| r.contains("apt-get install") && r.contains("ca-certificates")),
+        "the runtime stage installs the system CA certificates"
+    );
     assert!(
         all(tools, "RUN")
             .any(|r| r.contains("${VCLUSTER_CHART_SHA256}  vcluster.tgz\" | sha256sum -c -")),

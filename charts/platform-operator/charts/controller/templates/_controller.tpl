@@ -223,6 +223,10 @@ metadata:
     {{- include "platform-operator.labels" (dict "root" . "component" "controller") | nindent 4 }}
 spec:
   replicas: {{ .Values.replicaCount }}
+  # The old pod stops (and its helm and pulumi with it) before the new one starts: never two
+  # writers on one Pulumi stack, and a ReadWriteOnce state claim is free for the new pod.
+  strategy:
+    type: Recreate
   selector:
     matchLabels:
       {{- include "platform-operator.selectorLabels" (dict "root" . "component" "controller") | nindent 6 }}

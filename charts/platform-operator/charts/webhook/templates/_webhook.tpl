@@ -211,7 +211,8 @@ metadata:
   labels:
     {{- $labels | nindent 4 }}
 webhooks:
-  # Defaults only; when no replica answers, the controller falls back to its own default version.
+  # Defaults only; when no replica answers, an instance without spec.version is admitted and the
+  # controller reports it Stalled (InvalidSpec) until spec.version is set.
   - name: default.platform.di-framework.dev
     failurePolicy: Ignore
     reinvocationPolicy: Never
