@@ -15,6 +15,70 @@ use super::process::{self, Output};
 /// The one stack every instance project has.
 pub const STACK: &str = "dev";
 
+/// What a non-zero exit code of the Pulumi CLI means (its documented contract,
+/// `sdk/go/common/util/cmdutil/exit.go`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// 1: a general error (a failed resource or program exception included).
+    Error,
+    /// 2: bad configuration or flags.
+    Configuration,
+    /// 3: authentication.
+    Authentication,
+    /// 4: a resource error.
+    Resource,
+    /// 5: a policy violation.
+    Policy,
+    /// 6: no such stack.
+    StackNotFound,
+    /// 7: changes where none were expected.
+    UnexpectedChanges,
+    /// 8: cancelled.
+    Cancelled,
+    /// 9: timed out.
+    Timeout,
+    /// 255 or anything else: an internal error.
+    Internal,
+    /// No code: killed by a signal.
+    Killed,
+}
+
+impl Exit {
+    /// The meaning of exit code `code` (`None`: killed).
+    pub fn from_code(code: Option<i32>) -> Self {
+        match code {
+            None => Exit::Killed,
+            Some(1) => Exit::Error,
+            Some(2) => Exit::Configuration,
+            Some(3) => Exit::Authentication,
+            Some(4) => Exit::Resource,
+            Some(5) => Exit::Policy,
+            Some(6) => Exit::StackNotFound,
+            Some(7) => Exit::UnexpectedChanges,
+            Some(8) => Exit::Cancelled,
+            Some(9) => Exit::Timeout,
+            Some(_) => Exit::Internal,
+        }
+    }
+
+    /// A word for messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exit::Error => "error",
+            Exit::Configuration => "configuration error",
+            Exit::Authentication => "authentication error",
+            Exit::Resource => "resource error",
+            Exit::Policy => "policy violation",
+            Exit::StackNotFound => "stack not found",
+            Exit::UnexpectedChanges => "unexpected changes",
+            Exit::Cancelled => "cancelled",
+            Exit::Timeout => "timed out",
+            Exit::Internal => "internal error",
+            Exit::Killed => "killed",
+        }
+    }
+}
+
 /// Errors of a Pulumi operation.
 #[derive(Debug, thiserror::Error)]
 pub enum PulumiError {
@@ -27,10 +91,12 @@ pub enum PulumiError {
         source: std::io::Error,
     },
     /// A Pulumi command exited non-zero.
-    #[error("pulumi {action} failed (exit {code}): {message}")]
+    #[error("pulumi {action} failed ({}, exit {code}): {message}", .exit.as_str())]
     Failed {
         /// The subcommand.
         action: &'static str,
+        /// What the exit code means.
+        exit: Exit,
         /// Its exit code (-1: killed).
         code: i32,
         /// The program's or engine's error, from the event log when there is one.
@@ -178,6 +244,7 @@ impl Stack {
     fn failed(action: &'static str, out: &Output, message: Option<String>) -> PulumiError {
         PulumiError::Failed {
             action,
+            exit: Exit::from_code(out.code),
             code: out.code.unwrap_or(-1),
             message: message.unwrap_or_else(|| out.last_error_line()),
         }
@@ -419,6 +486,22 @@ not json
         );
         assert_eq!(errors, ["stand-in failure: boom"]);
         assert_eq!(read_event_log(""), (None, vec![]));
+    }
+
+    #[test]
+    fn exit_codes_have_their_documented_meaning() {
+        assert_eq!(Exit::from_code(Some(1)), Exit::Error);
+        assert_eq!(Exit::from_code(Some(6)), Exit::StackNotFound);
+        assert_eq!(Exit::from_code(Some(7)), Exit::UnexpectedChanges);
+        assert_eq!(Exit::from_code(Some(255)), Exit::Internal);
+        assert_eq!(Exit::from_code(None), Exit::Killed);
+        let e = PulumiError::Failed {
+            action: "up",
+            exit: Exit::from_code(Some(8)),
+            code: 8,
+            message: "x".into(),
+        };
+        assert_eq!(e.to_string(), "pulumi up failed (cancelled, exit 8): x");
     }
 
     #[test]
