@@ -365,7 +365,12 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         "one",
         "one to be Ready at 6.0.22 again",
         Duration::from_secs(300),
-        |pi| is_ready(pi, "6.0.22") && pi["status"]["lastInstall"]["version"] == "6.0.22",
+        |pi| {
+            // The repair that puts 6.0.22 back must have finished (it runs while Ready).
+            is_ready(pi, "6.0.22")
+                && pi["status"]["lastInstall"]["version"] == "6.0.22"
+                && pi["status"]["lastInstall"]["result"] == "Succeeded"
+        },
     )
     .await;
 

@@ -412,12 +412,40 @@ impl Stack {
         })
     }
 
-    /// A refreshing preview: the changes an `up` would make now (0: no drift).
+    /// A refreshing preview that expects no changes: the changes an `up` would make now (0: no
+    /// drift). Drift is the CLI's own verdict, exit code 7 ([`Exit::UnexpectedChanges`]); the
+    /// JSON report's `changeSummary` only details it.
     pub async fn preview(&self) -> Result<Counts, PulumiError> {
         let out = self
-            .run(&["preview", "--refresh", "--json", "--stack", STACK], None)
+            .run(
+                &[
+                    "preview",
+                    "--refresh",
+                    "--expect-no-changes",
+                    "--json",
+                    "--stack",
+                    STACK,
+                ],
+                None,
+            )
             .await?;
         let report: Option<Value> = serde_json::from_str(&out.stdout).ok();
+        let summary = || {
+            Counts::from_changes(
+                report
+                    .as_ref()
+                    .and_then(|r| r.get("changeSummary"))
+                    .unwrap_or(&Value::Null),
+            )
+        };
+        if Exit::from_code(out.code) == Exit::UnexpectedChanges {
+            let mut counts = summary();
+            if counts.changes() == 0 {
+                // Changes the summary does not itemise (a refresh that found an object gone).
+                counts.updated = 1;
+            }
+            return Ok(counts);
+        }
         if !out.success() {
             let message = report.as_ref().and_then(|r| {
                 let errors: Vec<String> = r
@@ -431,13 +459,13 @@ impl Stack {
             });
             return Err(Self::failed("preview", &out, message));
         }
-        let report = report.ok_or_else(|| PulumiError::Output {
-            action: "preview",
-            detail: "no JSON report".into(),
-        })?;
-        Ok(Counts::from_changes(
-            report.get("changeSummary").unwrap_or(&Value::Null),
-        ))
+        // Exit 0 with --expect-no-changes: no drift, whatever the summary itemises.
+        Ok(Counts {
+            created: 0,
+            updated: 0,
+            deleted: 0,
+            ..summary()
+        })
     }
 
     /// The stack outputs, secrets shown (they go into Secrets, never into logs or status).
