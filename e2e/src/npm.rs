@@ -438,25 +438,6 @@ fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), HarnessError
     std::fs::write(path, text + "\n").map_err(|e| HarnessError::io(path, e))
 }
 
-/// Removes the folders of shared registries whose test process has ended.
-fn sweep_ended(base: &Path) {
-    let Ok(entries) = std::fs::read_dir(base) else {
-        return;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("npm-registry-")
-            .and_then(|rest| rest.split('-').next()?.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 static SHARED: OnceLock<Result<RegistryHandle, String>> = OnceLock::new();
 
 /// One registry per test process, with the stand-ins published, started on first call (blocks
@@ -466,44 +447,28 @@ pub fn shared() -> Result<RegistryHandle, String> {
     SHARED
         .get_or_init(|| {
             let base = crate::control_plane::base_dir();
-            sweep_ended(&base);
+            crate::process::sweep_ended(&base, "npm-registry-");
             let stamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis())
                 .unwrap_or(0);
             let dir = base.join(format!("npm-registry-{}-{stamp}", std::process::id()));
-            let (tx, rx) = std::sync::mpsc::channel();
             // verdaccio dies with the thread that spawned it: a keeper thread lives as long as
             // the process.
-            let spawned = std::thread::Builder::new()
-                .name("npm-registry-keeper".into())
-                .spawn(move || {
-                    let started = Registry::start(&dir).and_then(|r| {
-                        r.publish_standins()?;
-                        Ok(r)
-                    });
-                    match started {
-                        Ok(registry) => {
-                            eprintln!(
-                                "shared npm registry at {} (log {})",
-                                registry.url(),
-                                registry.handle().log().display()
-                            );
-                            let _ = tx.send(Ok(registry.handle().clone()));
-                            let _keep = registry;
-                            loop {
-                                std::thread::park();
-                            }
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e.to_string()));
-                        }
-                    }
-                });
-            match spawned {
-                Ok(_) => rx.recv().unwrap_or_else(|e| Err(e.to_string())),
-                Err(e) => Err(e.to_string()),
-            }
+            crate::process::keep_for_process(
+                "npm-registry-keeper",
+                move || {
+                    let registry = Registry::start(&dir).map_err(|e| e.to_string())?;
+                    registry.publish_standins().map_err(|e| e.to_string())?;
+                    eprintln!(
+                        "shared npm registry at {} (log {})",
+                        registry.url(),
+                        registry.handle().log().display()
+                    );
+                    Ok(registry)
+                },
+                |registry| registry.handle().clone(),
+            )
         })
         .clone()
 }

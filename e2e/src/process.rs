@@ -47,3 +47,56 @@ fn signal(pid: i32, sig: i32) {
         libc::kill(pid, sig);
     }
 }
+
+/// Removes the folders `<prefix><pid>-…` under `base` whose test process has ended (shared
+/// fixtures keep their folders while the process runs, for their logs, and would otherwise pile
+/// up run after run).
+pub fn sweep_ended(base: &std::path::Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split('-').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Starts a fixture on a keeper thread that lives as long as the test process (processes
+/// spawned with a parent-death signal die with the thread that spawned them), and returns the
+/// handle `handle` makes of it. Blocks while it starts.
+pub fn keep_for_process<T, H>(
+    name: &str,
+    start: impl FnOnce() -> Result<T, String> + Send + 'static,
+    handle: impl FnOnce(&T) -> H + Send + 'static,
+) -> Result<H, String>
+where
+    H: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || match start() {
+            Ok(fixture) => {
+                let _ = tx.send(Ok(handle(&fixture)));
+                let _keep = fixture;
+                loop {
+                    std::thread::park();
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        });
+    match spawned {
+        Ok(_) => rx.recv().unwrap_or_else(|e| Err(e.to_string())),
+        Err(e) => Err(e.to_string()),
+    }
+}

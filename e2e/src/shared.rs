@@ -108,74 +108,36 @@ impl Shared {
 
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
 
-/// Removes the folders of shared control planes whose test process has ended (they are kept while
-/// it runs, for their logs, and would otherwise pile up run after run).
-fn sweep_ended() {
-    let Ok(entries) = std::fs::read_dir(crate::control_plane::base_dir()) else {
-        return;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("shared-")
-            .and_then(|rest| rest.split('-').next()?.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 /// The shared control plane, started on first call. Blocks while it starts.
 pub fn shared() -> Result<Shared, String> {
     SHARED
         .get_or_init(|| {
-            sweep_ended();
-            let (tx, rx) = std::sync::mpsc::channel();
-            let spawned = std::thread::Builder::new()
-                .name("control-plane-keeper".into())
-                .spawn(move || {
-                    let runtime = match tokio::runtime::Builder::new_current_thread()
+            crate::process::sweep_ended(&crate::control_plane::base_dir(), "shared-");
+            crate::process::keep_for_process(
+                "control-plane-keeper",
+                || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
-                    {
-                        Ok(r) => r,
-                        Err(e) => {
-                            let _ = tx.send(Err(e.to_string()));
-                            return;
-                        }
-                    };
-                    let started = runtime.block_on(ControlPlane::start(Options::new("shared")));
-                    match started {
-                        Ok(mut cp) => {
-                            cp.keep_files();
-                            eprintln!(
-                                "shared control plane at {} (files in {})",
-                                cp.server(),
-                                cp.dir().display()
-                            );
-                            let _ = tx.send(Ok(Shared {
-                                kubeconfig: cp.kubeconfig().to_path_buf(),
-                                dir: cp.dir().to_path_buf(),
-                                kubectl: cp.tools().bin("kubectl"),
-                                helm: cp.tools().bin("helm"),
-                            }));
-                            // Keep the control plane (and this thread) alive until the process exits.
-                            loop {
-                                std::thread::park();
-                            }
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e.to_string()));
-                        }
-                    }
-                });
-            match spawned {
-                Ok(_) => rx.recv().unwrap_or_else(|e| Err(e.to_string())),
-                Err(e) => Err(e.to_string()),
-            }
+                        .map_err(|e| e.to_string())?;
+                    let mut cp = runtime
+                        .block_on(ControlPlane::start(Options::new("shared")))
+                        .map_err(|e| e.to_string())?;
+                    cp.keep_files();
+                    eprintln!(
+                        "shared control plane at {} (files in {})",
+                        cp.server(),
+                        cp.dir().display()
+                    );
+                    Ok(cp)
+                },
+                |cp| Shared {
+                    kubeconfig: cp.kubeconfig().to_path_buf(),
+                    dir: cp.dir().to_path_buf(),
+                    kubectl: cp.tools().bin("kubectl"),
+                    helm: cp.tools().bin("helm"),
+                },
+            )
         })
         .clone()
 }
