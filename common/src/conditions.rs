@@ -89,11 +89,6 @@ pub fn merge(
     out
 }
 
-/// The condition of `type_` in `conditions`, if any.
-pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,11 +8,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-/// API group of the operator's resources.
-pub const GROUP: &str = "platform.di-framework.dev";
-/// API version served by this release.
-pub const VERSION: &str = "v1alpha1";
-
 /// Regular expression (RE2 and Rust `regex` compatible) for an exact semantic version:
 /// `MAJOR.MINOR.PATCH` with an optional pre-release, no ranges, tags or build metadata.
 pub const EXACT_VERSION_PATTERN: &str = r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)(\.(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*))*)?$";
@@ -314,6 +309,32 @@ pub enum Phase {
     Deleting,
 }
 
+impl Phase {
+    /// Every phase, in lifecycle order.
+    pub const ALL: [Phase; 7] = [
+        Phase::Pending,
+        Phase::Provisioning,
+        Phase::Installing,
+        Phase::Ready,
+        Phase::Upgrading,
+        Phase::Failed,
+        Phase::Deleting,
+    ];
+
+    /// The phase as `status.phase` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Provisioning => "Provisioning",
+            Phase::Installing => "Installing",
+            Phase::Ready => "Ready",
+            Phase::Upgrading => "Upgrading",
+            Phase::Failed => "Failed",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
 /// The observed state of an instance, written by the controller only.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -473,4 +494,20 @@ fn url_rule(schemes: &[&str]) -> kube::core::Rule {
         "must be an absolute {shown} URL with a host, such as {}://apps.example",
         schemes[0]
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phase_names_are_the_serialized_ones() {
+        for phase in Phase::ALL {
+            assert_eq!(
+                serde_json::to_value(phase).expect("json"),
+                phase.as_str(),
+                "{phase:?}"
+            );
+        }
+    }
 }

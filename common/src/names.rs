@@ -16,6 +16,31 @@ pub const RETRY_ANNOTATION: &str = "platform.di-framework.dev/retry";
 pub const APPLIED_HASH_ANNOTATION: &str = "platform.di-framework.dev/applied-hash";
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "platform-operator";
+/// The standard label naming who manages an object; the operator sets it to [`MANAGED_BY`].
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The value of [`MANAGED_BY_LABEL`] on everything the operator creates.
+pub const MANAGED_BY: &str = "platform-operator";
+/// The label selector of everything the operator creates (the controller watches its Secrets
+/// with it).
+pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=platform-operator";
+/// Annotation on a host namespace recording `service/vcluster` as `<uid>/<spec hash>`.
+pub const OWNER_SERVICE_ANNOTATION: &str = "platform.di-framework.dev/vcluster-service";
+/// The name of the vCluster's Helm release, its Service and its StatefulSet in every host
+/// namespace.
+pub const VCLUSTER: &str = "vcluster";
+/// The pod label value (`app`) of the vCluster's pods.
+pub const VCLUSTER_APP: &str = "vcluster";
+/// The NetworkPolicy in every host namespace admitting the operator to the vCluster's API.
+pub const VCLUSTER_NETWORK_POLICY: &str = "vcluster-api";
+/// The Secret in the host namespace where the vCluster exports its kubeconfig.
+pub const EXPORTED_KUBECONFIG_SECRET: &str = "vc-vcluster";
+/// The key of that Secret holding the kubeconfig.
+pub const EXPORTED_KUBECONFIG_KEY: &str = "config";
+/// The key of the instance's kubeconfig Secret (and each membership Secret) holding the
+/// kubeconfig.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+/// The controller's leader Lease in the operator's namespace.
+pub const LEADER_LEASE: &str = "platform-operator-controller";
 
 const MAX_NAMESPACE: usize = 63;
 const HASH_LEN: usize = 8;

@@ -55,8 +55,7 @@ impl Options {
     }
 }
 
-/// The user name of the admin client certificate (group `system:masters`).
-pub const ADMIN_USER: &str = "platform-operator-e2e-admin";
+pub use crate::pki::ADMIN_USER;
 
 /// The name of the fake node KWOK manages.
 pub const NODE_NAME: &str = "kwok-node-0";
@@ -452,16 +451,6 @@ impl ControlPlane {
     /// The binaries this control plane runs (kubectl and helm among them).
     pub fn tools(&self) -> &Tools {
         &self.tools
-    }
-
-    /// A cloneable handle with what tests use (kubeconfig, kubectl, helm), as [`crate::shared`] gives.
-    pub fn handle(&self) -> crate::shared::Shared {
-        crate::shared::Shared {
-            kubeconfig: self.kubeconfig.clone(),
-            dir: self.dir.clone(),
-            kubectl: self.tools.bin("kubectl"),
-            helm: self.tools.bin("helm"),
-        }
     }
 
     /// A new admin client.

@@ -11,6 +11,9 @@ use rcgen::{
 
 use crate::HarnessError;
 
+/// The user name of the admin client certificate (group `system:masters`).
+pub const ADMIN_USER: &str = "platform-operator-e2e-admin";
+
 /// Files written by [`Pki::write`].
 #[derive(Debug, Clone)]
 pub struct PkiFiles {
@@ -92,7 +95,7 @@ impl Pki {
         let admin_key = KeyPair::generate().map_err(pki_err("admin key"))?;
         let mut admin =
             CertificateParams::new(Vec::<String>::new()).map_err(pki_err("admin params"))?;
-        admin.distinguished_name = name(crate::control_plane::ADMIN_USER, Some("system:masters"));
+        admin.distinguished_name = name(ADMIN_USER, Some("system:masters"));
         admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let admin_cert = admin
             .signed_by(&admin_key, &ca)

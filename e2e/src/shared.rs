@@ -22,6 +22,18 @@ pub struct Shared {
     pub helm: PathBuf,
 }
 
+impl ControlPlane {
+    /// A cloneable handle with what tests use (kubeconfig, kubectl, helm), as [`shared`] gives.
+    pub fn handle(&self) -> Shared {
+        Shared {
+            kubeconfig: self.kubeconfig().to_path_buf(),
+            dir: self.dir().to_path_buf(),
+            kubectl: self.tools().bin("kubectl"),
+            helm: self.tools().bin("helm"),
+        }
+    }
+}
+
 impl Shared {
     /// A new admin client (create one per test: clients belong to the test's runtime).
     pub async fn client(&self) -> Result<kube::Client, HarnessError> {
@@ -131,12 +143,7 @@ pub fn shared() -> Result<Shared, String> {
                     );
                     Ok(cp)
                 },
-                |cp| Shared {
-                    kubeconfig: cp.kubeconfig().to_path_buf(),
-                    dir: cp.dir().to_path_buf(),
-                    kubectl: cp.tools().bin("kubectl"),
-                    helm: cp.tools().bin("helm"),
-                },
+                ControlPlane::handle,
             )
         })
         .clone()
