@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-use crate::decide::Release;
+use crate::decide::model::Release;
 
 /// The release name of every vCluster (one per host namespace).
-pub const RELEASE: &str = "vcluster";
+pub const RELEASE: &str = common::names::VCLUSTER;
 /// Label on the Helm release Secret naming the chart version installed.
 pub const CHART_VERSION_LABEL: &str = "platform.di-framework.dev/chart-version";
 
@@ -71,17 +71,6 @@ pub enum HelmError {
         /// Why.
         source: std::io::Error,
     },
-}
-
-impl HelmError {
-    /// A static category for metric labels.
-    pub fn category(&self) -> &'static str {
-        match self {
-            HelmError::Spawn { .. } => "spawn",
-            HelmError::Failed { .. } => "helm",
-            HelmError::Values { .. } => "values",
-        }
-    }
 }
 
 /// The helm CLI with its binary and timeout.

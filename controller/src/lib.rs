@@ -3,6 +3,7 @@
 //! admission policy that protects `service/vcluster`, and carries deletion through
 //! `deletionPolicy`.
 
+pub mod api;
 pub mod chart;
 pub mod decide;
 pub mod helm;

@@ -9,13 +9,14 @@ use anyhow::Context as _;
 use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
+use common::names::{LEADER_LEASE, MANAGED_BY_SELECTOR, VCLUSTER};
 use common::telemetry::LogArgs;
-use controller::decide::Protection;
+use controller::decide::model::Protection;
 use controller::helm::Helm;
 use controller::installer::Installer;
 use controller::leader::Election;
 use controller::metrics::Metrics;
-use controller::reconcile::{Context, Settings, error_policy, keep_policy, reconcile};
+use controller::reconcile::{Context, Settings, error_policy, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -67,6 +68,31 @@ struct Args {
     /// Image of the storage cleanup Jobs (needs `rm`).
     #[arg(long, env = "CLEANUP_IMAGE", default_value = "busybox:1.37")]
     cleanup_image: String,
+
+    /// How often a storage cleanup Job's pod is retried before the Job fails.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..))]
+    cleanup_backoff_limit: i32,
+
+    /// How long a finished storage cleanup Job is kept (its `ttlSecondsAfterFinished`).
+    #[arg(long, default_value = "24h", value_parser = common::duration::parse)]
+    cleanup_ttl: Duration,
+
+    /// How long the controller waits for a vCluster's API to answer before it reports
+    /// `WaitingForAPI`.
+    #[arg(long, default_value = "5s", value_parser = common::duration::parse)]
+    vcluster_api_timeout: Duration,
+
+    /// How often the admission policy that protects service/vcluster is applied again.
+    #[arg(long, default_value = "60s", value_parser = common::duration::parse)]
+    policy_interval: Duration,
+
+    /// How long the leader Lease lasts without renewal; another replica takes over after it.
+    #[arg(long, default_value = "15s", value_parser = common::duration::parse)]
+    leader_lease_duration: Duration,
+
+    /// How often the leader renews its Lease (well inside --leader-lease-duration).
+    #[arg(long, default_value = "4s", value_parser = common::duration::parse)]
+    leader_renew_interval: Duration,
 
     /// Root of the operator's state volume: one directory per instance.
     #[arg(long, default_value = "/var/lib/platform-operator/state")]
@@ -131,10 +157,129 @@ struct Args {
     helm_binary: String,
 }
 
+/// Host namespace → instance (`namespace`, `name`).
+type Hosts = Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>>;
+
+impl Args {
+    /// Flags that only make sense together.
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.leader_renew_interval < self.leader_lease_duration,
+            "--leader-renew-interval ({:?}) must be shorter than --leader-lease-duration ({:?})",
+            self.leader_renew_interval,
+            self.leader_lease_duration
+        );
+        Ok(())
+    }
+
+    fn election(&self, identity: &str) -> Election {
+        Election {
+            namespace: self.namespace.clone(),
+            name: LEADER_LEASE.into(),
+            identity: identity.to_string(),
+            duration: self.leader_lease_duration,
+            renew_every: self.leader_renew_interval,
+        }
+    }
+
+    fn settings(&self, chart_version: String) -> Settings {
+        Settings {
+            storage_root_base: self.storage_root_base.clone(),
+            target_poll: self.target_poll,
+            repair_interval: self.repair_interval,
+            cleanup_namespace: self
+                .cleanup_namespace
+                .clone()
+                .unwrap_or_else(|| self.namespace.clone()),
+            cleanup_image: self.cleanup_image.clone(),
+            cleanup_backoff_limit: self.cleanup_backoff_limit,
+            cleanup_ttl: self.cleanup_ttl,
+            api_probe_timeout: self.vcluster_api_timeout,
+            state_dir: self.state_dir.clone(),
+            operator_namespace: self.namespace.clone(),
+            chart: self.vcluster_chart.clone(),
+            chart_version,
+            extra_values: self.vcluster_extra_values.clone(),
+            operator_user: self.operator_user.clone().unwrap_or_else(|| {
+                format!("system:serviceaccount:{}:platform-operator", self.namespace)
+            }),
+            install_platform: self.install_platform,
+        }
+    }
+
+    fn context(
+        &self,
+        client: kube::Client,
+        settings: Settings,
+        metrics: &Metrics,
+        identity: String,
+        hosts: Hosts,
+    ) -> Context {
+        Context {
+            client,
+            installer: Installer {
+                state_dir: self.state_dir.clone(),
+                passphrase_file: self.passphrase_file.clone(),
+                registry: self.npm_registry.clone(),
+                npm_binary: self.npm_binary.clone(),
+                pulumi_binary: self.pulumi_binary.clone(),
+                timeout: self.install_timeout,
+                tool_seconds: metrics.tool_seconds.clone(),
+            },
+            helm: Helm {
+                binary: self.helm_binary.clone(),
+                timeout: self.install_timeout,
+                work_dir: std::env::temp_dir().join("platform-operator-helm"),
+            },
+            settings,
+            tasks: Tasks::new(
+                self.max_concurrent_installs.into(),
+                metrics.tasks_running.clone(),
+                metrics.tasks_queued.clone(),
+            ),
+            protection: RwLock::new(Protection::Unknown),
+            metrics: metrics.clone(),
+            reporter: kube::runtime::events::Reporter {
+                controller: "platform-operator".into(),
+                instance: Some(identity),
+            },
+            phases: Mutex::new(Default::default()),
+            hosts,
+        }
+    }
+}
+
+/// The reconcile loop over every instance, woken by its Secrets and by its `service/vcluster`.
+async fn run(client: kube::Client, ctx: Arc<Context>, hosts: Hosts) {
+    let instances: Api<PlatformInstance> = Api::all(client.clone());
+    Controller::new(instances, watcher::Config::default().any_semantic())
+        .owns(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default().labels(MANAGED_BY_SELECTOR),
+        )
+        // A change to any service/vcluster wakes the instance whose host namespace holds it.
+        .watches(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={VCLUSTER}")),
+            move |svc| {
+                let host = svc.metadata.namespace.clone().unwrap_or_default();
+                let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
+                owner.map(|(namespace, name)| {
+                    ObjectRef::<PlatformInstance>::new(&name).within(&namespace)
+                })
+            },
+        )
+        .graceful_shutdown_on(shutdown_signal())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     common::telemetry::init(&args.log)?;
+    args.check()?;
     controller::chart::verify(&args.vcluster_chart, &args.vcluster_chart_sha256)?;
     let chart_version = controller::chart::version(&args.helm_binary, &args.vcluster_chart).await?;
     tracing::info!(chart = %args.vcluster_chart.display(), %chart_version, "vCluster chart verified");
@@ -152,13 +297,7 @@ async fn main() -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| format!("controller-{}", std::process::id()))
     });
-    let election = Election {
-        namespace: args.namespace.clone(),
-        name: "platform-operator-controller".into(),
-        identity: identity.clone(),
-        duration: Duration::from_secs(15),
-        renew_every: Duration::from_secs(4),
-    };
+    let election = args.election(&identity);
     readiness.set(true);
     if args.leader_elect {
         tracing::info!(%identity, "waiting for the leader lease");
@@ -170,81 +309,11 @@ async fn main() -> anyhow::Result<()> {
     }
     metrics.leader.set(1);
 
-    let hosts: Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>> = Arc::default();
-    let tasks = Tasks::new(
-        args.max_concurrent_installs.into(),
-        metrics.tasks_running.clone(),
-        metrics.tasks_queued.clone(),
-    );
-    let settings = Settings {
-        storage_root_base: args.storage_root_base.clone(),
-        target_poll: args.target_poll,
-        repair_interval: args.repair_interval,
-        cleanup_namespace: args
-            .cleanup_namespace
-            .clone()
-            .unwrap_or_else(|| args.namespace.clone()),
-        cleanup_image: args.cleanup_image.clone(),
-        state_dir: args.state_dir.clone(),
-        operator_namespace: args.namespace.clone(),
-        chart: args.vcluster_chart.clone(),
-        chart_version,
-        extra_values: args.vcluster_extra_values.clone(),
-        operator_user: args.operator_user.clone().unwrap_or_else(|| {
-            format!("system:serviceaccount:{}:platform-operator", args.namespace)
-        }),
-        install_platform: args.install_platform,
-    };
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        installer: Installer {
-            state_dir: args.state_dir.clone(),
-            passphrase_file: args.passphrase_file.clone(),
-            registry: args.npm_registry.clone(),
-            npm_binary: args.npm_binary.clone(),
-            pulumi_binary: args.pulumi_binary.clone(),
-            timeout: args.install_timeout,
-            tool_seconds: metrics.tool_seconds.clone(),
-        },
-        helm: Helm {
-            binary: args.helm_binary.clone(),
-            timeout: args.install_timeout,
-            work_dir: std::env::temp_dir().join("platform-operator-helm"),
-        },
-        settings,
-        tasks,
-        protection: RwLock::new(Protection::Unknown),
-        metrics: metrics.clone(),
-        reporter: kube::runtime::events::Reporter {
-            controller: "platform-operator".into(),
-            instance: Some(identity),
-        },
-        phases: Mutex::new(Default::default()),
-        hosts: hosts.clone(),
-    });
-    tokio::spawn(keep_policy(ctx.clone(), Duration::from_secs(60)));
-
-    let instances: Api<PlatformInstance> = Api::all(client.clone());
-    let controller = Controller::new(instances, watcher::Config::default().any_semantic())
-        .owns(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default().labels("app.kubernetes.io/managed-by=platform-operator"),
-        )
-        // A change to any service/vcluster wakes the instance whose host namespace holds it.
-        .watches(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default().fields("metadata.name=vcluster"),
-            move |svc| {
-                let host = svc.metadata.namespace.clone().unwrap_or_default();
-                let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
-                owner.map(|(namespace, name)| {
-                    ObjectRef::<PlatformInstance>::new(&name).within(&namespace)
-                })
-            },
-        )
-        .graceful_shutdown_on(shutdown_signal())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()));
+    let hosts = Hosts::default();
+    let settings = args.settings(chart_version);
+    let ctx = Arc::new(args.context(client.clone(), settings, &metrics, identity, hosts.clone()));
+    tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
+    let controller = run(client.clone(), ctx, hosts);
 
     if args.leader_elect {
         tokio::select! {

@@ -31,10 +31,43 @@ pub struct Metrics {
     pub writes: IntCounterVec,
 }
 
+/// A histogram family with `buckets` (seconds).
+fn histograms(
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> Result<HistogramVec, prometheus::Error> {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+}
+
 impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let m = Self {
+        let m = Self::new()?;
+        let collectors: [Box<dyn prometheus::core::Collector>; 10] = [
+            Box::new(m.reconciles.clone()),
+            Box::new(m.reconcile_duration.clone()),
+            Box::new(m.instances.clone()),
+            Box::new(m.tasks_running.clone()),
+            Box::new(m.tasks_queued.clone()),
+            Box::new(m.helm_duration.clone()),
+            Box::new(m.install_duration.clone()),
+            Box::new(m.tool_seconds.clone()),
+            Box::new(m.leader.clone()),
+            Box::new(m.writes.clone()),
+        ];
+        for collector in collectors {
+            registry.register(collector)?;
+        }
+        Ok(m)
+    }
+
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
             reconciles: IntCounterVec::new(
                 Opts::new(
                     "platform_operator_controller_reconciles_total",
@@ -66,34 +99,28 @@ impl Metrics {
                 "platform_operator_controller_queue_depth",
                 "Helm installs waiting for a slot.",
             )?,
-            helm_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "platform_operator_controller_helm_duration_seconds",
-                    "Helm operation durations.",
-                )
-                .buckets(vec![
+            helm_duration: histograms(
+                "platform_operator_controller_helm_duration_seconds",
+                "Helm operation durations.",
+                &[
                     0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-                ]),
+                ],
                 &["operation", "result"],
             )?,
-            install_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "platform_operator_controller_install_duration_seconds",
-                    "Installer task durations.",
-                )
-                .buckets(vec![
+            install_duration: histograms(
+                "platform_operator_controller_install_duration_seconds",
+                "Installer task durations.",
+                &[
                     1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
-                ]),
+                ],
                 &["operation", "result"],
             )?,
-            tool_seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "platform_operator_controller_tool_duration_seconds",
-                    "Time spent inside npm and pulumi.",
-                )
-                .buckets(vec![
+            tool_seconds: histograms(
+                "platform_operator_controller_tool_duration_seconds",
+                "Time spent inside npm and pulumi.",
+                &[
                     0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
-                ]),
+                ],
                 &["tool", "result"],
             )?,
             leader: IntGauge::new(
@@ -107,17 +134,6 @@ impl Metrics {
                 ),
                 &["kind"],
             )?,
-        };
-        registry.register(Box::new(m.reconciles.clone()))?;
-        registry.register(Box::new(m.reconcile_duration.clone()))?;
-        registry.register(Box::new(m.instances.clone()))?;
-        registry.register(Box::new(m.tasks_running.clone()))?;
-        registry.register(Box::new(m.tasks_queued.clone()))?;
-        registry.register(Box::new(m.helm_duration.clone()))?;
-        registry.register(Box::new(m.install_duration.clone()))?;
-        registry.register(Box::new(m.tool_seconds.clone()))?;
-        registry.register(Box::new(m.leader.clone()))?;
-        registry.register(Box::new(m.writes.clone()))?;
-        Ok(m)
+        })
     }
 }

@@ -4,12 +4,23 @@
 //! are never stopped, so deleting a host namespace cannot hang. Where the API server has no
 //! admission policies, the controller carries on and reports it.
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::decide::Protection;
-use common::names::{FIELD_MANAGER, HOST_NAMESPACE_LABEL};
+use common::names::{HOST_NAMESPACE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, VCLUSTER};
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+use kube::api::Api;
+
+use crate::api::{apply, not_found};
+use crate::decide::model::Protection;
+use crate::reconcile::Context;
 
 /// The policy's (and its binding's) name.
 pub const NAME: &str = "platform-operator-protect-vcluster-service";
@@ -22,95 +33,121 @@ pub const SYSTEM_USERS: [&str; 3] = [
     "system:serviceaccount:kube-system:generic-garbage-collector",
 ];
 
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
-        plural,
-    )
+fn metadata() -> ObjectMeta {
+    ObjectMeta {
+        name: Some(NAME.to_string()),
+        labels: Some([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())].into()),
+        ..ObjectMeta::default()
+    }
+}
+
+fn strings<const N: usize>(items: [&str; N]) -> Option<Vec<String>> {
+    Some(items.map(String::from).to_vec())
 }
 
 /// The policy object for an operator running as `operator_user`.
-pub fn policy(operator_user: &str) -> serde_json::Value {
+pub fn policy(operator_user: &str) -> ValidatingAdmissionPolicy {
     let system = SYSTEM_USERS
         .iter()
         .map(|u| format!("'{u}'"))
         .collect::<Vec<_>>()
         .join(", ");
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{
-                    "apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["UPDATE", "DELETE"], "resources": ["services"]
-                }],
-                "namespaceSelector": {"matchExpressions": [{"key": HOST_NAMESPACE_LABEL, "operator": "Exists"}]}
-            },
-            "matchConditions": [
-                {"name": "is-vcluster-service", "expression": "(request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name) == 'vcluster'"},
-                {"name": "not-namespace-controller-or-gc", "expression": format!("!(request.userInfo.username in [{system}])")}
-            ],
-            "validations": [{
-                "expression": format!("request.userInfo.username == '{operator_user}' || request.userInfo.username.startsWith('system:serviceaccount:' + request.namespace + ':vc-')"),
-                "message": "service/vcluster of a PlatformInstance host namespace is managed by the platform operator; change the PlatformInstance instead",
-                "reason": "Forbidden"
-            }]
-        }
-    })
+    let condition = |name: &str, expression: String| MatchCondition {
+        name: name.to_string(),
+        expression,
+    };
+    let constraints = MatchResources {
+        resource_rules: Some(vec![NamedRuleWithOperations {
+            api_groups: strings([""]),
+            api_versions: strings(["v1"]),
+            operations: strings(["UPDATE", "DELETE"]),
+            resources: strings(["services"]),
+            ..NamedRuleWithOperations::default()
+        }]),
+        namespace_selector: Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: HOST_NAMESPACE_LABEL.to_string(),
+                operator: "Exists".to_string(),
+                values: None,
+            }]),
+            match_labels: None,
+        }),
+        ..MatchResources::default()
+    };
+    ValidatingAdmissionPolicy {
+        metadata: metadata(),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".to_string()),
+            match_constraints: Some(constraints),
+            match_conditions: Some(vec![
+                condition("is-vcluster-service", format!("(request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name) == '{VCLUSTER}'")),
+                condition("not-namespace-controller-or-gc", format!("!(request.userInfo.username in [{system}])")),
+            ]),
+            validations: Some(vec![Validation {
+                expression: format!("request.userInfo.username == '{operator_user}' || request.userInfo.username.startsWith('system:serviceaccount:' + request.namespace + ':vc-')"),
+                message: Some("service/vcluster of a PlatformInstance host namespace is managed by the platform operator; change the PlatformInstance instead".to_string()),
+                reason: Some("Forbidden".to_string()),
+                message_expression: None,
+            }]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    }
 }
 
 /// The binding that turns the policy on (deny) in every host namespace.
-pub fn binding() -> serde_json::Value {
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
-        "spec": {"policyName": NAME, "validationActions": ["Deny"]}
-    })
+pub fn binding() -> ValidatingAdmissionPolicyBinding {
+    ValidatingAdmissionPolicyBinding {
+        metadata: metadata(),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(NAME.to_string()),
+            validation_actions: strings(["Deny"]),
+            ..ValidatingAdmissionPolicyBindingSpec::default()
+        }),
+    }
 }
 
 /// Applies the policy and its binding; reports whether the API server has admission policies.
 pub async fn ensure(client: &kube::Client, operator_user: &str) -> Protection {
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let policies: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-    );
-    match policies
-        .patch(NAME, &params, &Patch::Apply(&policy(operator_user)))
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => return Protection::Unsupported,
-        Err(e) => return Protection::Failed(e.to_string()),
-    }
-    let bindings: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &resource(
-            "ValidatingAdmissionPolicyBinding",
-            "validatingadmissionpolicybindings",
-        ),
-    );
-    match bindings
-        .patch(NAME, &params, &Patch::Apply(&binding()))
-        .await
-    {
-        Ok(_) => Protection::Protected,
-        Err(kube::Error::Api(s)) if s.code == 404 => Protection::Unsupported,
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let applied = match apply(&policies, NAME, &policy(operator_user)).await {
+        Ok(()) => apply(&bindings, NAME, &binding()).await,
+        Err(e) => Err(e),
+    };
+    match applied {
+        Ok(()) => Protection::Protected,
+        Err(e) if not_found(&e) => Protection::Unsupported,
         Err(e) => Protection::Failed(e.to_string()),
+    }
+}
+
+/// Keeps the admission policy in place, checking every `interval` (`--policy-interval`), and
+/// keeps its state in the context for the decision.
+pub async fn keep(ctx: Arc<Context>, interval: Duration) {
+    loop {
+        let state = ensure(&ctx.client, &ctx.settings.operator_user).await;
+        if let Protection::Failed(e) = &state {
+            tracing::warn!(error = %e, "keeping the admission policy failed");
+        }
+        if let Ok(mut p) = ctx.protection.write() {
+            *p = state;
+        }
+        tokio::time::sleep(interval).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_policy_spares_system_controllers_and_names_the_operator() {
-        let p = policy("system:serviceaccount:platform-operator:platform-operator");
+        let p = serde_json::to_value(policy(
+            "system:serviceaccount:platform-operator:platform-operator",
+        ))
+        .expect("json");
         let conditions = p["spec"]["matchConditions"].to_string();
         for user in SYSTEM_USERS {
             assert!(conditions.contains(user), "{user} must be exempt");
@@ -123,6 +160,53 @@ mod tests {
             p["spec"]["matchConstraints"]["resourceRules"][0]["operations"],
             json!(["UPDATE", "DELETE"])
         );
-        assert_eq!(binding()["spec"]["validationActions"], json!(["Deny"]));
+        let binding = serde_json::to_value(binding()).expect("json");
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    }
+
+    /// The policy as the controller applied it before it was typed: the same JSON, so server-side
+    /// apply owns the same fields.
+    #[test]
+    fn the_typed_policy_serializes_as_the_literal_it_replaces() {
+        let user = "system:serviceaccount:platform-operator:platform-operator";
+        let system = SYSTEM_USERS
+            .iter()
+            .map(|u| format!("'{u}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let literal = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["UPDATE", "DELETE"], "resources": ["services"]
+                    }],
+                    "namespaceSelector": {"matchExpressions": [{"key": HOST_NAMESPACE_LABEL, "operator": "Exists"}]}
+                },
+                "matchConditions": [
+                    {"name": "is-vcluster-service", "expression": "(request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name) == 'vcluster'"},
+                    {"name": "not-namespace-controller-or-gc", "expression": format!("!(request.userInfo.username in [{system}])")}
+                ],
+                "validations": [{
+                    "expression": format!("request.userInfo.username == '{user}' || request.userInfo.username.startsWith('system:serviceaccount:' + request.namespace + ':vc-')"),
+                    "message": "service/vcluster of a PlatformInstance host namespace is managed by the platform operator; change the PlatformInstance instead",
+                    "reason": "Forbidden"
+                }]
+            }
+        });
+        assert_eq!(serde_json::to_value(policy(user)).expect("json"), literal);
+        assert_eq!(
+            serde_json::to_value(binding()).expect("json"),
+            json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
+                "spec": {"policyName": NAME, "validationActions": ["Deny"]}
+            })
+        );
     }
 }

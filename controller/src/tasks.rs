@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{AbortHandle, Abortable, BoxFuture};
 
-use crate::decide::TaskState;
+use crate::decide::model::{TaskError, TaskState};
 
 /// The first retry delay; it doubles per consecutive failure.
 const BACKOFF_BASE: Duration = Duration::from_secs(5);
@@ -20,7 +20,7 @@ const BACKOFF_CAP: Duration = Duration::from_secs(300);
 pub type Key = String;
 
 struct Failure {
-    message: String,
+    error: TaskError,
     attempts: u32,
     at: Instant,
 }
@@ -28,7 +28,7 @@ struct Failure {
 #[derive(Default)]
 struct Inner {
     running: HashMap<Key, AbortHandle>,
-    queue: VecDeque<(Key, BoxFuture<'static, Result<(), String>>)>,
+    queue: VecDeque<(Key, BoxFuture<'static, Result<(), TaskError>>)>,
     failed: HashMap<Key, Failure>,
 }
 
@@ -73,7 +73,7 @@ impl Tasks {
             return TaskState::Queued(position + 1);
         }
         match inner.failed.get(key) {
-            Some(f) => TaskState::Failed(f.message.clone()),
+            Some(f) => TaskState::Failed(f.error.clone()),
             None => TaskState::Idle,
         }
     }
@@ -106,7 +106,7 @@ impl Tasks {
         self: &Arc<Self>,
         key: &str,
         bounded: bool,
-        work: BoxFuture<'static, Result<(), String>>,
+        work: BoxFuture<'static, Result<(), TaskError>>,
     ) -> bool {
         {
             let Ok(mut inner) = self.inner.lock() else {
@@ -134,7 +134,7 @@ impl Tasks {
     fn spawn(
         self: &Arc<Self>,
         key: Key,
-        work: BoxFuture<'static, Result<(), String>>,
+        work: BoxFuture<'static, Result<(), TaskError>>,
     ) -> AbortHandle {
         let this = self.clone();
         let (handle, registration) = AbortHandle::new_pair();
@@ -151,12 +151,12 @@ impl Tasks {
                     Ok(()) => {
                         inner.failed.remove(&key);
                     }
-                    Err(message) => {
+                    Err(error) => {
                         let attempts = inner.failed.get(&key).map(|f| f.attempts + 1).unwrap_or(1);
                         inner.failed.insert(
                             key.clone(),
                             Failure {
-                                message,
+                                error,
                                 attempts,
                                 at: Instant::now(),
                             },
@@ -257,7 +257,7 @@ mod tests {
                 "ns/a",
                 true,
                 async move {
-                    let r = wait_a.await.map_err(|e| e.to_string());
+                    let r = wait_a.await.map_err(|e| TaskError::from(e.to_string()));
                     o.lock().expect("lock").push("a");
                     r
                 }
@@ -283,7 +283,7 @@ mod tests {
                 true,
                 async move {
                     o.lock().expect("lock").push("c");
-                    Err("boom".to_string())
+                    Err("boom".into())
                 }
                 .boxed()
             )
@@ -365,7 +365,7 @@ mod tests {
         assert!(tasks.submit(
             "ns/a",
             true,
-            async move { wait.await.map_err(|e| e.to_string()) }.boxed()
+            async move { wait.await.map_err(|e| TaskError::from(e.to_string())) }.boxed()
         ));
         assert!(tasks.submit("ns/z", false, async { Ok(()) }.boxed()));
         until(&tasks, "ns/z", TaskState::Idle).await;

@@ -23,10 +23,12 @@ use common::crd::{Endpoints, InstallResult, InstallSummary, LastInstall};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, ObjectMeta};
 use serde_json::{Value, json};
 
-use common::names::FIELD_MANAGER;
+use crate::api::{apply, delete_ignoring_404};
+use crate::decide::model::TaskError;
+use common::names::{KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL};
 use config::ProgramConfig;
 use record::{Failure, Preview, Record};
 
@@ -96,8 +98,6 @@ pub struct Job {
     pub owner: Option<OwnerReference>,
 }
 
-type StepError = (Failure, String);
-
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
@@ -131,15 +131,14 @@ impl Installer {
             .observe(seconds);
     }
 
-    /// Runs an install to its end (or its timeout) and records it. The error is the message the
-    /// task registry keeps; the record holds the typed reason.
-    pub async fn install(&self, client: kube::Client, job: Job) -> Result<(), String> {
+    /// Runs an install to its end (or its timeout) and records it. The error carries the typed
+    /// reason the record keeps too (the record outlives the task across a restart).
+    pub async fn install(&self, client: kube::Client, job: Job) -> Result<(), TaskError> {
         let dir = self.instance_dir(&job.namespace, &job.name);
         let mut rec = record::load(&dir);
-        let started_at = now();
         rec.last_install = Some(LastInstall {
             version: job.version.clone(),
-            started_at: started_at.clone(),
+            started_at: now(),
             finished_at: None,
             result: InstallResult::Running,
             message: Some(format!(
@@ -152,44 +151,23 @@ impl Installer {
         rec.failure = None;
         rec.attempted_config_hash = Some(job.config.hash.clone());
         record::store(&dir, &rec).map_err(|e| {
-            format!(
-                "writing the install record in {} failed: {e}; check the state volume",
-                dir.display()
+            TaskError::new(
+                Failure::StateUnavailable,
+                format!(
+                    "writing the install record in {} failed: {e}; check the state volume",
+                    dir.display()
+                ),
             )
         })?;
         let outcome =
             tokio::time::timeout(self.timeout, self.install_steps(&client, &dir, &job, &rec)).await;
         let finished_at = now();
-        let (result, message, failure) = match outcome {
-            Ok(Ok((counts, endpoints, secrets))) => {
-                rec.installed_version = Some(job.version.clone());
-                rec.installed_config_hash = Some(job.config.hash.clone());
-                rec.endpoints = Some(endpoints);
-                rec.membership_secrets = secrets;
-                rec.preview = None;
-                rec.preview_failure = None;
-                let summary = InstallSummary {
-                    created: counts.created,
-                    updated: counts.updated,
-                    deleted: counts.deleted,
-                    unchanged: counts.unchanged,
-                    config_hash: Some(job.config.hash.clone()),
-                };
-                let message = format!(
-                    "{} of {PACKAGE}@{} applied: {} created, {} updated, {} deleted, {} unchanged",
-                    job.mode.as_str(),
-                    job.version,
-                    counts.created,
-                    counts.updated,
-                    counts.deleted,
-                    counts.unchanged
-                );
-                if let Some(last) = rec.last_install.as_mut() {
-                    last.summary = Some(summary);
-                }
-                (InstallResult::Succeeded, message, None)
-            }
-            Ok(Err((failure, message))) => (InstallResult::Failed, message, Some(failure)),
+        let (result, outcome) = match outcome {
+            Ok(Ok(applied)) => (
+                InstallResult::Succeeded,
+                Ok(succeeded(&mut rec, &job, applied)),
+            ),
+            Ok(Err(e)) => (InstallResult::Failed, Err(e)),
             Err(_) => {
                 // The steps' future is gone, and with it every tool's process group; the lock
                 // it held is cleared before the next run, and here at once.
@@ -200,26 +178,23 @@ impl Installer {
                     job.version,
                     self.timeout.as_secs()
                 );
-                (
-                    InstallResult::TimedOut,
-                    message,
-                    Some(Failure::InstallTimedOut),
-                )
+                let error = TaskError::new(Failure::InstallTimedOut, message);
+                (InstallResult::TimedOut, Err(error))
             }
         };
         if let Some(last) = rec.last_install.as_mut() {
             last.finished_at = Some(finished_at);
             last.result = result;
-            last.message = Some(message.clone());
+            last.message = Some(match &outcome {
+                Ok(message) => message.clone(),
+                Err(e) => e.message.clone(),
+            });
         }
-        rec.failure = failure;
+        rec.failure = outcome.as_ref().err().and_then(|e| e.failure);
         if let Err(e) = record::store(&dir, &rec) {
             tracing::warn!(dir = %dir.display(), error = %e, "writing the install record failed");
         }
-        match failure {
-            None => Ok(()),
-            Some(_) => Err(message),
-        }
+        outcome.map(|_| ())
     }
 
     async fn install_steps(
@@ -228,7 +203,7 @@ impl Installer {
         dir: &Path,
         job: &Job,
         previous: &Record,
-    ) -> Result<(pulumi::Counts, Endpoints, Vec<String>), StepError> {
+    ) -> Result<(pulumi::Counts, Endpoints, Vec<String>), TaskError> {
         process::reap(dir);
         let unrecorded = passphrase::check(&self.passphrase_file, dir).map_err(|e| {
             let failure = match e {
@@ -236,11 +211,11 @@ impl Installer {
                 passphrase::PassphraseError::Store { .. } => Failure::StateUnavailable,
                 _ => Failure::PassphraseUnavailable,
             };
-            (failure, e.to_string())
+            TaskError::new(failure, e.to_string())
         })?;
         let stack = self.stack(dir);
         write_project(&stack.project, &stack.backend, &job.version, &self.registry)
-            .map_err(|e| (Failure::StateUnavailable, e))?;
+            .map_err(|e| TaskError::new(Failure::StateUnavailable, e))?;
 
         let npm = npm::Npm {
             binary: self.npm_binary.clone(),
@@ -259,7 +234,7 @@ impl Installer {
                 npm::NpmError::Spawn { .. } => Failure::ToolMissing,
                 npm::NpmError::Failed { .. } => Failure::PackageInstallFailed,
             };
-            (failure, e.to_string())
+            TaskError::new(failure, e.to_string())
         })?;
 
         let started = std::time::Instant::now();
@@ -271,14 +246,14 @@ impl Installer {
                 pulumi::PulumiError::Io { .. } => Failure::StateUnavailable,
                 _ => Failure::InstallFailed,
             };
-            (failure, e.to_string())
+            TaskError::new(failure, e.to_string())
         })?;
         // Pulumi decrypted and wrote the state with this passphrase: it is the one to check
         // against from now on.
         if let Some(verifier) = unrecorded {
             verifier
                 .store(dir)
-                .map_err(|e| (Failure::StateUnavailable, e.to_string()))?;
+                .map_err(|e| TaskError::new(Failure::StateUnavailable, e.to_string()))?;
         }
         let endpoints = Endpoints {
             http: outputs
@@ -292,7 +267,7 @@ impl Installer {
         };
         let secrets = write_membership_secrets(client, job, &outputs, &previous.membership_secrets)
             .await
-            .map_err(|e| (Failure::OutputsFailed, e))?;
+            .map_err(|e| TaskError::new(Failure::OutputsFailed, e))?;
         Ok((counts, endpoints, secrets))
     }
 
@@ -322,7 +297,12 @@ impl Installer {
     }
 
     /// Runs a refreshing preview of the installed config and records what it found.
-    pub async fn preview(&self, namespace: &str, name: &str, version: &str) -> Result<(), String> {
+    pub async fn preview(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: &str,
+    ) -> Result<(), TaskError> {
         let dir = self.instance_dir(namespace, name);
         let stack = self.stack(&dir);
         let run = async {
@@ -357,7 +337,7 @@ impl Installer {
             Ok(Err(message)) => {
                 self.observe_tool("pulumi", false, started.elapsed().as_secs_f64());
                 rec.preview_failure = Some((Failure::PreviewFailed, message.clone()));
-                Err(message)
+                Err(TaskError::new(Failure::PreviewFailed, message))
             }
             Err(_) => {
                 let _ = stack.clear_locks();
@@ -366,7 +346,7 @@ impl Installer {
                     self.timeout.as_secs()
                 );
                 rec.preview_failure = Some((Failure::PreviewFailed, message.clone()));
-                Err(message)
+                Err(TaskError::new(Failure::PreviewFailed, message))
             }
         };
         if let Err(e) = record::store(&dir, &rec) {
@@ -374,6 +354,38 @@ impl Installer {
         }
         result
     }
+}
+
+/// Records a successful install in `rec`; returns its message.
+fn succeeded(
+    rec: &mut Record,
+    job: &Job,
+    (counts, endpoints, secrets): (pulumi::Counts, Endpoints, Vec<String>),
+) -> String {
+    rec.installed_version = Some(job.version.clone());
+    rec.installed_config_hash = Some(job.config.hash.clone());
+    rec.endpoints = Some(endpoints);
+    rec.membership_secrets = secrets;
+    rec.preview = None;
+    rec.preview_failure = None;
+    if let Some(last) = rec.last_install.as_mut() {
+        last.summary = Some(InstallSummary {
+            created: counts.created,
+            updated: counts.updated,
+            deleted: counts.deleted,
+            unchanged: counts.unchanged,
+            config_hash: Some(job.config.hash.clone()),
+        });
+    }
+    format!(
+        "{} of {PACKAGE}@{} applied: {} created, {} updated, {} deleted, {} unchanged",
+        job.mode.as_str(),
+        job.version,
+        counts.created,
+        counts.updated,
+        counts.deleted,
+        counts.unchanged
+    )
 }
 
 /// The program every project runs: the platform's existing-cluster entry point with the stack's
@@ -454,6 +466,52 @@ async fn owned_by(secrets: &Api<Secret>, name: &str, instance: &str) -> Result<b
     }))
 }
 
+/// The kubeconfig Secret of one membership (`tenant`, `user`, `role`) of the job's instance,
+/// owned by the instance.
+fn membership_secret(
+    job: &Job,
+    name: &str,
+    (tenant, user, role): (&str, &str, &str),
+    kubeconfig: &str,
+) -> Secret {
+    let labels = [
+        (MANAGED_BY_LABEL, MANAGED_BY),
+        (MEMBERSHIP_LABEL, job.name.as_str()),
+        ("platform.di-framework.dev/tenant", tenant),
+        ("platform.di-framework.dev/user", user),
+    ];
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(job.namespace.clone()),
+            owner_references: Some(job.owner.iter().cloned().collect()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            annotations: Some(
+                [(
+                    "platform.di-framework.dev/role".to_string(),
+                    role.to_string(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(
+            [(
+                KUBECONFIG_KEY.to_string(),
+                ByteString(kubeconfig.as_bytes().to_vec()),
+            )]
+            .into(),
+        ),
+        ..Secret::default()
+    }
+}
+
 /// Writes one Secret per membership kubeconfig the program returned, and deletes the ones an
 /// earlier install wrote that are gone now. Returns the names written.
 async fn write_membership_secrets(
@@ -492,30 +550,8 @@ async fn write_membership_secrets(
                 job.name
             ));
         }
-        let secret = json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": name,
-                "namespace": job.namespace,
-                "ownerReferences": job.owner.iter().collect::<Vec<_>>(),
-                "labels": {
-                    "app.kubernetes.io/managed-by": "platform-operator",
-                    MEMBERSHIP_LABEL: job.name,
-                    "platform.di-framework.dev/tenant": tenant,
-                    "platform.di-framework.dev/user": user,
-                },
-                "annotations": { "platform.di-framework.dev/role": role },
-            },
-            "type": "Opaque",
-            "data": { "kubeconfig": ByteString(kubeconfig.as_bytes().to_vec()) },
-        });
-        secrets
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&secret),
-            )
+        let secret = membership_secret(job, &name, (tenant, user, role), kubeconfig);
+        apply(&secrets, &name, &secret)
             .await
             .map_err(|e| format!("writing the membership kubeconfig Secret {name} failed: {e}"))?;
         written.push(name);
@@ -524,15 +560,9 @@ async fn write_membership_secrets(
         if !owned_by(&secrets, stale, &job.name).await? {
             continue;
         }
-        match secrets.delete(stale, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => {
-                return Err(format!(
-                    "deleting the stale membership Secret {stale} failed: {e}"
-                ));
-            }
-        }
+        delete_ignoring_404(&secrets, stale)
+            .await
+            .map_err(|e| format!("deleting the stale membership Secret {stale} failed: {e}"))?;
     }
     Ok(written)
 }
@@ -594,6 +624,49 @@ mod tests {
         assert_eq!(
             membership_secret_name("one", "acme", "dev"),
             "one-acme-dev-kubeconfig"
+        );
+    }
+
+    #[test]
+    fn the_typed_membership_secret_serializes_as_the_literal_it_replaces() {
+        let job = Job {
+            namespace: "team-a".into(),
+            name: "one".into(),
+            version: "6.0.22".into(),
+            mode: Mode::Install,
+            config: ProgramConfig {
+                settings: json!({}),
+                secrets: Vec::new(),
+                hash: "sha256:0".into(),
+            },
+            owner: None,
+        };
+        let secret = membership_secret(
+            &job,
+            "one-acme-dev-kubeconfig",
+            ("acme", "dev", "admin"),
+            "kc",
+        );
+        assert_eq!(
+            serde_json::to_value(secret).expect("json"),
+            json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": "one-acme-dev-kubeconfig",
+                    "namespace": "team-a",
+                    "ownerReferences": [],
+                    "labels": {
+                        "app.kubernetes.io/managed-by": "platform-operator",
+                        MEMBERSHIP_LABEL: "one",
+                        "platform.di-framework.dev/tenant": "acme",
+                        "platform.di-framework.dev/user": "dev",
+                    },
+                    "annotations": { "platform.di-framework.dev/role": "admin" },
+                },
+                "type": "Opaque",
+                "data": { "kubeconfig": ByteString(b"kc".to_vec()) },
+            })
         );
     }
 }

@@ -326,13 +326,6 @@ impl Stack {
         .map(|_| ())
     }
 
-    /// Removes config `key` (a value no longer given).
-    pub async fn remove_config(&self, key: &str) -> Result<(), PulumiError> {
-        self.ok("config rm", &["config", "rm", key, "--stack", STACK], None)
-            .await
-            .map(|_| ())
-    }
-
     /// Resolves pending operations a killed run left in the checkpoint: the stack is exported,
     /// its `pending_operations` dropped and the result imported (the next `up --refresh` reads
     /// the real state of anything they touched). Returns how many were dropped.

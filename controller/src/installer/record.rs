@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use common::crd::{Endpoints, InstallResult, LastInstall};
+use common::crd::{Endpoints, LastInstall};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 
@@ -107,13 +107,6 @@ pub struct Record {
 }
 
 impl Record {
-    /// The last install was left `Running` (by a process that is gone, when no task runs).
-    pub fn running(&self) -> bool {
-        self.last_install
-            .as_ref()
-            .is_some_and(|l| l.result == InstallResult::Running)
-    }
-
     /// When the instance was last installed or previewed (what the repair interval counts from).
     pub fn last_checked(&self) -> Option<&Time> {
         let install = self
@@ -159,6 +152,7 @@ pub fn store(dir: &Path, record: &Record) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::crd::InstallResult;
 
     fn at(s: &str) -> Time {
         Time(s.parse().expect("timestamp"))
@@ -218,6 +212,5 @@ mod tests {
             message: String::new(),
         });
         assert_eq!(record.last_checked(), Some(&at("2026-11-30T01:00:00Z")));
-        assert!(!record.running());
     }
 }

@@ -1,0 +1,42 @@
+//! Small helpers over kube's `Api` that every writer of the controller uses: server-side apply
+//! under the operator's field manager, and delete or patch where an object already gone is fine.
+
+use common::names::FIELD_MANAGER;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The API server answered 404 Not Found.
+pub fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Deletes `name`; an object already gone is not an error.
+pub async fn delete_ignoring_404<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies `object` as `name` with server-side apply, forcing the operator's field manager.
+pub async fn apply<K>(
+    api: &Api<K>,
+    name: &str,
+    object: &(impl Serialize + std::fmt::Debug),
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map(|_| ())
+}

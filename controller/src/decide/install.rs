@@ -1,0 +1,405 @@
+//! The installer's part of the plan, once the vCluster serves and the kubeconfig is written:
+//! first install, upgrade, re-apply of changed settings, resuming an interrupted run, repair of
+//! drift, failures with their backoff, and the repair preview when it is due.
+
+use common::conditions as c;
+use common::crd::{InstallResult, Phase};
+use common::names::RETRY_ANNOTATION;
+
+use super::model::{Action, InstallObserved, Plan, PlanBuilder, Requeue, TaskState};
+use super::status::{Cond, Kstatus, Reason, Step};
+use crate::installer::Mode;
+use crate::installer::record::Failure;
+
+/// The `Installed` condition while the vCluster is not serving.
+pub fn installed_while_waiting(i: &InstallObserved) -> Cond {
+    match &i.installed {
+        Some(v) => Cond::yes(
+            c::INSTALLED,
+            Reason::Installed,
+            format!("{v} is installed; the installer waits for the vCluster to serve again"),
+        ),
+        None => Cond::no(
+            c::INSTALLED,
+            Reason::WaitingForVCluster,
+            "the platform program runs once the vCluster serves",
+        ),
+    }
+}
+
+/// Failures that need a person (a new version, the old passphrase, a tool): the instance is
+/// stalled, though it keeps retrying with backoff.
+fn needs_a_person(f: Failure) -> bool {
+    matches!(
+        f,
+        Failure::VersionNotFound
+            | Failure::PassphraseMismatch
+            | Failure::PassphraseUnavailable
+            | Failure::ToolMissing
+            | Failure::StateUnavailable
+    )
+}
+
+/// Why an install runs now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Need {
+    /// The last run was interrupted.
+    Resume,
+    /// Not at `spec.version`, or the settings changed.
+    Install,
+    /// Put the installed version back (a failed run, drift, a failed preview, a retry request).
+    Repair,
+}
+
+impl Need {
+    fn reason(self) -> Reason {
+        match self {
+            Need::Resume => Reason::Resuming,
+            Need::Install => Reason::Installing,
+            Need::Repair => Reason::Repairing,
+        }
+    }
+}
+
+/// What the installer step decided besides actions and its detail conditions.
+struct Outcome {
+    phase: Phase,
+    kstatus: Kstatus,
+    requeue: Requeue,
+}
+
+/// What every part of the installer's decision needs to know.
+struct Ctx<'a> {
+    i: &'a InstallObserved,
+    requested: &'a str,
+    installed: Option<&'a str>,
+    at_requested: bool,
+    phase: Phase,
+    /// The mode of an install that is not a repair.
+    mode: Mode,
+    /// What an install would do, in words.
+    what: String,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(i: &'a InstallObserved) -> Self {
+        let requested = i.requested.as_str();
+        let installed = i.installed.as_deref();
+        let (phase, mode, what) = match installed {
+            None => (
+                Phase::Installing,
+                Mode::Install,
+                format!("installing {requested}"),
+            ),
+            Some(v) if v != requested => (
+                Phase::Upgrading,
+                Mode::Upgrade,
+                format!("upgrading from {v} to {requested}"),
+            ),
+            Some(_) => (
+                Phase::Ready,
+                Mode::Reapply,
+                format!("re-applying {requested}"),
+            ),
+        };
+        Self {
+            i,
+            requested,
+            installed,
+            at_requested: installed == Some(requested),
+            phase,
+            mode,
+            what,
+        }
+    }
+
+    /// `Ready=True` when the phase is `Ready`.
+    fn ready(&self) -> Option<Step> {
+        (self.phase == Phase::Ready).then(|| self.serving())
+    }
+
+    fn serving(&self) -> Step {
+        Step::new(
+            Reason::Installed,
+            format!("{} is installed and serving", self.requested),
+        )
+    }
+
+    fn hash_differs(&self) -> bool {
+        self.i.desired_hash.is_some() && self.i.desired_hash != self.i.applied_hash
+    }
+}
+
+/// The installer's part of the plan; `vcluster` is when the vCluster part wanted to look again.
+pub fn decide(i: &InstallObserved, mut plan: PlanBuilder, vcluster: Requeue) -> Plan {
+    let outcome = outcome(i, &mut plan);
+    // A failed install waits out its backoff (its retry is held back by the task registry
+    // until then); other work is looked at on the next poll.
+    let requeue = match outcome.requeue {
+        Requeue::Backoff => Requeue::Backoff,
+        Requeue::Poll => Requeue::Poll,
+        Requeue::Idle if vcluster != Requeue::Idle || !plan.actions.is_empty() => Requeue::Poll,
+        Requeue::Idle => Requeue::Idle,
+    };
+    plan.finish(outcome.phase, requeue, outcome.kstatus)
+}
+
+fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
+    if i.disabled {
+        let message =
+            "the platform program is not run: the controller runs with --install-platform=false";
+        plan.condition(Cond::no(c::INSTALLED, Reason::InstallerDisabled, message));
+        return Outcome {
+            phase: Phase::Installing,
+            kstatus: Kstatus::reconciling(Reason::InstallerDisabled, message),
+            requeue: Requeue::Idle,
+        };
+    }
+    let x = Ctx::new(i);
+    if x.installed.is_some() {
+        plan.condition(drift_condition(&i.drift));
+    }
+    if let Some(outcome) = busy(&x, plan) {
+        return outcome;
+    }
+    if let Some(e) = &i.config_error {
+        let message = format!("{e}; the installer waits for it");
+        plan.condition(Cond::no(
+            c::INSTALLED,
+            Reason::ConfigUnavailable,
+            message.clone(),
+        ));
+        return Outcome {
+            phase: x.phase,
+            kstatus: Kstatus::stalled(Reason::ConfigUnavailable, message),
+            requeue: Requeue::Poll,
+        };
+    }
+    if let Some((need, message)) = need(&x) {
+        return run(&x, need, message, plan);
+    }
+    settled(&x, plan)
+}
+
+fn drift_condition(drift: &Option<String>) -> Cond {
+    match drift {
+        Some(message) => Cond::yes(
+            c::DRIFT_DETECTED,
+            Reason::DriftDetected,
+            format!(
+                "the repair preview found {message}; an install at the installed version puts it back"
+            ),
+        ),
+        None => Cond::no(
+            c::DRIFT_DETECTED,
+            Reason::NoDrift,
+            "the last install or repair preview found the platform as installed",
+        ),
+    }
+}
+
+/// Work in progress: an install or a preview queued or running.
+fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
+    let requested = x.requested;
+    if x.i.task.busy() {
+        let (reason, message) = match &x.i.task {
+            TaskState::Queued(position) => (
+                Reason::Queued,
+                format!(
+                    "{}: waiting for an install slot, position {position} in the queue (--max-concurrent-installs)",
+                    x.what
+                ),
+            ),
+            _ => (
+                Reason::Installing,
+                format!("{}: npm and pulumi are running", x.what),
+            ),
+        };
+        plan.condition(if x.at_requested && x.i.applied_hash.is_some() {
+            Cond::yes(
+                c::INSTALLED,
+                Reason::Installed,
+                format!("{requested} is installed; {message}"),
+            )
+        } else {
+            Cond::no(c::INSTALLED, reason, message.clone())
+        });
+        return Some(Outcome {
+            phase: x.phase,
+            kstatus: Kstatus {
+                ready: x.ready(),
+                reconciling: Some(Step::new(reason, message)),
+                stalled: None,
+            },
+            requeue: Requeue::Poll,
+        });
+    }
+    if x.i.preview_task.busy() {
+        plan.condition(Cond::yes(
+            c::INSTALLED,
+            Reason::Installed,
+            format!("{requested} is installed"),
+        ));
+        return Some(Outcome {
+            phase: x.phase,
+            kstatus: Kstatus {
+                ready: x.ready(),
+                reconciling: Some(checking_drift()),
+                stalled: None,
+            },
+            requeue: Requeue::Poll,
+        });
+    }
+    None
+}
+
+fn checking_drift() -> Step {
+    Step::new(
+        Reason::CheckingDrift,
+        "a refreshing preview looks for drift",
+    )
+}
+
+/// Whether an install runs now, and why in words.
+fn need(x: &Ctx) -> Option<(Need, String)> {
+    let (i, requested) = (x.i, x.requested);
+    // No task runs here, so a last run that is not `Succeeded` did not finish well.
+    let unsettled = i
+        .last
+        .as_ref()
+        .filter(|l| l.result != InstallResult::Succeeded);
+    if interrupted(x) {
+        return Some((
+            Need::Resume,
+            format!(
+                "{}: the last run was interrupted (the controller stopped); running it again",
+                x.what
+            ),
+        ));
+    }
+    if !x.at_requested || x.hash_differs() {
+        return Some((Need::Install, x.what.clone()));
+    }
+    let why = if let Some(l) = unsettled {
+        // A run that failed, timed out or was interrupted (at any version: spec.version may
+        // have been set back to the installed one) left the workspace, the stack's config and
+        // perhaps the cluster part-way: put the installed version back at once.
+        let how = match l.result {
+            InstallResult::Running => "interrupted",
+            InstallResult::TimedOut => "timed out",
+            _ => "failed",
+        };
+        format!("the last run ({how} of {}) did not succeed", l.version)
+    } else if let Some(drift) = &i.drift {
+        format!("the repair preview found {drift}")
+    } else if let Some(e) = &i.preview_failed {
+        format!("the repair preview failed ({e})")
+    } else if i.retry_requested {
+        format!("a retry was requested (annotation {RETRY_ANNOTATION})")
+    } else {
+        return None;
+    };
+    Some((Need::Repair, format!("{why}; installing {requested} again")))
+}
+
+/// The last install, at the version wanted now, was left `Running`.
+fn interrupted(x: &Ctx) -> bool {
+    x.i.last
+        .as_ref()
+        .is_some_and(|l| l.version == x.requested && l.result == InstallResult::Running)
+}
+
+/// An install runs (or retries after its backoff).
+fn run(x: &Ctx, need: Need, message: String, plan: &mut PlanBuilder) -> Outcome {
+    let interrupted = interrupted(x);
+    let mode = if need == Need::Repair || interrupted && x.at_requested {
+        Mode::Repair
+    } else {
+        x.mode
+    };
+    plan.act(Action::Install { mode });
+    // What the last install says, when it concerns the version wanted now.
+    let failed =
+        x.i.last
+            .as_ref()
+            .filter(|l| l.version == x.requested)
+            .and_then(|l| l.failure.map(|f| (f, l.message.clone())));
+    if let Some((failure, error)) = failed.filter(|_| !interrupted) {
+        return failed_run(x, failure, &error, plan);
+    }
+    let reason = need.reason();
+    if x.at_requested && !x.hash_differs() {
+        plan.condition(Cond::yes(
+            c::INSTALLED,
+            Reason::Installed,
+            format!("{} is installed; {message}", x.requested),
+        ));
+    } else {
+        plan.condition(Cond::no(c::INSTALLED, reason, message.clone()));
+    }
+    Outcome {
+        phase: x.phase,
+        kstatus: Kstatus::reconciling(reason, message),
+        requeue: Requeue::Poll,
+    }
+}
+
+/// The last install failed: say why, stall when a person must act, and back off.
+fn failed_run(x: &Ctx, failure: Failure, error: &str, plan: &mut PlanBuilder) -> Outcome {
+    let what = &x.what;
+    let text = match x.installed {
+        Some(v) if v != x.requested => {
+            format!("{what} failed: {error}; {v} stays installed; retrying with backoff")
+        }
+        _ => format!("{what} failed: {error}; retrying with backoff"),
+    };
+    let reason = Reason::Failed(failure);
+    plan.condition(Cond::no(c::INSTALLED, reason, text.clone()));
+    let step = Some(Step::new(reason, text));
+    let (reconciling, stalled) = if needs_a_person(failure) {
+        (None, step)
+    } else {
+        (step, None)
+    };
+    Outcome {
+        phase: x.phase,
+        kstatus: Kstatus {
+            ready: None,
+            reconciling,
+            stalled,
+        },
+        requeue: if matches!(x.i.task, TaskState::Failed(_)) {
+            Requeue::Backoff
+        } else {
+            Requeue::Poll
+        },
+    }
+}
+
+/// Installed as wanted: `Ready`, with a repair preview when one is due.
+fn settled(x: &Ctx, plan: &mut PlanBuilder) -> Outcome {
+    let message =
+        x.i.last
+            .as_ref()
+            .filter(|l| l.result == InstallResult::Succeeded)
+            .map(|l| l.message.clone())
+            .unwrap_or_else(|| format!("{} is installed", x.requested));
+    plan.condition(Cond::yes(c::INSTALLED, Reason::Installed, message));
+    let preview = x.i.repair_due;
+    if preview {
+        plan.act(Action::Preview);
+    }
+    Outcome {
+        phase: Phase::Ready,
+        kstatus: Kstatus {
+            ready: Some(x.serving()),
+            reconciling: preview.then(checking_drift),
+            stalled: None,
+        },
+        requeue: if preview {
+            Requeue::Poll
+        } else {
+            Requeue::Idle
+        },
+    }
+}

@@ -1,0 +1,253 @@
+//! Provisioning: the finalizer, what stops an instance before anything is created (an invalid
+//! spec, a host namespace of another instance or one still going), the host namespace, the
+//! vCluster release and `service/vcluster`, and the kubeconfig. Once the kubeconfig is written,
+//! [`super::install`] takes over.
+
+use common::conditions as c;
+use common::crd::Phase;
+
+use super::install;
+use super::model::{
+    Action, Observed, OwnerService, Plan, PlanBuilder, Release, Requeue, TaskState,
+};
+use super::status::{self, Cond, Kstatus, Reason};
+
+/// Decides what to do for an instance that is not being deleted.
+pub fn decide(o: &Observed) -> Plan {
+    if let Some(plan) = stopped(o) {
+        return plan;
+    }
+    let mut plan = PlanBuilder::with([status::protection(&o.protection)]);
+    if o.namespace_terminating {
+        let message = format!(
+            "host namespace {} is still being deleted; waiting for it to go",
+            o.host_namespace
+        );
+        plan.condition(Cond::no(
+            c::HOST_NAMESPACE_READY,
+            Reason::HostNamespaceTerminating,
+            message.clone(),
+        ));
+        return plan.finish(
+            Phase::Provisioning,
+            Requeue::Poll,
+            Kstatus::reconciling(Reason::HostNamespaceTerminating, message),
+        );
+    }
+    if !o.namespace_exists || !o.namespace_current {
+        plan.act(Action::ApplyNamespace);
+    }
+    plan.condition(Cond::yes(
+        c::HOST_NAMESPACE_READY,
+        Reason::HostNamespaceApplied,
+        format!("host namespace {} with its NetworkPolicy", o.host_namespace),
+    ));
+    if let Some(restoring) = owner_service(o, &mut plan) {
+        return restoring;
+    }
+    let (vcluster, requeue) = vcluster(o, &mut plan);
+    let vcluster_ready = vcluster.status;
+    plan.condition(vcluster);
+    if vcluster_ready {
+        kubeconfig_written(o, &mut plan);
+        return install::decide(&o.install, plan, requeue);
+    }
+    plan.condition(Cond::no(
+        c::KUBECONFIG_READY,
+        Reason::WaitingForVCluster,
+        "the kubeconfig is written once the vCluster serves",
+    ));
+    plan.condition(install::installed_while_waiting(&o.install));
+    let (phase, reconciling) = match &o.task {
+        TaskState::Queued(_) if !o.namespace_exists => (
+            Phase::Pending,
+            Kstatus::reconciling(Reason::Queued, "waiting for an install slot"),
+        ),
+        _ => (
+            Phase::Provisioning,
+            Kstatus::reconciling(Reason::Provisioning, "the vCluster is coming up"),
+        ),
+    };
+    plan.finish(phase, requeue, reconciling)
+}
+
+/// The plan when nothing may be created yet: no finalizer, an invalid spec, or a host namespace
+/// that belongs to another instance.
+fn stopped(o: &Observed) -> Option<Plan> {
+    let protection = status::protection(&o.protection);
+    if !o.has_finalizer {
+        let mut plan = PlanBuilder::with([protection]);
+        plan.act(Action::AddFinalizer);
+        return Some(plan.finish(
+            Phase::Pending,
+            Requeue::Poll,
+            Kstatus::reconciling(Reason::AddingFinalizer, "adding the finalizer"),
+        ));
+    }
+    if let Some(reason) = &o.invalid_spec {
+        return Some(PlanBuilder::with([protection]).finish(
+            Phase::Failed,
+            Requeue::Idle,
+            Kstatus::stalled(
+                Reason::InvalidSpec,
+                format!("{reason}; the controller waits for a change"),
+            ),
+        ));
+    }
+    let other = o.namespace_conflict.as_ref()?;
+    let message = format!(
+        "host namespace {} belongs to {other}; delete it or rename this instance",
+        o.host_namespace
+    );
+    let conflict = Cond::no(
+        c::HOST_NAMESPACE_READY,
+        Reason::HostNamespaceConflict,
+        message.clone(),
+    );
+    Some(PlanBuilder::with([protection, conflict]).finish(
+        Phase::Failed,
+        Requeue::Idle,
+        Kstatus::stalled(Reason::HostNamespaceConflict, message),
+    ))
+}
+
+/// The chart's release is deployed from the shipped chart.
+fn release_current(o: &Observed) -> bool {
+    matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
+}
+
+/// `service/vcluster` against the record, once the release is current and no helm task runs:
+/// a changed or deleted Service is put back (the plan is returned then), a recreated one relinked.
+fn owner_service(o: &Observed, plan: &mut PlanBuilder) -> Option<Plan> {
+    if !release_current(o) || o.task != TaskState::Idle {
+        return None;
+    }
+    match &o.owner_service {
+        OwnerService::Missing | OwnerService::Changed => {
+            let mut plan = std::mem::take(plan);
+            plan.act(Action::RestoreOwnerService);
+            plan.condition(Cond::no(
+                c::VCLUSTER_READY,
+                Reason::OwnerServiceRestoring,
+                "service/vcluster was changed or deleted; the controller is putting it back",
+            ));
+            plan.condition(Cond::no(
+                c::KUBECONFIG_READY,
+                Reason::WaitingForVCluster,
+                "the kubeconfig is written once the vCluster serves",
+            ));
+            plan.condition(install::installed_while_waiting(&o.install));
+            Some(plan.finish(
+                Phase::Provisioning,
+                Requeue::Poll,
+                Kstatus::reconciling(
+                    Reason::OwnerServiceRestoring,
+                    "putting service/vcluster back",
+                ),
+            ))
+        }
+        OwnerService::Recreated { old_uid } => {
+            plan.act(Action::RelinkOwnerService {
+                old_uid: old_uid.clone(),
+            });
+            None
+        }
+        OwnerService::Unrecorded | OwnerService::Matches => None,
+    }
+}
+
+/// The `VClusterReady` condition, the helm action it needs, and when to look again.
+fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
+    let current = release_current(o);
+    let waiting = |reason, message: &str| {
+        (
+            Cond::no(c::VCLUSTER_READY, reason, message.to_string()),
+            Requeue::Poll,
+        )
+    };
+    match (&o.task, &o.release) {
+        (TaskState::Queued(position), _) => waiting(
+            Reason::Queued,
+            &format!(
+                "waiting for an install slot: position {position} in the queue (--max-concurrent-installs)"
+            ),
+        ),
+        (TaskState::Running, _) => waiting(Reason::Installing, "helm is installing the vCluster"),
+        (TaskState::Failed(e), _) if !current => {
+            plan.act(Action::InstallVCluster {
+                recover: matches!(o.release, Release::Pending(_)),
+            });
+            let message = format!("helm failed: {e}; retrying with backoff");
+            (
+                Cond::no(c::VCLUSTER_READY, Reason::HelmFailed, message),
+                Requeue::Backoff,
+            )
+        }
+        (_, Release::Pending(status)) => {
+            plan.act(Action::InstallVCluster { recover: true });
+            waiting(
+                Reason::RecoveringRelease,
+                &format!(
+                    "the vCluster release was left {status} by an interrupted helm; recovering it"
+                ),
+            )
+        }
+        (_, Release::Missing) | (_, Release::Failed(_)) => {
+            plan.act(Action::InstallVCluster { recover: false });
+            waiting(Reason::Installing, "installing the vCluster")
+        }
+        (_, Release::Deployed { .. }) if !current => {
+            plan.act(Action::InstallVCluster { recover: false });
+            waiting(
+                Reason::Upgrading,
+                &format!("upgrading the vCluster to chart {}", o.chart_version),
+            )
+        }
+        (_, Release::Deployed { .. }) => serving(o),
+    }
+}
+
+/// A current release: waiting for the StatefulSet, the exported kubeconfig and the API in turn.
+fn serving(o: &Observed) -> (Cond, Requeue) {
+    let (reason, message) = if !o.statefulset_ready {
+        (
+            Reason::WaitingForStatefulSet,
+            "waiting for the vCluster StatefulSet to be ready",
+        )
+    } else if !o.exported_kubeconfig {
+        (
+            Reason::WaitingForKubeconfig,
+            "waiting for the vCluster to export its kubeconfig",
+        )
+    } else if o.api_serves != Some(true) {
+        (
+            Reason::WaitingForAPI,
+            "waiting for the vCluster API to answer",
+        )
+    } else {
+        return (
+            Cond::yes(
+                c::VCLUSTER_READY,
+                Reason::VClusterServing,
+                "the vCluster serves its API",
+            ),
+            Requeue::Idle,
+        );
+    };
+    (Cond::no(c::VCLUSTER_READY, reason, message), Requeue::Poll)
+}
+
+/// The vCluster serves: write the kubeconfig when it differs, and record `service/vcluster`.
+fn kubeconfig_written(o: &Observed, plan: &mut PlanBuilder) {
+    if !o.kubeconfig_current {
+        plan.act(Action::WriteKubeconfig);
+    }
+    if o.owner_service == OwnerService::Unrecorded {
+        plan.act(Action::RecordOwnerService);
+    }
+    plan.condition(Cond::yes(
+        c::KUBECONFIG_READY,
+        Reason::KubeconfigWritten,
+        "the admin kubeconfig is in the instance's kubeconfig Secret",
+    ));
+}

@@ -1,0 +1,639 @@
+//! The decision, phase by phase and step by step.
+
+use common::conditions as c;
+use common::crd::{DeletionPolicy, InstallResult, Phase};
+
+use super::decide;
+use super::model::*;
+use crate::installer::Mode;
+use crate::installer::record::Failure;
+
+fn base() -> Observed {
+    Observed {
+        generation: 1,
+        deleting: false,
+        has_finalizer: true,
+        deletion_policy: DeletionPolicy::Retain,
+        invalid_spec: None,
+        host_namespace: "pi-team-a-one-12345678".into(),
+        namespace_exists: true,
+        namespace_conflict: None,
+        namespace_terminating: false,
+        namespace_current: true,
+        release: Release::Deployed {
+            chart_version: "0.37.3".into(),
+        },
+        chart_version: "0.37.3".into(),
+        task: TaskState::Idle,
+        statefulset_ready: true,
+        exported_kubeconfig: true,
+        api_serves: Some(true),
+        kubeconfig_current: true,
+        protection: Protection::Protected,
+        cleanup: Cleanup::Missing,
+        state_exists: true,
+        owner_service: OwnerService::Matches,
+        install: InstallObserved {
+            requested: "6.0.22".into(),
+            installed: Some("6.0.22".into()),
+            desired_hash: Some("sha256:aaaa".into()),
+            applied_hash: Some("sha256:aaaa".into()),
+            last: Some(LastRun {
+                version: "6.0.22".into(),
+                result: InstallResult::Succeeded,
+                failure: None,
+                message: "install of @di-framework/platform@6.0.22 applied".into(),
+            }),
+            ..InstallObserved::default()
+        },
+    }
+}
+
+/// A serving vCluster whose platform is not installed yet.
+fn fresh() -> Observed {
+    Observed {
+        install: InstallObserved {
+            requested: "6.0.22".into(),
+            desired_hash: Some("sha256:aaaa".into()),
+            ..InstallObserved::default()
+        },
+        ..base()
+    }
+}
+
+fn with_install(f: impl FnOnce(&mut InstallObserved)) -> Observed {
+    let mut o = base();
+    f(&mut o.install);
+    o
+}
+
+fn cond(plan: &Plan, type_: &str) -> (bool, &'static str) {
+    let w = plan
+        .conditions
+        .iter()
+        .find(|w| w.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_}"));
+    (w.status, w.reason.as_str())
+}
+
+#[test]
+fn a_new_instance_gets_its_finalizer_first() {
+    let o = Observed {
+        has_finalizer: false,
+        namespace_exists: false,
+        release: Release::Missing,
+        ..base()
+    };
+    let plan = decide(&o);
+    assert_eq!(plan.actions, [Action::AddFinalizer]);
+    assert_eq!(plan.phase, Phase::Pending);
+}
+
+#[test]
+fn provisioning_applies_the_namespace_and_installs() {
+    let o = Observed {
+        namespace_exists: false,
+        release: Release::Missing,
+        statefulset_ready: false,
+        exported_kubeconfig: false,
+        api_serves: None,
+        kubeconfig_current: false,
+        ..base()
+    };
+    let plan = decide(&o);
+    assert_eq!(
+        plan.actions,
+        [
+            Action::ApplyNamespace,
+            Action::InstallVCluster { recover: false }
+        ]
+    );
+    assert_eq!(plan.phase, Phase::Provisioning);
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Installing"));
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "Provisioning"));
+    assert!(!cond(&plan, c::READY).0);
+}
+
+#[test]
+fn queued_installs_say_their_position() {
+    let o = Observed {
+        namespace_exists: false,
+        release: Release::Missing,
+        task: TaskState::Queued(3),
+        ..base()
+    };
+    let plan = decide(&o);
+    assert_eq!(plan.phase, Phase::Pending);
+    let w = plan
+        .conditions
+        .iter()
+        .find(|w| w.type_ == c::VCLUSTER_READY)
+        .expect("condition");
+    assert_eq!(w.reason, "Queued");
+    assert!(w.message.contains("position 3"), "{}", w.message);
+    assert!(
+        !plan
+            .actions
+            .contains(&Action::InstallVCluster { recover: false }),
+        "no second task while queued"
+    );
+}
+
+#[test]
+fn waits_for_statefulset_kubeconfig_and_api_in_turn() {
+    let waiting = |o: Observed| cond(&decide(&o), c::VCLUSTER_READY);
+    assert_eq!(
+        waiting(Observed {
+            statefulset_ready: false,
+            ..base()
+        }),
+        (false, "WaitingForStatefulSet")
+    );
+    assert_eq!(
+        waiting(Observed {
+            exported_kubeconfig: false,
+            ..base()
+        }),
+        (false, "WaitingForKubeconfig")
+    );
+    assert_eq!(
+        waiting(Observed {
+            api_serves: Some(false),
+            ..base()
+        }),
+        (false, "WaitingForAPI")
+    );
+}
+
+#[test]
+fn a_serving_vcluster_gets_its_kubeconfig_written_and_reaches_installing() {
+    let plan = decide(&Observed {
+        kubeconfig_current: false,
+        ..fresh()
+    });
+    assert_eq!(
+        plan.actions,
+        [
+            Action::WriteKubeconfig,
+            Action::Install {
+                mode: Mode::Install
+            }
+        ]
+    );
+    assert_eq!(plan.phase, Phase::Installing);
+    assert_eq!(
+        cond(&plan, c::KUBECONFIG_READY),
+        (true, "KubeconfigWritten")
+    );
+}
+
+#[test]
+fn nothing_changed_means_no_action() {
+    let plan = decide(&base());
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.requeue, Requeue::Idle);
+    assert_eq!(plan.phase, Phase::Ready);
+    assert_eq!(cond(&plan, c::READY), (true, "Installed"));
+    assert_eq!(cond(&plan, c::INSTALLED), (true, "Installed"));
+    assert_eq!(cond(&plan, c::DRIFT_DETECTED), (false, "NoDrift"));
+    assert_eq!(cond(&plan, c::RECONCILING), (false, "Idle"));
+    assert_eq!(decide(&base()), plan, "deciding is deterministic");
+}
+
+#[test]
+fn a_first_install_runs_queues_and_reports() {
+    let plan = decide(&fresh());
+    assert_eq!(
+        plan.actions,
+        [Action::Install {
+            mode: Mode::Install
+        }]
+    );
+    assert_eq!(plan.phase, Phase::Installing);
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "Installing"));
+    assert!(
+        !plan.conditions.iter().any(|w| w.type_ == c::DRIFT_DETECTED),
+        "no drift condition before the first install"
+    );
+    let mut queued = fresh();
+    queued.install.task = TaskState::Queued(3);
+    let plan = decide(&queued);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.phase, Phase::Installing);
+    let (_, reason) = cond(&plan, c::INSTALLED);
+    assert_eq!(reason, "Queued");
+    assert!(
+        plan.conditions
+            .iter()
+            .any(|w| w.message.contains("position 3"))
+    );
+    let mut running = fresh();
+    running.install.task = TaskState::Running;
+    let plan = decide(&running);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.requeue, Requeue::Poll);
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "Installing"));
+}
+
+#[test]
+fn a_new_version_upgrades_and_a_failed_upgrade_keeps_the_old_one() {
+    let plan = decide(&with_install(|i| i.requested = "6.0.23".into()));
+    assert_eq!(
+        plan.actions,
+        [Action::Install {
+            mode: Mode::Upgrade
+        }]
+    );
+    assert_eq!(plan.phase, Phase::Upgrading);
+    let plan = decide(&with_install(|i| {
+        i.requested = "6.0.23".into();
+        i.task = TaskState::Failed("boom".into());
+        i.last = Some(LastRun {
+            version: "6.0.23".into(),
+            result: InstallResult::Failed,
+            failure: Some(Failure::InstallFailed),
+            message: "pulumi up failed (exit 255): stand-in failure".into(),
+        });
+    }));
+    assert_eq!(plan.phase, Phase::Upgrading);
+    assert_eq!(plan.requeue, Requeue::Backoff);
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "InstallFailed"));
+    assert_eq!(cond(&plan, c::READY), (false, "InstallFailed"));
+    assert_eq!(cond(&plan, c::STALLED), (false, "Progressing"));
+    let message = &plan
+        .conditions
+        .iter()
+        .find(|w| w.type_ == c::INSTALLED)
+        .expect("installed")
+        .message;
+    assert!(message.contains("6.0.22 stays installed"), "{message}");
+    assert!(message.contains("stand-in failure"), "{message}");
+}
+
+#[test]
+fn failures_that_need_a_person_stall_and_timeouts_retry() {
+    for (failure, stalled) in [
+        (Failure::VersionNotFound, true),
+        (Failure::PassphraseMismatch, true),
+        (Failure::InstallTimedOut, false),
+        (Failure::RegistryUnreachable, false),
+    ] {
+        let mut o = fresh();
+        o.install.task = TaskState::Failed("x".into());
+        o.install.last = Some(LastRun {
+            version: "6.0.22".into(),
+            result: if failure == Failure::InstallTimedOut {
+                InstallResult::TimedOut
+            } else {
+                InstallResult::Failed
+            },
+            failure: Some(failure),
+            message: "why".into(),
+        });
+        let plan = decide(&o);
+        assert_eq!(cond(&plan, c::INSTALLED), (false, failure.reason()));
+        assert_eq!(cond(&plan, c::STALLED).0, stalled, "{failure:?}");
+        assert_eq!(plan.requeue, Requeue::Backoff);
+        assert_eq!(
+            plan.actions,
+            [Action::Install {
+                mode: Mode::Install
+            }],
+            "the retry is submitted; the task registry holds it back until the backoff ends"
+        );
+    }
+}
+
+#[test]
+fn an_interrupted_install_runs_again() {
+    let plan = decide(&with_install(|i| {
+        i.last = Some(LastRun {
+            version: "6.0.22".into(),
+            result: InstallResult::Running,
+            failure: None,
+            message: "install running".into(),
+        });
+    }));
+    assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "Resuming"));
+    let mut o = fresh();
+    o.install.last = Some(LastRun {
+        version: "6.0.22".into(),
+        result: InstallResult::Running,
+        failure: None,
+        message: "install running".into(),
+    });
+    let plan = decide(&o);
+    assert_eq!(
+        plan.actions,
+        [Action::Install {
+            mode: Mode::Install
+        }]
+    );
+    assert_eq!(plan.phase, Phase::Installing);
+}
+
+#[test]
+fn changed_settings_are_reapplied() {
+    let plan = decide(&with_install(|i| {
+        i.desired_hash = Some("sha256:bbbb".into())
+    }));
+    assert_eq!(
+        plan.actions,
+        [Action::Install {
+            mode: Mode::Reapply
+        }]
+    );
+    assert_eq!(plan.phase, Phase::Ready);
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "Installing"));
+    let plan = decide(&with_install(|i| {
+        i.config_error = Some("the Secret oauth does not exist".into());
+    }));
+    assert!(plan.actions.is_empty());
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "ConfigUnavailable"));
+    assert_eq!(cond(&plan, c::STALLED), (true, "ConfigUnavailable"));
+}
+
+#[test]
+fn repair_previews_when_due_and_installs_on_drift() {
+    let plan = decide(&with_install(|i| i.repair_due = true));
+    assert_eq!(plan.actions, [Action::Preview]);
+    assert_eq!(plan.phase, Phase::Ready);
+    assert_eq!(cond(&plan, c::READY), (true, "Installed"));
+    let plan = decide(&with_install(|i| {
+        i.repair_due = true;
+        i.preview_task = TaskState::Running;
+    }));
+    assert!(plan.actions.is_empty(), "one preview at a time");
+    let plan = decide(&with_install(|i| {
+        i.drift = Some("drift: putting it back would create 1".into());
+    }));
+    assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    assert_eq!(cond(&plan, c::DRIFT_DETECTED), (true, "DriftDetected"));
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
+    assert_eq!(cond(&plan, c::INSTALLED), (true, "Installed"));
+    let plan = decide(&with_install(|i| {
+        i.preview_failed = Some("pulumi preview failed".into());
+    }));
+    assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+}
+
+#[test]
+fn a_failed_run_at_another_version_is_put_back_at_once() {
+    // 6.0.22 installed; the upgrade to 6.0.24 timed out; spec.version is set back.
+    let plan = decide(&with_install(|i| {
+        i.last = Some(LastRun {
+            version: "6.0.24".into(),
+            result: InstallResult::TimedOut,
+            failure: Some(Failure::InstallTimedOut),
+            message: "timed out".into(),
+        });
+    }));
+    assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
+    assert_eq!(cond(&plan, c::INSTALLED), (true, "Installed"));
+    // A repair that failed at the installed version is retried (with backoff), not Ready.
+    let plan = decide(&with_install(|i| {
+        i.task = TaskState::Failed("boom".into());
+        i.last = Some(LastRun {
+            version: "6.0.22".into(),
+            result: InstallResult::Failed,
+            failure: Some(Failure::InstallFailed),
+            message: "boom".into(),
+        });
+    }));
+    assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    assert_eq!(plan.requeue, Requeue::Backoff);
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "InstallFailed"));
+    assert!(!cond(&plan, c::READY).0);
+}
+
+#[test]
+fn a_retry_request_repairs_an_installed_instance_at_once() {
+    let plan = decide(&with_install(|i| i.retry_requested = true));
+    assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
+}
+
+#[test]
+fn a_disabled_installer_stops_at_installing() {
+    let mut o = fresh();
+    o.install.disabled = true;
+    let plan = decide(&o);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.phase, Phase::Installing);
+    assert_eq!(plan.requeue, Requeue::Idle);
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "InstallerDisabled"));
+}
+
+#[test]
+fn deletion_stops_installer_tasks_first() {
+    let mut o = base();
+    o.deleting = true;
+    o.install.task = TaskState::Running;
+    let plan = decide(&o);
+    assert_eq!(plan.actions.first(), Some(&Action::CancelInstall));
+    let mut o = base();
+    o.deleting = true;
+    o.install.preview_task = TaskState::Queued(1);
+    assert_eq!(decide(&o).actions.first(), Some(&Action::CancelInstall));
+}
+
+#[test]
+fn a_pending_release_is_recovered_and_a_failure_backs_off() {
+    let plan = decide(&Observed {
+        release: Release::Pending("pending-install".into()),
+        ..base()
+    });
+    assert_eq!(plan.actions, [Action::InstallVCluster { recover: true }]);
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "RecoveringRelease"));
+    let plan = decide(&Observed {
+        release: Release::Failed("failed".into()),
+        task: TaskState::Failed("boom".into()),
+        ..base()
+    });
+    assert_eq!(plan.requeue, Requeue::Backoff);
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "InstallFailed"));
+    let plan = decide(&Observed {
+        release: Release::Deployed {
+            chart_version: "0.37.2".into(),
+        },
+        ..base()
+    });
+    assert_eq!(plan.actions, [Action::InstallVCluster { recover: false }]);
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Upgrading"));
+}
+
+#[test]
+fn a_tampered_owner_service_is_put_back_and_relinked() {
+    let plan = decide(&Observed {
+        owner_service: OwnerService::Unrecorded,
+        ..base()
+    });
+    assert_eq!(plan.actions, [Action::RecordOwnerService]);
+    for drift in [OwnerService::Missing, OwnerService::Changed] {
+        let plan = decide(&Observed {
+            owner_service: drift,
+            ..base()
+        });
+        assert_eq!(plan.actions, [Action::RestoreOwnerService]);
+        assert_eq!(
+            cond(&plan, c::VCLUSTER_READY),
+            (false, "OwnerServiceRestoring")
+        );
+    }
+    let plan = decide(&Observed {
+        owner_service: OwnerService::Recreated {
+            old_uid: "u1".into(),
+        },
+        ..base()
+    });
+    assert_eq!(
+        plan.actions,
+        [Action::RelinkOwnerService {
+            old_uid: "u1".into()
+        }]
+    );
+    let busy = decide(&Observed {
+        owner_service: OwnerService::Missing,
+        task: TaskState::Running,
+        ..base()
+    });
+    assert!(
+        !busy.actions.contains(&Action::RestoreOwnerService),
+        "not while helm runs"
+    );
+}
+
+#[test]
+fn invalid_specs_and_conflicts_wait_for_a_change() {
+    let plan = decide(&Observed {
+        invalid_spec: Some("spec.version is not set".into()),
+        ..base()
+    });
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.phase, Phase::Failed);
+    assert_eq!(cond(&plan, c::STALLED), (true, "InvalidSpec"));
+    assert_eq!(plan.requeue, Requeue::Idle);
+    let plan = decide(&Observed {
+        namespace_conflict: Some("team-b/other".into()),
+        ..base()
+    });
+    assert_eq!(
+        cond(&plan, c::HOST_NAMESPACE_READY),
+        (false, "HostNamespaceConflict")
+    );
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn protection_is_reported_either_way() {
+    assert_eq!(
+        cond(&decide(&base()), c::OWNER_SERVICE_PROTECTED),
+        (true, "PolicyActive")
+    );
+    let plan = decide(&Observed {
+        protection: Protection::Unsupported,
+        ..base()
+    });
+    assert_eq!(
+        cond(&plan, c::OWNER_SERVICE_PROTECTED),
+        (false, "AdmissionPoliciesUnavailable")
+    );
+    assert_eq!(
+        plan.phase,
+        Phase::Ready,
+        "the controller carries on without admission policies"
+    );
+}
+
+fn deleting(policy: DeletionPolicy) -> Observed {
+    Observed {
+        deleting: true,
+        deletion_policy: policy,
+        ..base()
+    }
+}
+
+#[test]
+fn deletion_uninstalls_then_deletes_the_namespace() {
+    let plan = decide(&deleting(DeletionPolicy::Retain));
+    assert_eq!(plan.actions, [Action::UninstallVCluster]);
+    assert_eq!(plan.phase, Phase::Deleting);
+    let plan = decide(&Observed {
+        release: Release::Missing,
+        ..deleting(DeletionPolicy::Retain)
+    });
+    assert_eq!(plan.actions, [Action::DeleteNamespace]);
+    let plan = decide(&Observed {
+        release: Release::Missing,
+        namespace_terminating: true,
+        ..deleting(DeletionPolicy::Retain)
+    });
+    assert!(plan.actions.is_empty(), "wait for the namespace");
+    let plan = decide(&Observed {
+        task: TaskState::Running,
+        ..deleting(DeletionPolicy::Delete)
+    });
+    assert!(plan.actions.is_empty(), "wait for helm");
+}
+
+#[test]
+fn retain_keeps_storage_and_state() {
+    let plan = decide(&Observed {
+        release: Release::Missing,
+        namespace_exists: false,
+        ..deleting(DeletionPolicy::Retain)
+    });
+    assert_eq!(plan.actions, [Action::RemoveFinalizer]);
+}
+
+#[test]
+fn delete_cleans_storage_then_state_then_lets_go() {
+    let gone = Observed {
+        release: Release::Missing,
+        namespace_exists: false,
+        ..deleting(DeletionPolicy::Delete)
+    };
+    assert_eq!(decide(&gone).actions, [Action::StartCleanup]);
+    assert!(
+        decide(&Observed {
+            cleanup: Cleanup::Running,
+            ..gone.clone()
+        })
+        .actions
+        .is_empty()
+    );
+    let failed = decide(&Observed {
+        cleanup: Cleanup::Failed("exit 1".into()),
+        ..gone.clone()
+    });
+    assert!(
+        failed.actions.is_empty(),
+        "a failed step never drops the finalizer"
+    );
+    assert_eq!(cond(&failed, c::STALLED), (true, "CleanupFailed"));
+    let done = decide(&Observed {
+        cleanup: Cleanup::Complete,
+        ..gone
+    });
+    assert_eq!(
+        done.actions,
+        [
+            Action::RemoveState,
+            Action::DeleteKubeconfig,
+            Action::RemoveFinalizer
+        ]
+    );
+}
+
+#[test]
+fn a_failed_uninstall_keeps_the_finalizer() {
+    let plan = decide(&Observed {
+        task: TaskState::Failed("timeout".into()),
+        ..deleting(DeletionPolicy::Delete)
+    });
+    assert_eq!(plan.actions, [Action::UninstallVCluster]);
+    assert_eq!(plan.requeue, Requeue::Backoff);
+    assert!(!plan.actions.contains(&Action::RemoveFinalizer));
+}

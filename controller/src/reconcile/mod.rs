@@ -1,0 +1,186 @@
+//! The reconciler: [`observe`] one instance and what belongs to it, decide (pure, in
+//! [`crate::decide`]), [`act`] with server-side apply under one field manager, then [`report`]
+//! the status only when it changed, with an Event for every transition. [`objects`] builds what
+//! is applied; [`error`] says what failed.
+
+pub mod act;
+pub mod error;
+pub mod objects;
+pub mod observe;
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use common::crd::{Phase, PlatformInstance};
+use common::names::{RETRY_ANNOTATION, host_namespace};
+use kube::ResourceExt;
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::Reporter;
+
+pub use error::ReconcileError;
+pub use objects::{cleanup_job, service_hash, vcluster_values};
+
+use crate::decide::{self, Action, model::Protection};
+use crate::helm::Helm;
+use crate::installer::Installer;
+use crate::tasks::Tasks;
+
+/// What the reconciler is configured with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Node-local root of every instance's storage (`--storage-root-base`).
+    pub storage_root_base: String,
+    /// How often to look at work in progress (`--target-poll`).
+    pub target_poll: Duration,
+    /// How often to look at an idle instance (`--repair-interval`).
+    pub repair_interval: Duration,
+    /// Where cleanup Jobs run (`--cleanup-namespace`).
+    pub cleanup_namespace: String,
+    /// The image of cleanup Jobs (`--cleanup-image`).
+    pub cleanup_image: String,
+    /// Retries of a cleanup Job's pod before the Job fails (`--cleanup-backoff-limit`).
+    pub cleanup_backoff_limit: i32,
+    /// How long a finished cleanup Job is kept (`--cleanup-ttl`).
+    pub cleanup_ttl: Duration,
+    /// How long the probe of a vCluster's API may take (`--vcluster-api-timeout`).
+    pub api_probe_timeout: Duration,
+    /// The operator's state root (`--state-dir`); each instance has `<namespace>/<name>` under it.
+    pub state_dir: PathBuf,
+    /// The namespace the operator runs in (admitted to each vCluster's API).
+    pub operator_namespace: String,
+    /// The verified vCluster chart.
+    pub chart: PathBuf,
+    /// Its version.
+    pub chart_version: String,
+    /// Extra values for the vCluster chart, appended after the controller's own.
+    pub extra_values: Option<PathBuf>,
+    /// The user the operator acts as (exempt from the service/vcluster policy).
+    pub operator_user: String,
+    /// Run the platform program (`--install-platform`).
+    pub install_platform: bool,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// Cluster access.
+    pub client: kube::Client,
+    /// Configuration.
+    pub settings: Settings,
+    /// The helm driver.
+    pub helm: Helm,
+    /// The installer (npm and pulumi).
+    pub installer: Installer,
+    /// Long-running work.
+    pub tasks: Arc<Tasks>,
+    /// The admission policy's state, kept by [`crate::policy::keep`].
+    pub protection: RwLock<Protection>,
+    /// Metrics.
+    pub metrics: crate::metrics::Metrics,
+    /// Who reports Events.
+    pub reporter: Reporter,
+    /// Each instance's last reported phase, for the instances-by-phase gauge.
+    pub phases: Mutex<BTreeMap<String, Phase>>,
+    /// Host namespace → instance (`namespace`, `name`), so a change to `service/vcluster` wakes
+    /// the instance that owns it.
+    pub hosts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
+}
+
+/// The instance's key, `<namespace>/<name>`: its helm task's key too.
+pub fn key(pi: &PlatformInstance) -> String {
+    format!("{}/{}", pi.namespace().unwrap_or_default(), pi.name_any())
+}
+
+/// The task key of an instance's installs.
+pub fn install_key(pi: &PlatformInstance) -> String {
+    format!("{}#install", key(pi))
+}
+
+/// The task key of an instance's repair previews.
+pub fn preview_key(pi: &PlatformInstance) -> String {
+    format!("{}#preview", key(pi))
+}
+
+/// Every task key of an instance.
+fn task_keys(pi: &PlatformInstance) -> [String; 3] {
+    [key(pi), install_key(pi), preview_key(pi)]
+}
+
+/// The instance's state directory under `--state-dir`.
+pub fn state_path(settings: &Settings, pi: &PlatformInstance) -> PathBuf {
+    settings
+        .state_dir
+        .join(pi.namespace().unwrap_or_default())
+        .join(pi.name_any())
+}
+
+/// Reconciles one instance.
+pub async fn reconcile(
+    pi: Arc<PlatformInstance>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, ReconcileError> {
+    let timer = ctx.metrics.reconcile_duration.start_timer();
+    let key = key(&pi);
+    let retry = pi.annotations().get(RETRY_ANNOTATION).cloned();
+    let retry_requested = observe::retry_requested(&pi);
+    if retry_requested {
+        tracing::info!(instance = %key, "retry requested by annotation");
+        for k in task_keys(&pi) {
+            ctx.tasks.clear_backoff(&k);
+        }
+    }
+    if let Ok(mut hosts) = ctx.hosts.lock() {
+        hosts.insert(
+            host_namespace(&pi.namespace().unwrap_or_default(), &pi.name_any()),
+            (pi.namespace().unwrap_or_default(), pi.name_any()),
+        );
+    }
+    let (observed, found) = observe::observe(&ctx, &pi).await?;
+    let plan = decide::decide(&observed);
+    tracing::debug!(instance = %key, phase = ?plan.phase, actions = ?plan.actions, "decided");
+    act::act(&ctx, &pi, &plan, &found).await?;
+    if plan.actions.contains(&Action::RemoveFinalizer) {
+        report::forget(&ctx, &key);
+    } else {
+        let retry = if retry_requested { retry } else { None };
+        report::report(&ctx, &pi, &plan, retry, &found.record).await?;
+    }
+    report::refresh_phase_gauge(&ctx);
+    ctx.metrics
+        .reconciles
+        .with_label_values(&["ok", "none"])
+        .inc();
+    timer.observe_duration();
+    Ok(match plan.requeue {
+        decide::Requeue::Poll => Requeue::requeue(ctx.settings.target_poll),
+        decide::Requeue::Backoff => {
+            let wait = task_keys(&pi)
+                .iter()
+                .map(|k| ctx.tasks.retry_in(k))
+                .max()
+                .unwrap_or_default();
+            Requeue::requeue(wait.max(Duration::from_secs(1)))
+        }
+        decide::Requeue::Idle => Requeue::requeue(ctx.settings.repair_interval),
+    })
+}
+
+/// What to do after a failed reconcile: count it by the failed step and retry after a short,
+/// fixed delay (the API server or a transient error; invalid specs are not errors, they wait in
+/// `decide`).
+pub fn error_policy(
+    pi: Arc<PlatformInstance>,
+    error: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Requeue {
+    tracing::warn!(instance = %key(&pi), error = %error, category = error.category(), "reconcile failed");
+    ctx.metrics
+        .reconciles
+        .with_label_values(&["error", error.category()])
+        .inc();
+    Requeue::requeue(
+        Duration::from_secs(5).min(ctx.settings.target_poll.max(Duration::from_secs(1))),
+    )
+}

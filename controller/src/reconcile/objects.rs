@@ -1,0 +1,330 @@
+//! The objects the reconciler applies for an instance, as typed `k8s-openapi` objects: the host
+//! namespace, its NetworkPolicy, the instance's kubeconfig Secret and the storage cleanup Job;
+//! and the vCluster chart's values. Pure: unit-tested against what the API server is sent.
+
+use std::collections::BTreeMap;
+
+use common::names::{
+    HOST_NAMESPACE_LABEL, INSTANCE_ANNOTATION, KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL,
+    VCLUSTER_APP, VCLUSTER_NETWORK_POLICY, kubeconfig_secret,
+};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, HostPathVolumeSource, Namespace, PodSpec, PodTemplateSpec, Secret, SecurityContext,
+    Service, Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use serde_json::json;
+
+use super::Settings;
+
+/// `app.kubernetes.io/managed-by: platform-operator`, and `extra`.
+fn labels<'a>(extra: impl IntoIterator<Item = (&'a str, &'a str)>) -> BTreeMap<String, String> {
+    std::iter::once((MANAGED_BY_LABEL, MANAGED_BY))
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn one(key: &str, value: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(key.to_string(), value.to_string())])
+}
+
+/// The host namespace `host_ns` of instance `instance` (`<namespace>/<name>`), labelled as a
+/// host namespace and annotated with its instance.
+pub fn namespace(instance: &str, host_ns: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(host_ns.to_string()),
+            labels: Some(labels([(HOST_NAMESPACE_LABEL, "true")])),
+            annotations: Some(one(INSTANCE_ANNOTATION, instance)),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    }
+}
+
+/// The NetworkPolicy `vcluster-api`: the vCluster's pods take traffic from the operator's
+/// namespace and from their own namespace only.
+pub fn network_policy(host_ns: &str, operator_ns: &str) -> NetworkPolicy {
+    let from = |peer: NetworkPolicyPeer| NetworkPolicyIngressRule {
+        from: Some(vec![peer]),
+        ports: None,
+    };
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(VCLUSTER_NETWORK_POLICY.to_string()),
+            namespace: Some(host_ns.to_string()),
+            labels: Some(labels([])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(one("app", VCLUSTER_APP)),
+                match_expressions: None,
+            }),
+            policy_types: Some(vec!["Ingress".to_string()]),
+            ingress: Some(vec![
+                from(NetworkPolicyPeer {
+                    namespace_selector: Some(LabelSelector {
+                        match_labels: Some(one("kubernetes.io/metadata.name", operator_ns)),
+                        match_expressions: None,
+                    }),
+                    ..NetworkPolicyPeer::default()
+                }),
+                from(NetworkPolicyPeer {
+                    pod_selector: Some(LabelSelector::default()),
+                    ..NetworkPolicyPeer::default()
+                }),
+            ]),
+            egress: None,
+        }),
+    }
+}
+
+/// The hash of the namespace and NetworkPolicy as applied, kept in the namespace's
+/// applied-hash annotation so that an idle reconcile writes nothing.
+pub fn namespace_hash(namespace: &Namespace, policy: &NetworkPolicy) -> String {
+    hash(&json!([namespace, policy]))
+}
+
+/// The instance's kubeconfig Secret `<name>-kubeconfig` in `namespace`, owned by the instance.
+pub fn kubeconfig_secret_object(
+    namespace: &str,
+    name: &str,
+    owner: Option<OwnerReference>,
+    kubeconfig: &str,
+) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(kubeconfig_secret(name)),
+            namespace: Some(namespace.to_string()),
+            owner_references: Some(owner.into_iter().collect()),
+            labels: Some(labels([])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            KUBECONFIG_KEY.to_string(),
+            ByteString(kubeconfig.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// The storage cleanup Job: mounts `--storage-root-base` and removes only this instance's
+/// directory under it (a DNS label, so it cannot name anything outside).
+pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str) -> Job {
+    let container = Container {
+        name: "cleanup".to_string(),
+        image: Some(settings.cleanup_image.clone()),
+        command: Some(
+            [
+                "rm",
+                "-rf",
+                "--one-file-system",
+                &format!("/storage/{host_ns}"),
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            run_as_user: Some(0),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "storage".to_string(),
+            mount_path: "/storage".to_string(),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    };
+    let volume = Volume {
+        name: "storage".to_string(),
+        host_path: Some(HostPathVolumeSource {
+            path: settings.storage_root_base.clone(),
+            type_: Some("DirectoryOrCreate".to_string()),
+        }),
+        ..Volume::default()
+    };
+    Job {
+        metadata: ObjectMeta {
+            name: Some(host_ns.to_string()),
+            namespace: Some(settings.cleanup_namespace.clone()),
+            labels: Some(labels([])),
+            annotations: Some(one(INSTANCE_ANNOTATION, instance)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(settings.cleanup_backoff_limit),
+            ttl_seconds_after_finished: Some(
+                settings.cleanup_ttl.as_secs().min(i32::MAX as u64) as i32
+            ),
+            template: PodTemplateSpec {
+                metadata: None,
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".to_string()),
+                    containers: vec![container],
+                    volumes: Some(vec![volume]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The vCluster chart's values for one instance: the exported kubeconfig names the in-cluster
+/// Service, storage lives under `--storage-root-base/<host namespace>`, and the host's own
+/// NetworkPolicy engine is used (`networkPolicyEngine: existing`).
+pub fn vcluster_values(settings: &Settings, host_ns: &str) -> String {
+    let values = json!({
+        "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
+        "controlPlane": {"statefulSet": {"persistence": {
+            "volumeClaim": {"enabled": false},
+            "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{host_ns}", settings.storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
+        }}},
+        "policies": {"networkPolicy": {"enabled": false}},
+        "platformOperator": {"hostNamespace": host_ns}
+    });
+    serde_saphyr::to_string(&values).unwrap_or_default()
+}
+
+/// A hash of what the chart sets on `service/vcluster`: type, ports, selector and labels.
+pub fn service_hash(svc: &Service) -> String {
+    let spec = svc.spec.clone().unwrap_or_default();
+    hash(
+        &json!({"type": spec.type_, "ports": spec.ports, "selector": spec.selector, "labels": svc.metadata.labels}),
+    )
+}
+
+/// The first 8 bytes of the SHA-256 of `value`'s JSON, in hex.
+fn hash(value: &serde_json::Value) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, value.to_string().as_bytes());
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings {
+            storage_root_base: "/var/lib/kubesolo/instances".into(),
+            target_poll: Duration::from_secs(10),
+            repair_interval: Duration::from_secs(1800),
+            cleanup_namespace: "platform-operator".into(),
+            cleanup_image: "busybox:1.37".into(),
+            cleanup_backoff_limit: 3,
+            cleanup_ttl: Duration::from_secs(86400),
+            api_probe_timeout: Duration::from_secs(5),
+            state_dir: PathBuf::from("/state"),
+            operator_namespace: "platform-operator".into(),
+            chart: PathBuf::from("/chart.tgz"),
+            chart_version: "0.37.3".into(),
+            extra_values: None,
+            operator_user: "op".into(),
+            install_platform: true,
+        }
+    }
+
+    fn value(object: impl serde::Serialize) -> serde_json::Value {
+        serde_json::to_value(object).expect("json")
+    }
+
+    /// What the controller applied before its objects were typed: the same JSON, so the same
+    /// fields are owned and the applied-hash of existing host namespaces still matches.
+    #[test]
+    fn typed_objects_serialize_as_the_literals_they_replace() {
+        let host_ns = "pi-team-a-one-12345678";
+        assert_eq!(
+            value(namespace("team-a/one", host_ns)),
+            json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": host_ns,
+                    "labels": {HOST_NAMESPACE_LABEL: "true", "app.kubernetes.io/managed-by": "platform-operator"},
+                    "annotations": {INSTANCE_ANNOTATION: "team-a/one"}
+                }
+            })
+        );
+        assert_eq!(
+            value(network_policy(host_ns, "platform-operator")),
+            json!({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {"name": "vcluster-api", "namespace": host_ns, "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
+                "spec": {
+                    "podSelector": {"matchLabels": {"app": "vcluster"}},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "platform-operator"}}}]},
+                        {"from": [{"podSelector": {}}]}
+                    ]
+                }
+            })
+        );
+        let settings = settings();
+        assert_eq!(
+            value(cleanup_job(&settings, host_ns, "team-a/one")),
+            json!({
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": host_ns, "namespace": settings.cleanup_namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "platform-operator"},
+                             "annotations": {INSTANCE_ANNOTATION: "team-a/one"}},
+                "spec": {
+                    "backoffLimit": 3,
+                    "ttlSecondsAfterFinished": 86400,
+                    "template": {"spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{
+                            "name": "cleanup",
+                            "image": settings.cleanup_image,
+                            "command": ["rm", "-rf", "--one-file-system", format!("/storage/{host_ns}")],
+                            "securityContext": {"privileged": true, "runAsUser": 0},
+                            "volumeMounts": [{"name": "storage", "mountPath": "/storage"}]
+                        }],
+                        "volumes": [{"name": "storage", "hostPath": {"path": settings.storage_root_base, "type": "DirectoryOrCreate"}}]
+                    }}
+                }
+            })
+        );
+        assert_eq!(
+            value(kubeconfig_secret_object("team-a", "one", None, "kc")),
+            json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "one-kubeconfig", "namespace": "team-a", "ownerReferences": [],
+                             "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
+                "type": "Opaque",
+                "data": {"kubeconfig": ByteString(b"kc".to_vec())}
+            })
+        );
+    }
+
+    #[test]
+    fn the_cleanup_job_takes_its_backoff_and_ttl_from_the_flags() {
+        let settings = Settings {
+            cleanup_backoff_limit: 0,
+            cleanup_ttl: Duration::from_secs(600),
+            ..settings()
+        };
+        let job = value(cleanup_job(&settings, "pi-x", "a/b"));
+        assert_eq!(job["spec"]["backoffLimit"], 0);
+        assert_eq!(job["spec"]["ttlSecondsAfterFinished"], 600);
+    }
+}

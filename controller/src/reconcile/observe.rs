@@ -1,0 +1,407 @@
+//! The observe step: reads one instance's world (host namespace, NetworkPolicy, Helm release,
+//! `service/vcluster`, StatefulSet, exported and written kubeconfigs, cleanup Job, tasks, the
+//! installer's record, the program's config) into [`Observed`] for the decision, plus what the
+//! actions need ([`Found`]).
+
+use std::time::Duration;
+
+use common::crd::{DeletionPolicy, PlatformInstance};
+use common::names::{
+    APPLIED_HASH_ANNOTATION, EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, FINALIZER,
+    INSTANCE_ANNOTATION, KUBECONFIG_KEY, OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, VCLUSTER,
+    VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
+};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, ListParams};
+use kube::{Resource, ResourceExt};
+
+use super::error::{ReconcileError, observing};
+use super::objects::{self, service_hash};
+use super::{Context, install_key, key, preview_key, state_path};
+use crate::decide::model::{
+    Cleanup, InstallObserved, LastRun, Observed, OwnerService, Protection, Release, TaskState,
+};
+use crate::helm::{RELEASE, release_from_secrets};
+use crate::installer::config::{self as program, ProgramConfig};
+use crate::installer::record::Record;
+
+/// What observe found besides [`Observed`]: what the actions need.
+pub struct Found {
+    /// The kubeconfig the vCluster exported.
+    pub exported: Option<String>,
+    /// What the program would get now.
+    pub config: Option<ProgramConfig>,
+    /// The installer's record.
+    pub record: Record,
+}
+
+/// What is in the host namespace.
+#[derive(Default)]
+struct Host {
+    exists: bool,
+    conflict: Option<String>,
+    terminating: bool,
+    current: bool,
+    release: Option<Release>,
+    owner: Option<OwnerService>,
+    statefulset_ready: bool,
+    exported: Option<String>,
+}
+
+/// Observes one instance.
+pub async fn observe(
+    ctx: &Context,
+    pi: &PlatformInstance,
+) -> Result<(Observed, Found), ReconcileError> {
+    let ns = pi.namespace().unwrap_or_default();
+    let host_ns = host_namespace(&ns, &pi.name_any());
+    let deleting = pi.meta().deletion_timestamp.is_some();
+    let host = host(ctx, pi, &host_ns).await?;
+    let release = host.release.clone().unwrap_or(Release::Missing);
+    let api = match (
+        &host.exported,
+        matches!(release, Release::Deployed { .. }) && host.statefulset_ready,
+    ) {
+        (Some(k), true) => Some(api_serves(k, ctx.settings.api_probe_timeout).await),
+        _ => None,
+    };
+    let kubeconfig_current = kubeconfig_current(ctx, pi, host.exported.as_deref()).await?;
+    let cleanup = cleanup(ctx, pi, &host_ns).await?;
+    // The tasks' states before the record: a task that finishes in between then shows as a
+    // running task over a finished record (harmless), never as an idle task over a `Running`
+    // record (which reads as an interrupted install).
+    let tasks = (
+        ctx.tasks.state(&install_key(pi)),
+        ctx.tasks.state(&preview_key(pi)),
+    );
+    let record = ctx.installer.record(&ns, &pi.name_any());
+    let config = match (&host.exported, api) {
+        (Some(k), Some(true)) if !deleting => Some(program_config(ctx, pi, &host_ns, k).await?),
+        _ => None,
+    };
+    let observed = Observed {
+        generation: pi.meta().generation.unwrap_or(0),
+        deleting,
+        has_finalizer: pi.finalizers().iter().any(|f| f == FINALIZER),
+        deletion_policy: pi.spec.deletion_policy,
+        invalid_spec: invalid_spec(pi),
+        host_namespace: host_ns,
+        namespace_exists: host.exists,
+        namespace_conflict: host.conflict,
+        namespace_terminating: host.terminating,
+        namespace_current: host.current,
+        release,
+        chart_version: ctx.settings.chart_version.clone(),
+        task: ctx.tasks.state(&key(pi)),
+        statefulset_ready: host.statefulset_ready,
+        exported_kubeconfig: host.exported.is_some(),
+        api_serves: api,
+        kubeconfig_current,
+        protection: ctx
+            .protection
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or(Protection::Unknown),
+        cleanup,
+        state_exists: state_path(&ctx.settings, pi).exists(),
+        owner_service: host.owner.unwrap_or(OwnerService::Unrecorded),
+        install: install_observed(ctx, pi, tasks, &record, config.as_ref()),
+    };
+    let config = config.and_then(Result::ok);
+    let exported = host.exported;
+    Ok((
+        observed,
+        Found {
+            exported,
+            config,
+            record,
+        },
+    ))
+}
+
+/// Why the spec cannot be acted on, if it cannot.
+fn invalid_spec(pi: &PlatformInstance) -> Option<String> {
+    match pi.spec.version.as_deref() {
+        None => Some("spec.version is not set (the admission webhook sets it when it runs); set spec.version".to_string()),
+        Some(v) => common::version::parse_exact(v).err().map(|e| format!("spec.version: {e}")),
+    }
+}
+
+/// The host namespace and, when it is this instance's, what is in it.
+async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Host, ReconcileError> {
+    let client = &ctx.client;
+    let Some(namespace) = Api::<Namespace>::all(client.clone())
+        .get_opt(host_ns)
+        .await
+        .map_err(observing(format!("namespace {host_ns}")))?
+    else {
+        return Ok(Host::default());
+    };
+    let desired = objects::namespace_hash(
+        &objects::namespace(&key(pi), host_ns),
+        &objects::network_policy(host_ns, &ctx.settings.operator_namespace),
+    );
+    let mut host = Host {
+        exists: true,
+        conflict: namespace
+            .annotations()
+            .get(INSTANCE_ANNOTATION)
+            .filter(|o| **o != key(pi))
+            .cloned(),
+        terminating: namespace.metadata.deletion_timestamp.is_some(),
+        current: namespace.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&desired),
+        ..Host::default()
+    };
+    if host.conflict.is_some() {
+        return Ok(host);
+    }
+    host.current &= Api::<NetworkPolicy>::namespaced(client.clone(), host_ns)
+        .get_opt(VCLUSTER_NETWORK_POLICY)
+        .await
+        .map_err(observing("the host NetworkPolicy"))?
+        .is_some();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), host_ns);
+    let releases = secrets
+        .list(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
+        .await
+        .map_err(observing("the vCluster release"))?;
+    host.release = Some(release_from_secrets(&releases.items));
+    let svc = Api::<Service>::namespaced(client.clone(), host_ns)
+        .get_opt(VCLUSTER)
+        .await
+        .map_err(observing("service/vcluster"))?;
+    host.owner = Some(owner_service(
+        namespace.annotations().get(OWNER_SERVICE_ANNOTATION),
+        svc.as_ref(),
+    ));
+    host.statefulset_ready = Api::<StatefulSet>::namespaced(client.clone(), host_ns)
+        .get_opt(VCLUSTER)
+        .await
+        .map_err(observing("the vCluster StatefulSet"))?
+        .is_some_and(|s| statefulset_ready(&s));
+    host.exported = secrets
+        .get_opt(EXPORTED_KUBECONFIG_SECRET)
+        .await
+        .map_err(observing("the exported kubeconfig"))?
+        .and_then(|s| {
+            s.data?
+                .get(EXPORTED_KUBECONFIG_KEY)
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        });
+    Ok(host)
+}
+
+fn statefulset_ready(s: &StatefulSet) -> bool {
+    let want = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(1);
+    s.status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0)
+        >= want
+}
+
+/// `service/vcluster` against the record on the host namespace.
+fn owner_service(recorded: Option<&String>, svc: Option<&Service>) -> OwnerService {
+    let Some((uid, recorded_hash)) = recorded.and_then(|r| r.split_once('/')) else {
+        return OwnerService::Unrecorded;
+    };
+    match svc {
+        None => OwnerService::Missing,
+        Some(s) if service_hash(s) != recorded_hash => OwnerService::Changed,
+        Some(s) if s.metadata.uid.as_deref() != Some(uid) => OwnerService::Recreated {
+            old_uid: uid.to_string(),
+        },
+        Some(_) => OwnerService::Matches,
+    }
+}
+
+/// Whether the exported kubeconfig reaches the vCluster's API within `timeout`.
+async fn api_serves(kubeconfig: &str, timeout: Duration) -> bool {
+    let Ok(config) = kube::config::Kubeconfig::from_yaml(kubeconfig) else {
+        return false;
+    };
+    let Ok(config) =
+        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
+            .await
+    else {
+        return false;
+    };
+    let Ok(client) = kube::Client::try_from(config) else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(timeout, client.apiserver_version()).await,
+        Ok(Ok(_))
+    )
+}
+
+/// The instance's kubeconfig Secret holds what the vCluster exported (or, when nothing is
+/// exported, exists at all).
+async fn kubeconfig_current(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    exported: Option<&str>,
+) -> Result<bool, ReconcileError> {
+    let secrets: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &pi.namespace().unwrap_or_default());
+    let current = secrets
+        .get_opt(&kubeconfig_secret(&pi.name_any()))
+        .await
+        .map_err(observing("the kubeconfig Secret"))?;
+    let data = current
+        .as_ref()
+        .and_then(|s| s.data.as_ref()?.get(KUBECONFIG_KEY).map(|b| b.0.clone()));
+    Ok(match exported {
+        Some(k) => data.as_deref() == Some(k.as_bytes()),
+        None => current.is_some(),
+    })
+}
+
+/// The storage cleanup Job (only looked at while deleting with `Delete`).
+async fn cleanup(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    host_ns: &str,
+) -> Result<Cleanup, ReconcileError> {
+    if pi.meta().deletion_timestamp.is_none() || pi.spec.deletion_policy != DeletionPolicy::Delete {
+        return Ok(Cleanup::Missing);
+    }
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.settings.cleanup_namespace);
+    let Some(job) = jobs
+        .get_opt(host_ns)
+        .await
+        .map_err(observing("the cleanup Job"))?
+    else {
+        return Ok(Cleanup::Missing);
+    };
+    let conditions = job.status.and_then(|s| s.conditions).unwrap_or_default();
+    let holds = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "True")
+    };
+    Ok(if holds("Complete").is_some() {
+        Cleanup::Complete
+    } else if let Some(f) = holds("Failed") {
+        Cleanup::Failed(f.message.clone().unwrap_or_else(|| "the Job failed".into()))
+    } else {
+        Cleanup::Running
+    })
+}
+
+/// Puts together what the program gets: settings, the vCluster's kubeconfig and endpoint, and
+/// tenant auth's client secret read from its Secret. `Err` says what is missing.
+async fn program_config(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    host_ns: &str,
+    kubeconfig: &str,
+) -> Result<Result<ProgramConfig, String>, ReconcileError> {
+    let Some(endpoint) = program::kubeconfig_server(kubeconfig) else {
+        return Ok(Err(
+            "the vCluster's kubeconfig names no server in its current context".into(),
+        ));
+    };
+    let platform = pi.spec.platform.as_ref();
+    let client_secret = match platform.and_then(|p| p.tenant_auth.as_ref()) {
+        Some(auth) => match client_secret(ctx, pi, &auth.client_secret_ref).await? {
+            Ok(v) => Some(v),
+            Err(missing) => return Ok(Err(missing)),
+        },
+        None => None,
+    };
+    Ok(Ok(program::program_config(&program::Inputs {
+        platform,
+        storage_root: format!(
+            "{}/{host_ns}",
+            ctx.settings.storage_root_base.trim_end_matches('/')
+        ),
+        kubernetes_endpoint: endpoint,
+        kubeconfig: kubeconfig.to_string(),
+        client_secret,
+        uid: pi.uid().unwrap_or_default(),
+    })))
+}
+
+/// Tenant auth's client secret from the Secret `r` names; `Err` says what is missing.
+async fn client_secret(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    r: &common::crd::SecretKeyRef,
+) -> Result<Result<String, String>, ReconcileError> {
+    let ns = pi.namespace().unwrap_or_default();
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&r.name)
+        .await
+        .map_err(observing(format!("the tenant auth Secret {}", r.name)))?;
+    let value = secret
+        .as_ref()
+        .and_then(|s| s.data.as_ref()?.get(&r.key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    Ok(match (secret.is_some(), value) {
+        (_, Some(v)) => Ok(v),
+        (false, None) => Err(format!(
+            "the Secret {} named by spec.platform.tenantAuth.clientSecretRef does not exist in namespace {ns}; create it with the key {}",
+            r.name, r.key
+        )),
+        (true, None) => Err(format!(
+            "the Secret {} has no key {} (spec.platform.tenantAuth.clientSecretRef.key); add the key or fix the reference",
+            r.name, r.key
+        )),
+    })
+}
+
+/// The installer's view of one instance from its record and tasks.
+fn install_observed(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    tasks: (TaskState, TaskState),
+    record: &Record,
+    config: Option<&Result<ProgramConfig, String>>,
+) -> InstallObserved {
+    let repair_due = record.installed_version.is_some()
+        && record.last_checked().is_none_or(|t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .as_secs()
+                >= ctx.settings.repair_interval.as_secs() as i64
+        });
+    InstallObserved {
+        requested: pi.spec.version.clone().unwrap_or_default(),
+        installed: record.installed_version.clone(),
+        desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
+        applied_hash: record.installed_config_hash.clone(),
+        config_error: config.and_then(|c| c.as_ref().err()).cloned(),
+        task: tasks.0,
+        preview_task: tasks.1,
+        last: record.last_install.as_ref().map(|l| LastRun {
+            version: l.version.clone(),
+            result: l.result,
+            failure: record.failure,
+            message: l.message.clone().unwrap_or_default(),
+        }),
+        drift: record
+            .preview
+            .as_ref()
+            .filter(|p| p.changes > 0)
+            .map(|p| p.message.clone()),
+        preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
+        repair_due,
+        disabled: !ctx.settings.install_platform,
+        retry_requested: retry_requested(pi),
+    }
+}
+
+/// The retry annotation has a value the status has not acknowledged yet.
+pub fn retry_requested(pi: &PlatformInstance) -> bool {
+    let retry = pi.annotations().get(RETRY_ANNOTATION);
+    retry.is_some()
+        && retry
+            != pi
+                .status
+                .as_ref()
+                .and_then(|s| s.acknowledged_retry.as_ref())
+}

@@ -1,0 +1,152 @@
+//! The report step: writes the status when it differs from what the instance shows, publishes an
+//! Event for every condition that changed (its severity from the reason, see
+//! [`crate::decide::status::Cond::severity`]), and keeps the instances-by-phase gauge.
+
+use common::conditions::{self as c, merge};
+use common::crd::{Phase, PlatformInstance, PlatformInstanceStatus, SecretKeyRef};
+use common::names::{FIELD_MANAGER, KUBECONFIG_KEY, host_namespace, kubeconfig_secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::error::ReconcileError;
+use super::{Context, key};
+use crate::decide::Plan;
+use crate::decide::status::Severity;
+use crate::installer::record::Record;
+
+/// Writes the status when it differs, and an Event for every condition that changed.
+pub async fn report(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    plan: &Plan,
+    retry: Option<String>,
+    record: &Record,
+) -> Result<(), ReconcileError> {
+    let ns = pi.namespace().unwrap_or_default();
+    let name = pi.name_any();
+    let old = pi.status.clone().unwrap_or_default();
+    let status = status(pi, plan, retry, record, &old);
+    if let Ok(mut phases) = ctx.phases.lock() {
+        phases.insert(key(pi), plan.phase);
+    }
+    if status == old {
+        return Ok(());
+    }
+    let instances: Api<PlatformInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = json!({"apiVersion": PlatformInstance::api_version(&()), "kind": PlatformInstance::kind(&()), "status": status});
+    instances
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|source| ReconcileError::WriteStatus { source })?;
+    ctx.metrics.writes.with_label_values(&["status"]).inc();
+    publish_events(ctx, pi, plan, &old).await;
+    Ok(())
+}
+
+/// The status the plan and the installer's record describe.
+fn status(
+    pi: &PlatformInstance,
+    plan: &Plan,
+    retry: Option<String>,
+    record: &Record,
+    old: &PlatformInstanceStatus,
+) -> PlatformInstanceStatus {
+    let name = pi.name_any();
+    let generation = pi.meta().generation.unwrap_or(0);
+    let wanted: Vec<_> = plan.conditions.iter().map(|w| w.want()).collect();
+    let conditions = merge(
+        &old.conditions,
+        &wanted,
+        generation,
+        Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let kubeconfig_ready = conditions
+        .iter()
+        .any(|c| c.type_ == c::KUBECONFIG_READY && c.status == "True");
+    PlatformInstanceStatus {
+        phase: Some(plan.phase),
+        observed_generation: Some(generation),
+        version: pi.spec.version.clone(),
+        host_namespace: Some(host_namespace(&pi.namespace().unwrap_or_default(), &name)),
+        kubeconfig_secret_ref: kubeconfig_ready.then(|| SecretKeyRef {
+            name: kubeconfig_secret(&name),
+            key: KUBECONFIG_KEY.into(),
+        }),
+        conditions,
+        acknowledged_retry: retry.or(old.acknowledged_retry.clone()),
+        installed_version: record
+            .installed_version
+            .clone()
+            .or(old.installed_version.clone()),
+        endpoints: record.endpoints.clone().or(old.endpoints.clone()),
+        last_install: record.last_install.clone().or(old.last_install.clone()),
+    }
+}
+
+/// An Event for every condition (but `Reconciling`) whose status or reason changed.
+async fn publish_events(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    plan: &Plan,
+    old: &PlatformInstanceStatus,
+) {
+    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    let reference = pi.object_ref(&());
+    for want in &plan.conditions {
+        let before = old.conditions.iter().find(|c| c.type_ == want.type_);
+        let status = if want.status { "True" } else { "False" };
+        let changed = before.is_none_or(|b| b.status != status || b.reason != want.reason.as_str());
+        if !changed || want.type_ == c::RECONCILING {
+            continue;
+        }
+        let event = Event {
+            type_: match want.severity() {
+                Severity::Warning => EventType::Warning,
+                Severity::Normal => EventType::Normal,
+            },
+            reason: want.reason.as_str().to_string(),
+            note: Some(
+                format!("{}={status}: {}", want.type_, want.message)
+                    .chars()
+                    .take(1000)
+                    .collect(),
+            ),
+            action: want.type_.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "publishing an event failed");
+        }
+    }
+}
+
+/// Forgets an instance that is gone: its phase and its host namespace.
+pub fn forget(ctx: &Context, key: &str) {
+    if let Ok(mut phases) = ctx.phases.lock() {
+        phases.remove(key);
+    }
+    if let Ok(mut hosts) = ctx.hosts.lock() {
+        hosts.retain(|_, (namespace, name)| format!("{namespace}/{name}") != key);
+    }
+}
+
+/// Sets the instances-by-phase gauge from every instance's last reported phase.
+pub fn refresh_phase_gauge(ctx: &Context) {
+    let Ok(phases) = ctx.phases.lock() else {
+        return;
+    };
+    for phase in Phase::ALL {
+        let count = phases.values().filter(|p| **p == phase).count();
+        ctx.metrics
+            .instances
+            .with_label_values(&[phase.as_str()])
+            .set(count as i64);
+    }
+}
