@@ -330,3 +330,50 @@ async fn main() -> anyhow::Result<()> {
     ops_task.abort();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tunables_default_to_the_values_they_had_as_constants() {
+        let args = Args::try_parse_from(["controller", "--vcluster-chart-sha256", "sha256:00"])
+            .expect("flags");
+        args.check().expect("defaults are consistent");
+        assert_eq!(args.leader_lease_duration, Duration::from_secs(15));
+        assert_eq!(args.leader_renew_interval, Duration::from_secs(4));
+        assert_eq!(args.policy_interval, Duration::from_secs(60));
+        assert_eq!(args.vcluster_api_timeout, Duration::from_secs(5));
+        assert_eq!(args.cleanup_backoff_limit, 3);
+        assert_eq!(args.cleanup_ttl, Duration::from_secs(86400));
+        let settings = args.settings("0.37.3".into());
+        assert_eq!(settings.api_probe_timeout, Duration::from_secs(5));
+        assert_eq!(settings.cleanup_backoff_limit, 3);
+    }
+
+    #[test]
+    fn a_renewal_slower_than_the_lease_is_refused() {
+        let args = Args::try_parse_from([
+            "controller",
+            "--vcluster-chart-sha256",
+            "sha256:00",
+            "--leader-lease-duration",
+            "10s",
+            "--leader-renew-interval",
+            "10s",
+        ])
+        .expect("flags");
+        let error = args.check().expect_err("refused").to_string();
+        assert!(error.contains("--leader-renew-interval"), "{error}");
+        assert!(
+            Args::try_parse_from([
+                "controller",
+                "--vcluster-chart-sha256",
+                "sha256:00",
+                "--cleanup-backoff-limit=-1",
+            ])
+            .is_err_and(|e| e.to_string().contains("--cleanup-backoff-limit")),
+            "a negative backoff limit is refused"
+        );
+    }
+}
