@@ -40,3 +40,24 @@ where
     .await
     .map(|_| ())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_404_is_not_found() {
+        let api = |code| {
+            kube::Error::Api(
+                kube::core::Status {
+                    code,
+                    ..Default::default()
+                }
+                .boxed(),
+            )
+        };
+        assert!(not_found(&api(404)));
+        assert!(!not_found(&api(409)));
+        assert!(!not_found(&api(403)));
+    }
+}

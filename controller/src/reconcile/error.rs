@@ -117,3 +117,65 @@ pub fn observing(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Reconci
     let what = what.into();
     move |source| ReconcileError::Observe { what, source }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status {
+                code,
+                message: "denied".into(),
+                ..Default::default()
+            }
+            .boxed(),
+        )
+    }
+
+    #[test]
+    fn each_failed_step_has_its_own_category() {
+        let errors = [
+            observing("the cleanup Job")(api(403)),
+            ReconcileError::AddFinalizer { source: api(409) },
+            ReconcileError::ApplyNamespace {
+                what: "namespace",
+                source: api(500),
+            },
+            ReconcileError::WriteKubeconfig { source: api(500) },
+            ReconcileError::RecordOwnerService { source: api(500) },
+            ReconcileError::RelinkOwnerService {
+                what: "secret",
+                source: api(500),
+            },
+            ReconcileError::DeleteNamespace { source: api(500) },
+            ReconcileError::StartCleanup { source: api(403) },
+            ReconcileError::RemoveState {
+                path: "/state/a/b".into(),
+                source: std::io::Error::other("read-only file system"),
+            },
+            ReconcileError::DeleteKubeconfig { source: api(500) },
+            ReconcileError::RemoveFinalizer { source: api(409) },
+            ReconcileError::WriteStatus { source: api(422) },
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for e in &errors {
+            let category = e.category();
+            assert!(
+                category.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{category}"
+            );
+            assert!(seen.insert(category), "{category} twice");
+        }
+        let message = errors[0].to_string();
+        assert!(
+            message.starts_with("reading the cleanup Job failed: ")
+                && message.ends_with(
+                    "check that the API server is reachable and the controller's RBAC allows it"
+                ),
+            "{message}"
+        );
+        assert!(errors[7].to_string().contains("--cleanup-namespace"));
+        assert!(errors[8].to_string().contains("/state/a/b"));
+    }
+}
