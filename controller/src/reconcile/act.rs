@@ -315,7 +315,7 @@ fn chart_install(
     let (helm, settings, namespace) = (ctx.helm.clone(), ctx.settings.clone(), host_ns.to_string());
     let driver = helm.clone();
     let work = async move {
-        let values = objects::vcluster_values(&settings, &namespace);
+        let values = objects::vcluster_values(&settings.storage_root_base, &namespace);
         helm.upgrade_install(
             &namespace,
             &settings.chart,

@@ -182,16 +182,22 @@ pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str) -> Job {
 
 /// The vCluster chart's values for one instance: the exported kubeconfig names the in-cluster
 /// Service, storage lives under `--storage-root-base/<host namespace>`, and the host's own
-/// NetworkPolicy engine is used (`networkPolicyEngine: existing`).
-pub fn vcluster_values(settings: &Settings, host_ns: &str) -> String {
+/// NetworkPolicy engine is used (`networkPolicyEngine: existing`). Only keys of the chart's
+/// `values.schema.json` (which refuses any other key, at the root and in every object).
+pub fn vcluster_values(storage_root_base: &str, host_ns: &str) -> String {
     let values = json!({
         "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
-        "controlPlane": {"statefulSet": {"persistence": {
-            "volumeClaim": {"enabled": false},
-            "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{host_ns}", settings.storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
-        }}},
-        "policies": {"networkPolicy": {"enabled": false}},
-        "platformOperator": {"hostNamespace": host_ns}
+        "controlPlane": {
+            // vCluster's serving certificate names `vcluster`, `vcluster.<namespace>`, its IPs,
+            // localhost and the kubernetes.default names, not `vcluster.<namespace>.svc`: the
+            // exported server's name must be added for any TLS client to accept it.
+            "proxy": {"extraSANs": [format!("vcluster.{host_ns}.svc")]},
+            "statefulSet": {"persistence": {
+                "volumeClaim": {"enabled": false},
+                "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{host_ns}", storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
+            }}
+        },
+        "policies": {"networkPolicy": {"enabled": false}}
     });
     serde_saphyr::to_string(&values).unwrap_or_default()
 }
