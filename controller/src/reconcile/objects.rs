@@ -181,9 +181,11 @@ pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str) -> Job {
 }
 
 /// The vCluster chart's values for one instance: the exported kubeconfig names the in-cluster
-/// Service, storage lives under `--storage-root-base/<host namespace>`, and the host's own
-/// NetworkPolicy engine is used (`networkPolicyEngine: existing`). Only keys of the chart's
-/// `values.schema.json` (which refuses any other key, at the root and in every object).
+/// Service (a name its certificate carries), storage lives under
+/// `--storage-root-base/<host namespace>`, and the host's own NetworkPolicy engine is used
+/// (`networkPolicyEngine: existing`), with the NetworkPolicies written inside synced to the host.
+/// Only keys of the chart's `values.schema.json` (which refuses any other key, at the root and in
+/// every object).
 pub fn vcluster_values(storage_root_base: &str, host_ns: &str) -> String {
     let values = json!({
         "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
@@ -197,7 +199,10 @@ pub fn vcluster_values(storage_root_base: &str, host_ns: &str) -> String {
                 "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{host_ns}", storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
             }}
         },
-        "policies": {"networkPolicy": {"enabled": false}}
+        "policies": {"networkPolicy": {"enabled": false}},
+        // The platform writes its tenant isolation and egress policies inside the vCluster; the
+        // host's CNI enforces only what vCluster syncs to the host namespace (off by default).
+        "sync": {"toHost": {"networkPolicies": {"enabled": true}}}
     });
     serde_saphyr::to_string(&values).unwrap_or_default()
 }
