@@ -25,9 +25,12 @@ pub const MANAGED_BY: &str = "platform-operator";
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=platform-operator";
 /// Annotation on a host namespace recording `service/vcluster` as `<uid>/<spec hash>`.
 pub const OWNER_SERVICE_ANNOTATION: &str = "platform.di-framework.dev/vcluster-service";
-/// The name of the vCluster's Helm release, its Service and its StatefulSet in every host
-/// namespace.
+/// The name of the vCluster's Helm release, its Service and its control plane Deployment in every
+/// host namespace.
 pub const VCLUSTER: &str = "vcluster";
+/// Helm's annotation naming the release an object belongs to (checked before the controller
+/// scales the control plane Deployment).
+pub const HELM_RELEASE_ANNOTATION: &str = "meta.helm.sh/release-name";
 /// The pod label value (`app`) of the vCluster's pods.
 pub const VCLUSTER_APP: &str = "vcluster";
 /// The NetworkPolicy in every host namespace admitting the operator to the vCluster's API.

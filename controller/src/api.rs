@@ -1,5 +1,6 @@
 //! Small helpers over kube's `Api` that every writer of the controller uses: server-side apply
-//! under the operator's field manager, and delete or patch where an object already gone is fine.
+//! under the operator's field manager, merge patches under it, and delete where an object already
+//! gone is fine.
 
 use common::names::FIELD_MANAGER;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -20,6 +21,14 @@ where
         Ok(_) => Ok(()),
         Err(e) if not_found(&e) => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+/// Merge patches under the operator's field manager.
+pub fn manager() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
     }
 }
 

@@ -199,7 +199,7 @@ pub struct Observed {
     pub chart_version: String,
     /// The helm task.
     pub task: TaskState,
-    /// The vCluster StatefulSet reports all replicas ready.
+    /// The vCluster control plane (the Deployment `vcluster`) has rolled out and is ready.
     pub statefulset_ready: bool,
     /// The kubeconfig the vCluster exported, if it has.
     pub exported_kubeconfig: bool,

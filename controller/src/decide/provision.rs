@@ -207,12 +207,12 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
     }
 }
 
-/// A current release: waiting for the StatefulSet, the exported kubeconfig and the API in turn.
+/// A current release: waiting for the control plane, the exported kubeconfig and the API in turn.
 fn serving(o: &Observed) -> (Cond, Requeue) {
     let (reason, message) = if !o.statefulset_ready {
         (
-            Reason::WaitingForStatefulSet,
-            "waiting for the vCluster StatefulSet to be ready",
+            Reason::WaitingForControlPlane,
+            "waiting for the vCluster control plane (deployment/vcluster) to be ready",
         )
     } else if !o.exported_kubeconfig {
         (

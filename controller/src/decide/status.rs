@@ -32,8 +32,8 @@ pub enum Reason {
     RecoveringRelease,
     /// Upgrading the vCluster chart.
     Upgrading,
-    /// Waiting for the vCluster StatefulSet.
-    WaitingForStatefulSet,
+    /// Waiting for the vCluster control plane (the Deployment `vcluster`).
+    WaitingForControlPlane,
     /// Waiting for the vCluster to export its kubeconfig.
     WaitingForKubeconfig,
     /// Waiting for the vCluster API to answer.
@@ -115,7 +115,7 @@ impl Reason {
             HelmFailed => "InstallFailed",
             RecoveringRelease => "RecoveringRelease",
             Upgrading => "Upgrading",
-            WaitingForStatefulSet => "WaitingForStatefulSet",
+            WaitingForControlPlane => "WaitingForControlPlane",
             WaitingForKubeconfig => "WaitingForKubeconfig",
             WaitingForAPI => "WaitingForAPI",
             VClusterServing => "VClusterServing",
@@ -345,7 +345,7 @@ mod tests {
             HelmFailed,
             RecoveringRelease,
             Upgrading,
-            WaitingForStatefulSet,
+            WaitingForControlPlane,
             WaitingForKubeconfig,
             WaitingForAPI,
             VClusterServing,

@@ -147,7 +147,7 @@ fn waits_for_statefulset_kubeconfig_and_api_in_turn() {
             statefulset_ready: false,
             ..base()
         }),
-        (false, "WaitingForStatefulSet")
+        (false, "WaitingForControlPlane")
     );
     assert_eq!(
         waiting(Observed {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use common::crd::PlatformInstance;
 use common::names::{
-    APPLIED_HASH_ANNOTATION, FIELD_MANAGER, FINALIZER, OWNER_SERVICE_ANNOTATION, VCLUSTER,
+    APPLIED_HASH_ANNOTATION, FINALIZER, OWNER_SERVICE_ANNOTATION, VCLUSTER,
     VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
 use futures::FutureExt;
@@ -20,10 +20,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::error::{ReconcileError, observing};
-use super::objects;
 use super::observe::Found;
 use super::{Context, install_key, key, preview_key, state_path, task_keys};
-use crate::api::{apply, delete_ignoring_404, not_found};
+use super::{control_plane, objects};
+use crate::api::{apply, delete_ignoring_404, manager, not_found};
 use crate::decide::Action;
 use crate::decide::model::{Plan, Release, TaskError};
 use crate::helm::{Helm, RELEASE, release_from_secrets};
@@ -307,14 +307,18 @@ async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
 }
 
 /// The helm driver and a future that installs or upgrades the vCluster of `host_ns` from the
-/// verified chart with the controller's values.
+/// verified chart with the controller's values, its control plane stopped first
+/// ([`control_plane::stop`]).
 fn chart_install(
     ctx: &Context,
     host_ns: &str,
 ) -> (Helm, BoxFuture<'static, Result<(), TaskError>>) {
     let (helm, settings, namespace) = (ctx.helm.clone(), ctx.settings.clone(), host_ns.to_string());
-    let driver = helm.clone();
+    let (driver, client) = (helm.clone(), ctx.client.clone());
     let work = async move {
+        control_plane::stop(client, &namespace)
+            .await
+            .map_err(|e| TaskError::from(e.to_string()))?;
         let values = objects::vcluster_values(&settings.storage_root_base, &namespace);
         helm.upgrade_install(
             &namespace,
@@ -374,14 +378,6 @@ async fn record_owner_service(ctx: &Context, host_ns: &str) -> Result<(), Reconc
         .map_err(|source| ReconcileError::RecordOwnerService { source })?;
     wrote(ctx, "namespace");
     Ok(())
-}
-
-/// Merge patches under the operator's field manager.
-fn manager() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    }
 }
 
 /// Points owner references that name the old `service/vcluster` UID (Secrets and ConfigMaps in

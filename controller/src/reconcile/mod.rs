@@ -4,6 +4,7 @@
 //! is applied; [`error`] says what failed.
 
 pub mod act;
+pub mod control_plane;
 pub mod error;
 pub mod objects;
 pub mod observe;

@@ -1,7 +1,7 @@
 //! The observe step: reads one instance's world (host namespace, NetworkPolicy, Helm release,
-//! `service/vcluster`, StatefulSet, exported and written kubeconfigs, cleanup Job, tasks, the
-//! installer's record, the program's config) into [`Observed`] for the decision, plus what the
-//! actions need ([`Found`]).
+//! `service/vcluster`, the control plane Deployment, exported and written kubeconfigs, cleanup
+//! Job, tasks, the installer's record, the program's config) into [`Observed`] for the decision,
+//! plus what the actions need ([`Found`]).
 
 use std::time::Duration;
 
@@ -11,13 +11,14 @@ use common::names::{
     INSTANCE_ANNOTATION, KUBECONFIG_KEY, OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, VCLUSTER,
     VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
+use super::control_plane;
 use super::error::{ReconcileError, observing};
 use super::objects::{self, service_hash};
 use super::{Context, install_key, key, preview_key, state_path};
@@ -177,11 +178,11 @@ async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Hos
         namespace.annotations().get(OWNER_SERVICE_ANNOTATION),
         svc.as_ref(),
     ));
-    host.statefulset_ready = Api::<StatefulSet>::namespaced(client.clone(), host_ns)
+    host.statefulset_ready = Api::<Deployment>::namespaced(client.clone(), host_ns)
         .get_opt(VCLUSTER)
         .await
-        .map_err(observing("the vCluster StatefulSet"))?
-        .is_some_and(|s| statefulset_ready(&s));
+        .map_err(observing("the vCluster Deployment"))?
+        .is_some_and(|d| control_plane::ready(&d));
     host.exported = secrets
         .get_opt(EXPORTED_KUBECONFIG_SECRET)
         .await
@@ -192,15 +193,6 @@ async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Hos
                 .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         });
     Ok(host)
-}
-
-fn statefulset_ready(s: &StatefulSet) -> bool {
-    let want = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(1);
-    s.status
-        .as_ref()
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0)
-        >= want
 }
 
 /// `service/vcluster` against the record on the host namespace.

@@ -1,0 +1,188 @@
+//! The vCluster control plane: the chart renders it as the Deployment `vcluster` (no volume
+//! claim, the default embedded database). When it has rolled out ([`ready`]), and stopping it
+//! before helm changes the release ([`stop`]) so that an upgrade never runs two pods on one
+//! hostPath database.
+
+use std::time::{Duration, Instant};
+
+use common::names::{HELM_RELEASE_ANNOTATION, VCLUSTER_APP};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch};
+use serde_json::json;
+
+use crate::api::manager;
+use crate::helm::RELEASE;
+
+/// How long [`stop`] waits for the old pods to go.
+pub const STOP_LIMIT: Duration = Duration::from_secs(300);
+
+/// Errors of stopping the control plane; each says what to look at.
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    /// Reading the Deployment or listing its pods failed.
+    #[error("reading {what} failed: {source}; check the controller's RBAC in the host namespace")]
+    Read {
+        /// What was read.
+        what: &'static str,
+        /// Why.
+        source: kube::Error,
+    },
+    /// `deployment/vcluster` is not the Helm release's.
+    #[error(
+        "deployment/{RELEASE} in {namespace} does not belong to the Helm release {RELEASE}; remove it or move it away"
+    )]
+    Foreign {
+        /// The host namespace.
+        namespace: String,
+    },
+    /// Scaling the Deployment to zero failed.
+    #[error("scaling the vCluster Deployment to zero failed: {source}; the controller retries")]
+    Scale {
+        /// Why.
+        source: kube::Error,
+    },
+    /// Pods were still there after [`STOP_LIMIT`].
+    #[error(
+        "{left} vCluster pod(s) in {namespace} did not stop within {}s; look at `kubectl -n {namespace} get pods` and their events",
+        STOP_LIMIT.as_secs()
+    )]
+    TimedOut {
+        /// The host namespace.
+        namespace: String,
+        /// How many pods were left.
+        left: usize,
+    },
+}
+
+/// The control plane Deployment has rolled out: its controller saw the current spec, and every
+/// pod is updated, ready and available, with no pod of an older template left.
+pub fn ready(d: &Deployment) -> bool {
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(1);
+    let Some(status) = d.status.as_ref() else {
+        return false;
+    };
+    status.observed_generation >= d.metadata.generation
+        && status.updated_replicas.unwrap_or(0) >= want
+        && status.ready_replicas.unwrap_or(0) >= want
+        && status.available_replicas.unwrap_or(0) >= want
+        && status.replicas.unwrap_or(0) == want
+}
+
+/// Stops the control plane of `host_ns` before helm changes its release. The chart's Deployment
+/// rolls with `maxSurge: 1`, which would run a second pod on the same hostPath database; scaling
+/// the Deployment (the release's own, checked by its Helm annotation) to zero and waiting for
+/// its pods to go makes every helm upgrade a Recreate. Helm's three-way merge then sets the
+/// chart's replica count again. No Deployment yet (a first install) is fine.
+pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), host_ns);
+    let Some(d) = deployments
+        .get_opt(RELEASE)
+        .await
+        .map_err(|source| StopError::Read {
+            what: "the vCluster Deployment",
+            source,
+        })?
+    else {
+        return Ok(());
+    };
+    if d.annotations()
+        .get(HELM_RELEASE_ANNOTATION)
+        .map(String::as_str)
+        != Some(RELEASE)
+    {
+        return Err(StopError::Foreign {
+            namespace: host_ns.to_string(),
+        });
+    }
+    if d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) > 0 {
+        deployments
+            .patch(
+                RELEASE,
+                &manager(),
+                &Patch::Merge(json!({"spec": {"replicas": 0}})),
+            )
+            .await
+            .map_err(|source| StopError::Scale { source })?;
+    }
+    let pods: Api<Pod> = Api::namespaced(client, host_ns);
+    let selector = format!("app={VCLUSTER_APP},release={RELEASE}");
+    let deadline = Instant::now() + STOP_LIMIT;
+    loop {
+        let left = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|source| StopError::Read {
+                what: "the vCluster pods",
+                source,
+            })?
+            .items
+            .len();
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(StopError::TimedOut {
+                namespace: host_ns.to_string(),
+                left,
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(generation: i64, status: serde_json::Value) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "vcluster", "generation": generation},
+            "spec": {"replicas": 1, "selector": {}, "template": {}},
+            "status": status
+        }))
+        .expect("deployment")
+    }
+
+    #[test]
+    fn ready_only_once_the_current_template_has_rolled_out() {
+        let done = json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1,
+                          "readyReplicas": 1, "availableReplicas": 1});
+        assert!(ready(&deployment(2, done.clone())));
+        // The Deployment controller has not seen the new spec yet.
+        assert!(!ready(&deployment(3, done)));
+        // A surge pod of the new template beside the old one.
+        assert!(!ready(&deployment(
+            2,
+            json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1,
+                   "readyReplicas": 2, "availableReplicas": 2})
+        )));
+        // Updated but not ready yet.
+        assert!(!ready(&deployment(
+            2,
+            json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1,
+                   "readyReplicas": 0, "availableReplicas": 0})
+        )));
+        let mut no_status = deployment(1, json!({}));
+        no_status.status = None;
+        assert!(!ready(&no_status));
+    }
+
+    #[test]
+    fn the_errors_say_what_to_look_at() {
+        let foreign = StopError::Foreign {
+            namespace: "pi-a-b-1".into(),
+        };
+        assert!(foreign.to_string().contains("remove it or move it away"));
+        let late = StopError::TimedOut {
+            namespace: "pi-a-b-1".into(),
+            left: 2,
+        }
+        .to_string();
+        assert!(
+            late.contains("within 300s") && late.contains("kubectl -n pi-a-b-1 get pods"),
+            "{late}"
+        );
+    }
+}
