@@ -23,7 +23,7 @@ pub const MANAGED_BY: &str = "platform-operator";
 /// The label selector of everything the operator creates (the controller watches its Secrets
 /// with it).
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=platform-operator";
-/// Annotation on a host namespace recording `service/vcluster` as `<uid>/<spec hash>`.
+/// Annotation on a host namespace recording `service/vcluster` as `<uid>/<hash of its UID>`.
 pub const OWNER_SERVICE_ANNOTATION: &str = "platform.di-framework.dev/vcluster-service";
 /// The name of the vCluster's Helm release, its Service and its control plane Deployment in every
 /// host namespace.

@@ -361,7 +361,7 @@ async fn vcluster_service(ctx: &Context, host_ns: &str) -> Result<Option<Service
         .map_err(observing("service/vcluster"))
 }
 
-/// Records `service/vcluster`'s UID and spec hash on the host namespace.
+/// Records `service/vcluster`'s UID and [`objects::service_hash`] on the host namespace.
 async fn record_owner_service(ctx: &Context, host_ns: &str) -> Result<(), ReconcileError> {
     let Some(svc) = vcluster_service(ctx, host_ns).await? else {
         return Ok(());

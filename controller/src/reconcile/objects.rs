@@ -207,12 +207,13 @@ pub fn vcluster_values(storage_root_base: &str, host_ns: &str) -> String {
     serde_saphyr::to_string(&values).unwrap_or_default()
 }
 
-/// A hash of what the chart sets on `service/vcluster`: type, ports, selector and labels.
+/// A hash of what identifies `service/vcluster`: its UID, and nothing the chart sets. Its labels
+/// carry the chart version (`chart: vcluster-<version>`) and its spec may change between chart
+/// versions, so hashing them made the first operator release with a newer chart see the Service
+/// as changed and delete it, and the garbage collector then removed everything vCluster synced
+/// (vCluster owns it through the Service, `experimental.syncSettings.setOwner`).
 pub fn service_hash(svc: &Service) -> String {
-    let spec = svc.spec.clone().unwrap_or_default();
-    hash(
-        &json!({"type": spec.type_, "ports": spec.ports, "selector": spec.selector, "labels": svc.metadata.labels}),
-    )
+    hash(&json!({"uid": svc.metadata.uid}))
 }
 
 /// The first 8 bytes of the SHA-256 of `value`'s JSON, in hex.
@@ -324,6 +325,39 @@ mod tests {
                 "type": "Opaque",
                 "data": {"kubeconfig": ByteString(b"kc".to_vec())}
             })
+        );
+    }
+
+    #[test]
+    fn the_values_carry_only_keys_of_the_chart() {
+        let values: serde_json::Value =
+            serde_saphyr::from_str(&vcluster_values("/srv/instances/", "pi-a-b-1234"))
+                .expect("yaml");
+        let mut roots: Vec<&str> = values
+            .as_object()
+            .expect("mapping")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        roots.sort_unstable();
+        assert_eq!(
+            roots,
+            ["controlPlane", "exportKubeConfig", "policies", "sync"]
+        );
+        assert_eq!(
+            values["exportKubeConfig"]["server"],
+            "https://vcluster.pi-a-b-1234.svc:443"
+        );
+        assert_eq!(
+            values["controlPlane"]["proxy"]["extraSANs"],
+            json!(["vcluster.pi-a-b-1234.svc"])
+        );
+        assert_eq!(values["sync"]["toHost"]["networkPolicies"]["enabled"], true);
+        let persistence = &values["controlPlane"]["statefulSet"]["persistence"];
+        assert_eq!(persistence["volumeClaim"]["enabled"], false);
+        assert_eq!(
+            persistence["dataVolume"][0]["hostPath"]["path"],
+            "/srv/instances/pi-a-b-1234"
         );
     }
 

@@ -20,7 +20,7 @@ use kube::{Resource, ResourceExt};
 
 use super::control_plane;
 use super::error::{ReconcileError, observing};
-use super::objects::{self, service_hash};
+use super::objects;
 use super::{Context, install_key, key, preview_key, state_path};
 use crate::decide::model::{
     Cleanup, InstallObserved, LastRun, Observed, OwnerService, Protection, Release, TaskState,
@@ -195,14 +195,16 @@ async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Hos
     Ok(host)
 }
 
-/// `service/vcluster` against the record on the host namespace.
+/// `service/vcluster` against the record `<uid>/<hash>` on the host namespace, by UID only
+/// (records written by earlier releases hashed labels and spec; they still match while the UID
+/// does), so a Service is `Missing` or `Recreated`, never `Changed` by what a chart upgrade
+/// rewrites.
 fn owner_service(recorded: Option<&String>, svc: Option<&Service>) -> OwnerService {
-    let Some((uid, recorded_hash)) = recorded.and_then(|r| r.split_once('/')) else {
+    let Some((uid, _)) = recorded.and_then(|r| r.split_once('/')) else {
         return OwnerService::Unrecorded;
     };
     match svc {
         None => OwnerService::Missing,
-        Some(s) if service_hash(s) != recorded_hash => OwnerService::Changed,
         Some(s) if s.metadata.uid.as_deref() != Some(uid) => OwnerService::Recreated {
             old_uid: uid.to_string(),
         },
@@ -396,4 +398,62 @@ pub fn retry_requested(pi: &PlatformInstance) -> bool {
                 .status
                 .as_ref()
                 .and_then(|s| s.acknowledged_retry.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::reconcile::service_hash;
+
+    fn service(uid: &str, chart: &str, port: i32) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "vcluster", "uid": uid,
+                         "labels": {"app": "vcluster", "chart": chart, "release": "vcluster", "heritage": "Helm"}},
+            "spec": {"type": "ClusterIP", "selector": {"app": "vcluster", "release": "vcluster"},
+                     "ports": [{"name": "https", "port": port, "targetPort": 8443, "protocol": "TCP"}]}
+        }))
+        .expect("service")
+    }
+
+    #[test]
+    fn a_chart_upgrade_is_not_a_changed_owner_service() {
+        let before = service("u-1", "vcluster-0.37.3", 443);
+        // What a newer chart rewrites: the chart label, even the ports.
+        let after = service("u-1", "vcluster-0.37.4", 8443);
+        assert_eq!(service_hash(&before), service_hash(&after));
+        let record = format!("u-1/{}", service_hash(&before));
+        assert_eq!(
+            owner_service(Some(&record), Some(&after)),
+            OwnerService::Matches
+        );
+        // A record written by an earlier release (its hash covered labels and spec) still
+        // matches while the UID does.
+        let legacy = "u-1/0123456789abcdef".to_string();
+        assert_eq!(
+            owner_service(Some(&legacy), Some(&after)),
+            OwnerService::Matches
+        );
+    }
+
+    #[test]
+    fn only_a_new_uid_or_no_service_is_drift() {
+        let record = format!("u-1/{}", service_hash(&service("u-1", "c", 443)));
+        assert_eq!(
+            owner_service(Some(&record), Some(&service("u-2", "c", 443))),
+            OwnerService::Recreated {
+                old_uid: "u-1".into()
+            }
+        );
+        assert_eq!(owner_service(Some(&record), None), OwnerService::Missing);
+        assert_eq!(
+            owner_service(None, Some(&service("u-1", "c", 443))),
+            OwnerService::Unrecorded
+        );
+        assert_ne!(
+            service_hash(&service("u-1", "c", 443)),
+            service_hash(&service("u-2", "c", 443))
+        );
+    }
 }
