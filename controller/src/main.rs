@@ -145,8 +145,12 @@ struct Args {
     vcluster_chart: PathBuf,
 
     /// The expected sha256 of that archive (`sha256:<hex>`); a mismatch stops the controller.
-    #[arg(long, env = "VCLUSTER_CHART_SHA256")]
-    vcluster_chart_sha256: String,
+    #[arg(
+        long,
+        env = "VCLUSTER_CHART_SHA256",
+        required_unless_present = "print_vcluster_values"
+    )]
+    vcluster_chart_sha256: Option<String>,
 
     /// Extra values for the vCluster chart, applied after the controller's own.
     #[arg(long)]
@@ -155,6 +159,12 @@ struct Args {
     /// The helm executable.
     #[arg(long, default_value = "helm")]
     helm_binary: String,
+
+    /// Print the vCluster chart values the controller installs for the instance
+    /// `<namespace>/<name>` (with this --storage-root-base) to standard output and exit, checking
+    /// nothing else (the image build renders the real chart with them).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    print_vcluster_values: Option<String>,
 }
 
 /// Host namespace → instance (`namespace`, `name`).
@@ -278,9 +288,23 @@ async fn run(client: kube::Client, ctx: Arc<Context>, hosts: Hosts) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(instance) = &args.print_vcluster_values {
+        let (namespace, name) = instance
+            .split_once('/')
+            .context("--print-vcluster-values takes <namespace>/<name>")?;
+        let host = common::names::host_namespace(namespace, name);
+        print!(
+            "{}",
+            controller::reconcile::vcluster_values(&args.storage_root_base, &host)
+        );
+        return Ok(());
+    }
     common::telemetry::init(&args.log)?;
     args.check()?;
-    controller::chart::verify(&args.vcluster_chart, &args.vcluster_chart_sha256)?;
+    controller::chart::verify(
+        &args.vcluster_chart,
+        args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
+    )?;
     let chart_version = controller::chart::version(&args.helm_binary, &args.vcluster_chart).await?;
     tracing::info!(chart = %args.vcluster_chart.display(), %chart_version, "vCluster chart verified");
 
@@ -349,6 +373,19 @@ mod tests {
         let settings = args.settings("0.37.3".into());
         assert_eq!(settings.api_probe_timeout, Duration::from_secs(5));
         assert_eq!(settings.cleanup_backoff_limit, 3);
+    }
+
+    #[test]
+    fn printing_the_values_needs_no_chart_digest() {
+        let args = Args::try_parse_from([
+            "controller",
+            "--print-vcluster-values",
+            "team-a/one",
+            "--storage-root-base",
+            "/srv/instances",
+        ])
+        .expect("flags");
+        assert_eq!(args.print_vcluster_values.as_deref(), Some("team-a/one"));
     }
 
     #[test]
