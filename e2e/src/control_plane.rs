@@ -29,6 +29,11 @@ pub struct Options {
     pub apiserver_args: Vec<String>,
     /// How long to wait for each part to become healthy.
     pub timeout: Duration,
+    /// Serve as the inside of stand-in vClusters ([`crate::standin_vcluster`]): the default
+    /// serving certificate names only 127.0.0.1, and this many SNI certificate slots (files the
+    /// API server reloads when they change) are filled by the stand-in syncer, one per vCluster
+    /// it starts, with exactly the names vCluster would serve.
+    pub sni_slots: usize,
 }
 
 impl Options {
@@ -39,12 +44,27 @@ impl Options {
             workloads: true,
             apiserver_args: Vec::new(),
             timeout: Duration::from_secs(180),
+            sni_slots: 0,
         }
+    }
+
+    /// The inside of stand-in vClusters: only etcd and the API server, with
+    /// [`crate::standin_vcluster::SNI_SLOTS`] SNI certificate slots.
+    pub fn standin_vcluster(mut self) -> Self {
+        self.workloads = false;
+        self.sni_slots = crate::standin_vcluster::SNI_SLOTS;
+        self
     }
 
     /// Only etcd and the API server.
     pub fn api_only(mut self) -> Self {
         self.workloads = false;
+        self
+    }
+
+    /// Sets the number of SNI certificate slots: one per stand-in vCluster served at once.
+    pub fn sni_slots(mut self, slots: usize) -> Self {
+        self.sni_slots = slots;
         self
     }
 
@@ -116,8 +136,25 @@ impl ControlPlane {
         for sub in ["logs", "pki", "etcd", "apiserver-certs"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| HarnessError::io(&dir, e))?;
         }
-        let pki = Pki::issue()?;
+        let pki = if options.sni_slots > 0 {
+            Pki::issue_for(&["127.0.0.1"])?
+        } else {
+            Pki::issue()?
+        };
         let files = pki.write(&dir.join("pki"))?;
+        let mut sni_args = Vec::new();
+        for slot in 0..options.sni_slots {
+            let (cert, key) = crate::standin_vcluster::slot_files(&dir, slot);
+            let (cert_pem, key_pem) =
+                pki.serving_certificate(&[format!("unused-slot-{slot}.standin.invalid")])?;
+            std::fs::write(&cert, cert_pem).map_err(|e| HarnessError::io(&cert, e))?;
+            std::fs::write(&key, key_pem).map_err(|e| HarnessError::io(&key, e))?;
+            sni_args.push(format!(
+                "--tls-sni-cert-key={},{}",
+                cert.display(),
+                key.display()
+            ));
+        }
         let mut cp = ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
             dir,
@@ -126,6 +163,8 @@ impl ControlPlane {
             processes: Vec::new(),
             keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
         };
+        let mut options = options;
+        options.apiserver_args.extend(sni_args);
         if let Err(e) = cp.boot(&options, &pki, &files).await {
             cp.keep = true;
             return Err(HarnessError::Start {

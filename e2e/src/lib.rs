@@ -9,6 +9,7 @@ pub mod npm;
 pub mod pki;
 pub mod process;
 pub mod shared;
+pub mod standin_vcluster;
 pub mod tools;
 pub mod webhook;
 

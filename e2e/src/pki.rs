@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 
 use crate::HarnessError;
@@ -63,28 +63,30 @@ fn pki_err(what: &str) -> impl FnOnce(rcgen::Error) -> HarnessError + '_ {
 impl Pki {
     /// Issues a fresh CA and the certificates of one control plane.
     pub fn issue() -> Result<Self, HarnessError> {
+        Self::issue_for(&[
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+        ])
+    }
+
+    /// Issues a fresh CA and the certificates of one control plane whose API server's default
+    /// serving certificate names exactly `serving_names` (DNS names and IP addresses).
+    pub fn issue_for(serving_names: &[&str]) -> Result<Self, HarnessError> {
         let ca_key = KeyPair::generate().map_err(pki_err("CA key"))?;
         let ca_key_pem = ca_key.serialize_pem();
-        let mut ca_params =
-            CertificateParams::new(Vec::<String>::new()).map_err(pki_err("CA params"))?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name = name("platform-operator-e2e-ca", None);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca =
-            CertifiedIssuer::self_signed(ca_params, ca_key).map_err(pki_err("CA certificate"))?;
+        let ca = CertifiedIssuer::self_signed(ca_params()?, ca_key)
+            .map_err(pki_err("CA certificate"))?;
 
         let serving_key = KeyPair::generate().map_err(pki_err("serving key"))?;
-        let mut serving = CertificateParams::new(vec![
-            "127.0.0.1".to_string(),
-            "localhost".to_string(),
-            "kubernetes".to_string(),
-            "kubernetes.default".to_string(),
-            "kubernetes.default.svc".to_string(),
-        ])
+        let mut serving = CertificateParams::new(
+            serving_names
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>(),
+        )
         .map_err(pki_err("serving params"))?;
         serving.distinguished_name = name("kube-apiserver", None);
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
@@ -129,6 +131,12 @@ impl Pki {
         })
     }
 
+    /// A serving certificate (PEM) and its key (PEM) for exactly `names` (DNS names and IP
+    /// addresses), issued by this control plane's CA.
+    pub fn serving_certificate(&self, names: &[String]) -> Result<(String, String), HarnessError> {
+        serving_certificate(&self.ca_key, names)
+    }
+
     /// Writes the files the control-plane processes read into `dir`.
     pub fn write(&self, dir: &Path) -> Result<PkiFiles, HarnessError> {
         std::fs::create_dir_all(dir).map_err(|e| HarnessError::io(dir, e))?;
@@ -146,6 +154,37 @@ impl Pki {
             service_account_pub: write("sa.pub", &self.service_account_pub)?,
         })
     }
+}
+
+/// The parameters of every control plane's CA (its key differs).
+fn ca_params() -> Result<CertificateParams, HarnessError> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err("CA params"))?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name = name("platform-operator-e2e-ca", None);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
+/// A serving certificate (PEM) and its key (PEM) for exactly `names`, issued by the CA whose key
+/// is `ca_key_pem` (a CA of [`Pki::issue`]).
+pub fn serving_certificate(
+    ca_key_pem: &str,
+    names: &[String],
+) -> Result<(String, String), HarnessError> {
+    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(pki_err("CA key"))?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let key = KeyPair::generate().map_err(pki_err("serving key"))?;
+    let mut params = CertificateParams::new(names.to_vec()).map_err(pki_err("serving params"))?;
+    params.distinguished_name = name("kube-apiserver", None);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(pki_err("serving certificate"))?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {

@@ -2,7 +2,8 @@
 //! PlatformInstance CRD, starts a local npm registry (verdaccio) with the **stand-in**
 //! `@di-framework/platform` published into it, runs the admission webhook and the controller
 //! (built by `e2e/run-demo.sh`) with the **stand-in** vCluster chart (the real chart and package
-//! cannot be fetched here) whose kubeconfig points at a second API server, applies the example
+//! cannot be fetched here) and the **stand-in** syncer, which exports a kubeconfig for a second
+//! API server with exactly the certificate names vCluster would serve, applies the example
 //! instance, waits for it to be `Ready` (installed by the real Pulumi CLI), prints
 //! `kubectl get pi -A`, its endpoints and where its kubeconfig is, and runs until Ctrl-C.
 
@@ -39,10 +40,6 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
-}
-
-fn run(cmd: Command, what: &str) -> anyhow::Result<String> {
-    Ok(e2e::cmd::run(cmd, None)?.ok(what)?)
 }
 
 fn sha256_file(path: &Path) -> anyhow::Result<String> {
@@ -84,23 +81,19 @@ async fn main() -> anyhow::Result<()> {
     let cluster = cp.handle();
     cluster.install_crd()?;
 
-    // The stand-in vCluster: a second API server, and the stand-in chart pointing at it.
-    let inner = ControlPlane::start(Options::new("local-vcluster").api_only()).await?;
+    // The stand-in vCluster: a second API server, the stand-in chart, and the stand-in syncer
+    // that issues its certificate and exports its kubeconfig when the chart's pod is ready.
+    let inner = ControlPlane::start(Options::new("local-vcluster").standin_vcluster()).await?;
+    let _syncer = e2e::standin_vcluster::StandInSyncer::start(cp.kubeconfig(), &inner)?;
     let chart_dir = cp.dir().join("chart");
-    let mut package = Command::new(&cluster.helm);
-    package
-        .arg("package")
-        .arg(e2e::repo_root().join("e2e/standin-vcluster"))
-        .arg("-d")
-        .arg(&chart_dir);
-    run(package, "packaging the stand-in vCluster chart")?;
-    let chart = chart_dir.join("vcluster-0.37.3-standin.tgz");
-    let values = chart_dir.join("standin-values.yaml");
-    let kubeconfig = std::fs::read_to_string(inner.kubeconfig())?;
-    std::fs::write(
-        &values,
-        serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))?,
+    std::fs::create_dir_all(&chart_dir)?;
+    let chart = e2e::standin_vcluster::package_chart(
+        &cluster.helm,
+        &chart_dir,
+        e2e::standin_vcluster::CHART_VERSION,
     )?;
+    let values = chart_dir.join("standin-values.yaml");
+    std::fs::write(&values, "{}\n")?;
 
     // The npm registry with the stand-in platform package, and the installer's tools.
     eprintln!("starting the npm registry with the stand-in @di-framework/platform");
