@@ -160,22 +160,27 @@ rules:
   - apiGroups: [""]
     resources: [secrets]
     verbs: [get, list, watch, create, update, patch, delete]
-  # service/vcluster: watched everywhere, deleted and recreated on drift; Helm installs, upgrades
-  # (patch) and uninstalls the release's Services.
+  # service/vcluster: watched everywhere, recreated when deleted; Helm installs, upgrades (patch)
+  # and uninstalls the release's Services; update is in the vCluster chart's Role.
   - apiGroups: [""]
     resources: [services]
-    verbs: [get, list, watch, create, patch, delete]
-  # Owner references relinked in host namespaces (list, patch); the vCluster chart's ConfigMaps.
+    verbs: [get, list, watch, create, update, patch, delete]
+  # Owner references relinked in host namespaces (list, patch); the vCluster chart's ConfigMaps;
+  # the rest is in its Role.
   - apiGroups: [""]
     resources: [configmaps]
-    verbs: [get, list, create, patch, delete]
+    verbs: [get, list, watch, create, update, patch, delete]
+  # The host namespace's NetworkPolicy vcluster-api; the vCluster chart's Role lets vCluster
+  # sync the policies written inside to the host (sync.toHost.networkPolicies).
   - apiGroups: [networking.k8s.io]
     resources: [networkpolicies]
-    verbs: [get, create, patch]
-  # The vCluster StatefulSet: read for readiness; installed, upgraded and uninstalled by Helm.
+    verbs: [get, list, watch, create, update, patch, delete]
+  # The vCluster control plane, the Deployment vcluster: read for readiness, scaled to zero
+  # before every helm upgrade; installed, upgraded and uninstalled by Helm. The chart's Role
+  # grants get, list, watch, patch and update on these kinds.
   - apiGroups: [apps]
-    resources: [statefulsets]
-    verbs: [get, create, patch, delete]
+    resources: [deployments, statefulsets, replicasets]
+    verbs: [get, list, watch, create, update, patch, delete]
   # Events about instances.
   - apiGroups: [events.k8s.io]
     resources: [events]
@@ -193,18 +198,22 @@ rules:
   - apiGroups: [rbac.authorization.k8s.io]
     resources: [roles, rolebindings]
     verbs: [get, list, watch, create, update, patch, delete]
-  # ... and what its Role grants the vCluster syncer in the host namespace.
+  # ... and what its Role (vCluster 0.37.3, with the operator's values) grants the vCluster
+  # syncer in the host namespace. The controller lists the control plane's pods itself.
   - apiGroups: [""]
-    resources: [pods, pods/attach, pods/portforward, pods/exec, persistentvolumeclaims]
+    resources: [pods, pods/attach, pods/portforward, pods/exec, persistentvolumeclaims, endpoints]
+    verbs: [get, list, watch, create, update, patch, delete]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
     verbs: [get, list, watch, create, update, patch, delete]
   - apiGroups: [""]
-    resources: [pods/status, pods/ephemeralcontainers]
+    resources: [pods/status, pods/ephemeralcontainers, pods/resize]
     verbs: [patch, update]
   - apiGroups: [""]
-    resources: [endpoints, events, pods/log]
-    verbs: [get, list, watch]
-  - apiGroups: [apps]
-    resources: [replicasets, deployments]
+    resources: [events]
+    verbs: [get, list, watch, create, patch]
+  - apiGroups: [""]
+    resources: [pods/log]
     verbs: [get, list, watch]
   {{- with .Values.rbac.extraRules }}
   # rbac.extraRules
