@@ -13,7 +13,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use e2e::{ControlPlane, Options};
-use support::{Controller, fixture};
+use support::{Controller, fixture_for};
 
 fn proc_stat(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -95,7 +95,8 @@ async fn main() {
         .expect("control plane");
     let cluster = cp.handle();
     cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "bench").await;
+    // One SNI slot of the stand-in vCluster inside per instance.
+    let fx = fixture_for(&cluster, "bench", n).await;
     let mut controller = Controller::start(
         &cluster,
         &fx,

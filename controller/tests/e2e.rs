@@ -1,7 +1,8 @@
 //! End-to-end: the controller binary as a process on the local control plane, with the stand-in
 //! vCluster chart (`e2e/standin-vcluster`, named a stand-in: the real chart cannot be fetched
-//! here) whose exported kubeconfig points at a second, real API server started by the harness.
-//! KWOK makes the StatefulSet Ready and the cleanup Job complete.
+//! here) and the harness's stand-in syncer, which exports a kubeconfig for a second, real API
+//! server serving exactly the certificate names vCluster would. KWOK makes the control plane
+//! Deployment Ready and the cleanup Job complete.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use e2e::shared::Shared;
 use e2e::{ControlPlane, Options};
+use serde_json::Value;
 
 mod support;
 use support::{Controller, condition, fixture, get, wait_for};
@@ -216,7 +218,9 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     )
     .await;
 
-    // service/vcluster changed or deleted anyway (by a user the policy lets through): put back.
+    // A change that keeps service/vcluster's identity (its labels, as a new chart version
+    // rewrites them) is never a reason to delete it: deleting it would let the garbage collector
+    // remove everything vCluster synced (the exported kubeconfig Secret among it).
     let svc_port = |cluster: &Shared| -> Option<(String, i64)> {
         let svc = get(cluster, &["-n", &host, "get", "service", "vcluster"])?;
         Some((
@@ -226,21 +230,32 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     };
     let (uid, port) = svc_port(&cluster).expect("service/vcluster");
     assert_eq!(port, 443);
+    let exported = |cluster: &Shared| -> Option<String> {
+        get(cluster, &["-n", &host, "get", "secret", "vc-vcluster"])?["metadata"]["uid"]
+            .as_str()
+            .map(String::from)
+    };
+    let exported_uid = exported(&cluster).expect("secret/vc-vcluster");
     cluster
         .kubectl_ok(
             &[
                 "-n",
                 &host,
-                "patch",
+                "label",
+                "--overwrite",
                 "service",
                 "vcluster",
-                "--type=json",
-                "-p",
-                r#"[{"op":"replace","path":"/spec/ports/0/port","value":444}]"#,
+                "chart=vcluster-9.9.9",
             ],
             None,
         )
-        .expect("change the service");
+        .expect("relabel the service");
+    // The Service watch wakes the instance at once; give it a few reconciles.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(svc_port(&cluster).map(|s| s.0), Some(uid.clone()));
+    assert_eq!(exported(&cluster), Some(exported_uid));
+
+    // service/vcluster deleted anyway (by a user the policy lets through): put back.
     let restored = |cluster: &Shared, old: &str| -> Option<String> {
         let (u, p) = svc_port(cluster)?;
         let ns = get(cluster, &["get", "namespace", &host])?;
@@ -249,24 +264,17 @@ async fn instances_provision_and_delete_as_their_policy_says() {
             .to_string();
         (u != old && p == 443 && record.starts_with(&u)).then_some(u)
     };
+    cluster
+        .kubectl_ok(&["-n", &host, "delete", "service", "vcluster"], None)
+        .expect("delete the service");
     let second = wait_for(
-        "the changed service to be put back and recorded",
-        Duration::from_secs(60),
+        "the deleted service to be recreated and recorded",
+        Duration::from_secs(90),
         &controller,
         || restored(&cluster, &uid),
     )
     .await;
-    cluster
-        .kubectl_ok(&["-n", &host, "delete", "service", "vcluster"], None)
-        .expect("delete the service");
-    let third = wait_for(
-        "the deleted service to be recreated and recorded",
-        Duration::from_secs(60),
-        &controller,
-        || restored(&cluster, &second),
-    )
-    .await;
-    assert_ne!(third, uid);
+    assert_ne!(second, uid);
     let events = cluster
         .kubectl_ok(
             &[
@@ -645,4 +653,217 @@ async fn installs_beyond_the_limit_queue_in_order() {
         t1 <= t2 && t2 <= t3,
         "installs ran in order: {t1} {t2} {t3}"
     );
+}
+
+/// `metadata.uid` of `kind/name` in `ns`.
+fn uid_of(cluster: &Shared, ns: &str, kind: &str, name: &str) -> Option<String> {
+    get(cluster, &["-n", ns, "get", kind, name])?["metadata"]["uid"]
+        .as_str()
+        .map(String::from)
+}
+
+#[tokio::test]
+async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_planes() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "upgrade").await;
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    let controller = Controller::start(&cluster, &fx, &["--leader-elect=false"]);
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "up", "Retain")),
+        )
+        .expect("apply");
+    let serving = |cluster: &Shared| -> Option<Value> {
+        let pi = get(cluster, &["-n", &team, "get", "pi", "up"])?;
+        (condition(&pi, "VClusterReady").is_some_and(|c| c.0 == "True")
+            && condition(&pi, "KubeconfigReady").is_some_and(|c| c.0 == "True"))
+        .then_some(pi)
+    };
+    let pi = wait_for(
+        "the vCluster to serve",
+        Duration::from_secs(120),
+        &controller,
+        || serving(&cluster),
+    )
+    .await;
+    let host = pi["status"]["hostNamespace"]
+        .as_str()
+        .expect("host namespace")
+        .to_string();
+    let workload = get(&cluster, &["-n", &host, "get", "deployment", "vcluster"])
+        .expect("the control plane is the Deployment vcluster");
+    assert_eq!(
+        workload["spec"]["template"]["spec"]["containers"][0]["image"],
+        format!(
+            "ghcr.io/loft-sh/vcluster-pro:{}",
+            e2e::standin_vcluster::CHART_VERSION
+        )
+    );
+
+    // The exported server's name is one the certificate carries (extraSANs); a name it does not
+    // carry fails verification, so the stand-in would catch a wrong server address.
+    let secret = get(&cluster, &["-n", &team, "get", "secret", "up-kubeconfig"]).expect("secret");
+    let kubeconfig = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        secret["data"]["kubeconfig"].as_str().expect("kubeconfig"),
+    )
+    .expect("base64");
+    let kubeconfig = String::from_utf8(kubeconfig).expect("utf-8");
+    assert!(
+        kubeconfig.contains(&format!("tls-server-name: vcluster.{host}.svc")),
+        "{kubeconfig}"
+    );
+    let try_with = |text: &str, file: &str| {
+        let path = fx.dir.join(file);
+        std::fs::write(&path, text).expect("write");
+        let mut cmd = Command::new(&cluster.kubectl);
+        cmd.env("KUBECONFIG", &path)
+            .args(["get", "--raw", "/version"]);
+        e2e::cmd::run(cmd, None).expect("kubectl")
+    };
+    assert!(try_with(&kubeconfig, "up.kubeconfig").success);
+    let wrong = try_with(
+        &kubeconfig.replace(
+            &format!("vcluster.{host}.svc"),
+            &format!("vcluster.{host}.svc.cluster.local"),
+        ),
+        "wrong-name.kubeconfig",
+    );
+    assert!(
+        !wrong.success && wrong.stderr.contains("certificate"),
+        "a name the certificate lacks must fail: {}",
+        wrong.stderr
+    );
+
+    // A NetworkPolicy written inside appears, translated, in the host namespace, owned by
+    // service/vcluster (sync.toHost.networkPolicies).
+    let tenant = "tenant-acme";
+    let mut inside = fx.inner.kubectl();
+    inside.args(["create", "namespace", tenant]);
+    e2e::cmd::run(inside, None)
+        .expect("kubectl")
+        .ok("a namespace inside")
+        .expect("namespace inside");
+    let policy = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{ name: isolate, namespace: {tenant}, labels: {{ tenant: acme }} }}\nspec:\n  podSelector: {{ matchLabels: {{ app: web }} }}\n  policyTypes: [Ingress]\n  ingress: [{{ from: [{{ podSelector: {{}} }}] }}]\n"
+    );
+    let mut apply = fx.inner.kubectl();
+    apply.args(["apply", "--server-side", "-f", "-"]);
+    e2e::cmd::run(apply, Some(&policy))
+        .expect("kubectl")
+        .ok("a NetworkPolicy inside")
+        .expect("policy inside");
+    let translated = e2e::standin_vcluster::translated_name("isolate", tenant);
+    let service_uid = uid_of(&cluster, &host, "service", "vcluster").expect("service");
+    let synced = wait_for(
+        "the policy to be synced to the host",
+        Duration::from_secs(60),
+        &controller,
+        || {
+            get(
+                &cluster,
+                &["-n", &host, "get", "networkpolicy", &translated],
+            )
+        },
+    )
+    .await;
+    let labels = &synced["metadata"]["labels"];
+    assert_eq!(labels["tenant"], "acme");
+    assert_eq!(labels["vcluster.loft.sh/namespace"], tenant);
+    assert_eq!(labels["vcluster.loft.sh/managed-by"], "vcluster");
+    let selector = &synced["spec"]["podSelector"]["matchLabels"];
+    assert_eq!(selector["app"], "web");
+    assert_eq!(selector["vcluster.loft.sh/namespace"], tenant);
+    assert_eq!(synced["metadata"]["ownerReferences"][0]["uid"], service_uid);
+
+    // What vCluster synced and wrote at start-up, all owned by service/vcluster.
+    let exported_uid = uid_of(&cluster, &host, "secret", "vc-vcluster").expect("vc-vcluster");
+    let policy_uid = uid_of(&cluster, &host, "networkpolicy", &translated).expect("policy");
+    let exported = get(&cluster, &["-n", &host, "get", "secret", "vc-vcluster"]).expect("secret");
+    assert_eq!(
+        exported["metadata"]["ownerReferences"][0]["uid"],
+        service_uid
+    );
+
+    // The next operator release ships a newer chart: its Service labels differ.
+    drop(controller);
+    let (next, next_digest) =
+        support::chart(&cluster, &fx.dir, e2e::standin_vcluster::NEXT_CHART_VERSION);
+    let controller = Controller::start_with_chart(
+        &cluster,
+        &fx,
+        (&next, &next_digest),
+        &["--leader-elect=false"],
+    );
+    wait_for(
+        "the upgrade to the next chart to be deployed and serving",
+        Duration::from_secs(180),
+        &controller,
+        || {
+            let svc = get(&cluster, &["-n", &host, "get", "service", "vcluster"])?;
+            let upgraded = svc["metadata"]["labels"]["chart"]
+                == format!("vcluster-{}", e2e::standin_vcluster::NEXT_CHART_VERSION);
+            let deployment = get(&cluster, &["-n", &host, "get", "deployment", "vcluster"])?;
+            let rolled = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+                == format!(
+                    "ghcr.io/loft-sh/vcluster-pro:{}",
+                    e2e::standin_vcluster::NEXT_CHART_VERSION
+                );
+            (upgraded && rolled && serving(&cluster).is_some()).then_some(())
+        },
+    )
+    .await;
+    // Give the garbage collector time to act on anything it was handed.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        uid_of(&cluster, &host, "service", "vcluster"),
+        Some(service_uid),
+        "service/vcluster was never deleted"
+    );
+    assert_eq!(
+        uid_of(&cluster, &host, "secret", "vc-vcluster"),
+        Some(exported_uid),
+        "the exported kubeconfig Secret survived"
+    );
+    assert_eq!(
+        uid_of(&cluster, &host, "networkpolicy", &translated),
+        Some(policy_uid),
+        "the synced NetworkPolicy survived"
+    );
+    assert_eq!(
+        fx.syncer.max_pods(&host),
+        1,
+        "never two control plane pods at once\n{}",
+        fx.syncer.log()
+    );
+    assert!(
+        fx.syncer
+            .log()
+            .matches(&format!("the vCluster of {host} serves"))
+            .count()
+            >= 2,
+        "the upgrade restarted the vCluster\n{}",
+        fx.syncer.log()
+    );
+    let pi = get(&cluster, &["-n", &team, "get", "pi", "up"]).expect("pi");
+    assert_eq!(
+        condition(&pi, "VClusterReady"),
+        Some(("True".into(), "VClusterServing".into()))
+    );
+    cluster
+        .kubectl_ok(&["-n", &team, "delete", "pi", "up", "--wait=false"], None)
+        .expect("delete");
+    wait_for(
+        "the instance to be deleted",
+        Duration::from_secs(120),
+        &controller,
+        || {
+            get(&cluster, &["-n", &team, "get", "pi", "up"])
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
 }

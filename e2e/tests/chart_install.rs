@@ -27,6 +27,7 @@ use e2e::chart::{
 };
 use e2e::control_plane::{free_port, plain_get};
 use e2e::shared::Shared;
+use e2e::standin_vcluster::StandInSyncer;
 use e2e::{ControlPlane, Options};
 use serde_json::Value;
 
@@ -622,35 +623,29 @@ fn condition(pi: &Value, type_: &str) -> Option<(String, String)> {
 }
 
 /// The stand-in vCluster chart (`e2e/standin-vcluster`; the real chart cannot be fetched here),
-/// packaged, its digest, and values pointing it at a second API server (the vCluster's inside).
-async fn standin_vcluster(helm: &Helm, dir: &Path) -> (PathBuf, String, PathBuf, ControlPlane) {
-    let out = dir.display().to_string();
-    helm.ok(&[
-        "package",
-        &e2e::repo_root()
-            .join("e2e/standin-vcluster")
-            .display()
-            .to_string(),
-        "-d",
-        &out,
-    ])
-    .expect("helm package");
-    let chart = dir.join("vcluster-0.37.3-standin.tgz");
+/// packaged, its digest, (empty) extra values, a second API server (the vCluster's inside) and
+/// the stand-in syncer in front of it for the cluster of `host_kubeconfig`.
+async fn standin_vcluster(
+    helm: &Helm,
+    dir: &Path,
+    host_kubeconfig: &Path,
+) -> (PathBuf, String, PathBuf, StandInSyncer, ControlPlane) {
+    let chart =
+        e2e::standin_vcluster::package_chart(helm.bin(), dir, e2e::standin_vcluster::CHART_VERSION)
+            .expect("helm package");
     let bytes = std::fs::read(&chart).expect("chart archive");
     let digest: String = ring::digest::digest(&ring::digest::SHA256, &bytes)
         .as_ref()
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let inner = ControlPlane::start(Options::new("chart-vcluster-inside").api_only())
+    let inner = ControlPlane::start(Options::new("chart-vcluster-inside").standin_vcluster())
         .await
         .expect("inner API server");
-    let kubeconfig = std::fs::read_to_string(inner.kubeconfig()).expect("inner kubeconfig");
+    let syncer = StandInSyncer::start(host_kubeconfig, &inner).expect("stand-in syncer");
     let values = dir.join("standin-values.yaml");
-    let yaml = serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))
-        .expect("yaml");
-    std::fs::write(&values, yaml).expect("values");
-    (chart, format!("sha256:{digest}"), values, inner)
+    std::fs::write(&values, "{}\n").expect("values");
+    (chart, format!("sha256:{digest}"), values, syncer, inner)
 }
 
 /// Audit every request of every ServiceAccount (metadata only), once per request.
@@ -659,31 +654,41 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStage
 /// Permissions of the ClusterRole platform-operator that this test cannot see used, each with why
 /// the operator holds it: `(resource, verb)`, `*` for every verb.
 const NOT_SEEN_HERE: &[(&str, &str)] = &[
-    // What the real vCluster chart's Role grants (Kubernetes lets Helm create a Role only with
-    // permissions it holds) and the objects that chart creates; the stand-in creates no RBAC.
-    ("serviceaccounts", "*"),
-    ("roles", "*"),
-    ("rolebindings", "*"),
+    // What the vCluster chart's Role grants its syncer (Kubernetes lets Helm create that Role
+    // only with permissions the operator holds): the stand-in chart creates the same Role, but
+    // no syncer runs under it here.
     ("pods", "*"),
     ("pods/attach", "*"),
     ("pods/portforward", "*"),
     ("pods/exec", "*"),
     ("pods/status", "*"),
     ("pods/ephemeralcontainers", "*"),
+    ("pods/resize", "*"),
     ("pods/log", "*"),
     ("persistentvolumeclaims", "*"),
     ("endpoints", "*"),
+    ("endpointslices", "*"),
     ("events", "*"),
     ("replicasets", "*"),
-    ("deployments", "*"),
-    ("configmaps", "get"),
-    ("configmaps", "create"),
-    ("configmaps", "delete"),
-    // Relinking patches only ConfigMaps owned by the old service/vcluster; the stand-in has none.
-    ("configmaps", "patch"),
-    // Helm patches the release's objects when it upgrades the vCluster to a new chart version.
+    ("statefulsets", "*"),
+    ("deployments", "list"),
+    ("deployments", "watch"),
+    ("deployments", "update"),
+    ("networkpolicies", "list"),
+    ("networkpolicies", "watch"),
+    ("networkpolicies", "update"),
+    ("networkpolicies", "delete"),
+    ("configmaps", "*"),
+    ("services", "update"),
+    // The chart's ServiceAccount, Role and RoleBinding: Helm creates, reads and deletes them
+    // here; it patches them on an upgrade to a new vCluster chart version.
+    ("serviceaccounts", "*"),
+    ("roles", "*"),
+    ("rolebindings", "*"),
+    // Helm patches the release's objects when it upgrades the vCluster to a new chart version;
+    // the controller scales the control plane to zero first (a patch), only when it exists.
     ("services", "patch"),
-    ("statefulsets", "patch"),
+    ("deployments", "patch"),
 ];
 
 /// `(group, resource[/subresource], verb)` of every request `user` made, from the audit log.
@@ -827,7 +832,8 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
     // The controller: the chart's arguments, with the state volume and the mounted passphrase
     // as host paths, and the image's vCluster chart and tools as the stand-in chart and the
     // tools on PATH (helm, pulumi and its Node.js language host from the tool cache; node, npm).
-    let (chart, chart_digest, values, inner) = standin_vcluster(&helm, &dir).await;
+    let (chart, chart_digest, values, syncer, inner) =
+        standin_vcluster(&helm, &dir, &cluster.kubeconfig).await;
     let passphrase_file = dir.join("passphrase");
     std::fs::write(&passphrase_file, passphrase(&cluster, &ns).1).expect("passphrase file");
     let kubeconfig = dir.join("controller.kubeconfig");
@@ -1074,7 +1080,7 @@ spec:
     controller.assert_never_forbidden();
 
     // Every permission the chart grants was used, but those the controller holds only so that
-    // Helm may create the real vCluster chart's Role (the stand-in creates no RBAC).
+    // Helm may create the vCluster chart's Role (the stand-in creates the same Role).
     let rendered = release_manifest(&helm, &ns);
     let mut unused = Vec::new();
     for (account, roles, not_seen) in [
@@ -1112,6 +1118,7 @@ spec:
         }
     }
     assert!(unused.is_empty(), "granted but never used: {unused:?}");
+    drop(syncer);
     drop(inner);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use e2e::control_plane::{ADMIN_USER, free_port, plain_get};
 use e2e::shared::Shared;
+use e2e::standin_vcluster::StandInSyncer;
 use e2e::{ControlPlane, Options};
 use serde_json::Value;
 
@@ -23,6 +24,16 @@ pub struct Controller {
 impl Controller {
     /// Starts the controller binary against `cluster` with the fixture's chart and values.
     pub fn start(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
+        Self::start_with_chart(cluster, fixture, (&fixture.chart, &fixture.digest), extra)
+    }
+
+    /// As [`Controller::start`], shipping `chart` (archive, `sha256:` digest) instead.
+    pub fn start_with_chart(
+        cluster: &Shared,
+        fixture: &Fixture,
+        chart: (&std::path::Path, &str),
+        extra: &[&str],
+    ) -> Self {
         let ops_port = free_port().expect("port");
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
         let file = std::fs::File::create(&log).expect("log");
@@ -61,8 +72,8 @@ impl Controller {
             .arg("--storage-root-base")
             .arg(fixture.dir.join("storage"))
             .arg("--vcluster-chart")
-            .arg(&fixture.chart)
-            .args(["--vcluster-chart-sha256", &fixture.digest])
+            .arg(chart.0)
+            .args(["--vcluster-chart-sha256", chart.1])
             .arg("--vcluster-extra-values")
             .arg(&fixture.values)
             .args(if extra.contains(&"--helm-binary") {
@@ -138,7 +149,7 @@ impl Drop for Controller {
     }
 }
 
-/// The stand-in chart, its digest, the inner API server and the values that point at it.
+/// The stand-in chart, its digest, the inner API server and the stand-in syncer in front of it.
 pub struct Fixture {
     /// Scratch folder (state, storage, logs).
     pub dir: PathBuf,
@@ -152,41 +163,48 @@ pub struct Fixture {
     pub operator_ns: String,
     /// The passphrase file the controller reads.
     pub passphrase: PathBuf,
+    /// The stand-in vCluster syncer (certificate, exported kubeconfig, NetworkPolicy sync);
+    /// stopped before the inner API server.
+    pub syncer: StandInSyncer,
     /// The inner (vCluster) API server.
     pub inner: ControlPlane,
 }
 
-/// Packages the stand-in chart, starts the inner API server and writes the values.
-pub async fn fixture(cluster: &Shared, name: &str) -> Fixture {
-    let dir =
-        e2e::control_plane::base_dir().join(format!("controller-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let chart_src = e2e::repo_root().join("e2e/standin-vcluster");
-    let out = Command::new(&cluster.helm)
-        .arg("package")
-        .arg(&chart_src)
-        .arg("-d")
-        .arg(&dir)
-        .output()
-        .expect("helm package");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let chart = dir.join("vcluster-0.37.3-standin.tgz");
+/// A packaged stand-in chart and its digest (`sha256:<hex>`).
+pub fn chart(cluster: &Shared, dir: &std::path::Path, version: &str) -> (PathBuf, String) {
+    let chart = e2e::standin_vcluster::package_chart(&cluster.helm, dir, version)
+        .expect("helm package the stand-in chart");
     let digest = format!(
         "sha256:{}",
         controller::chart::sha256_file(&chart).expect("digest")
     );
-    let inner = ControlPlane::start(Options::new("vcluster-inside").api_only())
-        .await
-        .expect("inner API server");
-    let kubeconfig = std::fs::read_to_string(inner.kubeconfig()).expect("inner kubeconfig");
+    (chart, digest)
+}
+
+/// Packages the stand-in chart, starts the inner API server and the stand-in syncer in front of
+/// it, and writes the (empty) extra values.
+pub async fn fixture(cluster: &Shared, name: &str) -> Fixture {
+    fixture_for(cluster, name, e2e::standin_vcluster::SNI_SLOTS).await
+}
+
+/// As [`fixture`], for up to `instances` vClusters serving at once.
+pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixture {
+    let dir =
+        e2e::control_plane::base_dir().join(format!("controller-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (chart, digest) = chart(cluster, &dir, e2e::standin_vcluster::CHART_VERSION);
+    let inner = ControlPlane::start(
+        Options::new("vcluster-inside")
+            .standin_vcluster()
+            .sni_slots(instances),
+    )
+    .await
+    .expect("inner API server");
+    let syncer = StandInSyncer::start(&cluster.kubeconfig, &inner).expect("stand-in syncer");
+    // --vcluster-extra-values is exercised, with nothing to add: the stand-in syncer, like
+    // vCluster, exports the kubeconfig itself.
     let values = dir.join("standin-values.yaml");
-    let yaml = serde_saphyr::to_string(&serde_json::json!({"standIn": {"kubeconfig": kubeconfig}}))
-        .expect("yaml");
-    std::fs::write(&values, yaml).expect("values");
+    std::fs::write(&values, "{}\n").expect("values");
     let operator_ns = cluster
         .create_namespace("operator", &[])
         .expect("namespace");
@@ -203,6 +221,7 @@ pub async fn fixture(cluster: &Shared, name: &str) -> Fixture {
         digest,
         values,
         operator_ns,
+        syncer,
         inner,
     }
 }
