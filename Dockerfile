@@ -11,7 +11,8 @@
 #     -t ghcr.io/di-framework/platform-operator:6.0.22 .
 #
 # The digests are build arguments without defaults: the build fails rather than trust an
-# unchecked download. The image runs as uid 1000 with a read-only root filesystem; it writes only
+# unchecked download. The build also renders the downloaded vCluster chart with the controller's
+# own values and fails if the chart refuses them. The image runs as uid 1000 with a read-only root filesystem; it writes only
 # to HOME (/home/platform-operator), /tmp and the state volume (npm's cache, Pulumi's plugins), which
 # the chart mounts as two emptyDirs and a claim. e2e/tests/image.rs checks that the paths and
 # environment set here are the binaries' flag defaults and what the chart mounts.
@@ -67,6 +68,16 @@ RUN case "$TARGETARCH" in \
  && curl -fsSLo vcluster.tgz "https://charts.loft.sh/charts/vcluster-${VCLUSTER_CHART_VERSION}.tgz" \
  && echo "${VCLUSTER_CHART_SHA256}  vcluster.tgz" | sha256sum -c - \
  && install -D -m 0444 vcluster.tgz /out/vcluster.tgz
+# The real chart takes the controller's values: render it with exactly the values the controller
+# installs for a sample instance (--print-vcluster-values) and fail the build if its schema
+# refuses them, or if it renders the control plane as anything but the Deployment vcluster the
+# controller waits for. e2e/tests/image.rs runs this same command against the stand-in chart.
+COPY --from=build /out/controller /work/controller
+RUN controller=/work/controller helm=/out/bin/helm chart=/out/vcluster.tgz \
+ && "$controller" --print-vcluster-values team-a/one > values.yaml \
+ && "$helm" template vcluster "$chart" -n pi-team-a-one --kube-version 1.35.0 --values values.yaml > rendered.yaml \
+ && awk -v RS='\n---' '/\nkind: Deployment\n/ && /\n  name: vcluster\n/ { d = 1 } /\nkind: StatefulSet\n/ && /\n  name: vcluster\n/ { s = 1 } END { exit !(d && !s) }' rendered.yaml \
+ || { echo "the vCluster chart refused the controller's values or rendered no Deployment vcluster (see above)" >&2; exit 1; }
 
 # --- the runtime: Node.js and npm from the base image ----------------------------------------
 FROM node:${NODE_VERSION}-bookworm-slim

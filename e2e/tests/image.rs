@@ -371,3 +371,102 @@ fn the_image_puts_everything_where_the_binaries_and_the_chart_expect_it() {
         "--operator-user's default"
     );
 }
+
+/// The tools stage's check that the real vCluster chart takes the controller's values, run here
+/// as written (bash, as the stage's SHELL) against the stand-in chart: it passes with the
+/// controller's values, and fails when the values would be refused or the control plane would
+/// not be the Deployment the controller waits for.
+#[test]
+fn the_image_build_renders_the_real_chart_with_the_controllers_values() {
+    let text = std::fs::read_to_string(e2e::repo_root().join("Dockerfile")).expect("Dockerfile");
+    let stages = stages(&text);
+    let tools = stages
+        .iter()
+        .find(|s| s[0].rest.ends_with("AS tools"))
+        .expect("the tools stage");
+    let check = all(tools, "RUN")
+        .find(|r| r.contains("--print-vcluster-values"))
+        .expect("the tools stage runs the controller's --print-vcluster-values")
+        .to_string();
+    let prefix = "controller=/work/controller helm=/out/bin/helm chart=/out/vcluster.tgz ";
+    assert!(check.starts_with(prefix), "{check}");
+    // The controller it runs is the build stage's; the chart is the checked download.
+    assert!(
+        copies(tools).iter().any(|(from, src, dest)| from == "build"
+            && src == "/out/controller"
+            && dest == "/work/controller"),
+        "{:?}",
+        copies(tools)
+    );
+    let download = all(tools, "RUN")
+        .find(|r| r.contains("sha256sum -c -") && r.contains("/out/vcluster.tgz"))
+        .expect("the checked chart download");
+    assert!(download.contains("install -D -m 0444 vcluster.tgz /out/vcluster.tgz"));
+    for word in [
+        "template vcluster \"$chart\"",
+        "--values values.yaml",
+        "exit 1",
+    ] {
+        assert!(check.contains(word), "{word}: {check}");
+    }
+
+    let dir = e2e::control_plane::base_dir().join(format!("image-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let helm = Helm::offline().expect("helm");
+    let chart = e2e::standin_vcluster::package_chart(
+        helm.bin(),
+        &dir,
+        e2e::standin_vcluster::CHART_VERSION,
+    )
+    .expect("package the stand-in chart");
+    let (controller, _) = operator_binaries().expect("operator binaries");
+    let run = |controller: &std::path::Path| {
+        let script = check.replacen(
+            prefix,
+            &format!(
+                "controller='{}' helm='{}' chart='{}' ",
+                controller.display(),
+                helm.bin().display(),
+                chart.display()
+            ),
+            1,
+        );
+        std::process::Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &script])
+            .current_dir(&dir)
+            .env("KUBECONFIG", dir.join("no-cluster"))
+            .output()
+            .expect("bash")
+    };
+    let out = run(&controller);
+    assert!(
+        out.status.success(),
+        "the controller's values: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A controller whose values the chart refuses, and one whose values make a StatefulSet.
+    for (name, values) in [
+        ("unknown-key", "platformOperator:\n  hostNamespace: x\n"),
+        (
+            "statefulset",
+            "controlPlane:\n  statefulSet:\n    persistence:\n      volumeClaim:\n        enabled: true\n",
+        ),
+    ] {
+        let fake = dir.join(format!("controller-{name}"));
+        std::fs::write(&fake, format!("#!/bin/sh\ncat <<'V'\n{values}V\n")).expect("fake");
+        let chmod = std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&fake)
+            .status()
+            .expect("chmod");
+        assert!(chmod.success());
+        let out = run(&fake);
+        assert!(
+            !out.status.success()
+                && String::from_utf8_lossy(&out.stderr).contains("rendered no Deployment vcluster"),
+            "{name} must fail the build: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
