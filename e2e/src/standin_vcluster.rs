@@ -247,37 +247,23 @@ pub fn translate_network_policy(
     if spec["policyTypes"].is_array() {
         out_spec["policyTypes"] = spec["policyTypes"].clone();
     }
-    if let Some(rules) = spec["ingress"].as_array() {
-        out_spec["ingress"] = rules
-            .iter()
-            .map(|r| {
-                let mut rule = json!({});
-                if r["ports"].is_array() {
-                    rule["ports"] = r["ports"].clone();
-                }
-                let from = translate_peers(&r["from"], namespace);
-                if !from.is_null() {
-                    rule["from"] = from;
-                }
-                rule
-            })
-            .collect();
-    }
-    if let Some(rules) = spec["egress"].as_array() {
-        out_spec["egress"] = rules
-            .iter()
-            .map(|r| {
-                let mut rule = json!({});
-                if r["ports"].is_array() {
-                    rule["ports"] = r["ports"].clone();
-                }
-                let to = translate_peers(&r["to"], namespace);
-                if !to.is_null() {
-                    rule["to"] = to;
-                }
-                rule
-            })
-            .collect();
+    for (direction, peers) in [("ingress", "from"), ("egress", "to")] {
+        if let Some(rules) = spec[direction].as_array() {
+            out_spec[direction] = rules
+                .iter()
+                .map(|r| {
+                    let mut rule = json!({});
+                    if r["ports"].is_array() {
+                        rule["ports"] = r["ports"].clone();
+                    }
+                    let translated = translate_peers(&r[peers], namespace);
+                    if !translated.is_null() {
+                        rule[peers] = translated;
+                    }
+                    rule
+                })
+                .collect();
+        }
     }
     let mut metadata = json!({
         "name": translated_name(name, namespace),
