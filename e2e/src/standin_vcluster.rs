@@ -41,7 +41,7 @@ use crate::{ControlPlane, HarnessError};
 
 /// The SNI certificate slots of an inside API server by default: how many vClusters it can stand
 /// for at once ([`crate::Options::sni_slots`] sets another number).
-pub const SNI_SLOTS: usize = 8;
+pub const SNI_SLOTS: usize = 4;
 
 /// The stand-in chart's version.
 pub const CHART_VERSION: &str = "0.37.3-standin";
@@ -481,6 +481,8 @@ async fn pass(
         s.started.retain(|ns, _| live.contains(ns));
         s.pending.retain(|ns, _| live.contains(ns));
     }
+    // One namespace's trouble (its Service deleted, say) holds up no other.
+    let mut errors = Vec::new();
     for secret in configs.items {
         let Some(ns) = secret.metadata.namespace.clone() else {
             continue;
@@ -491,13 +493,19 @@ async fn pass(
             .and_then(|d| d.get("config.yaml"))
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
             .unwrap_or_default();
-        let values: Value = serde_saphyr::from_str(&text)
-            .map_err(|e| format!("{ns}: the vCluster config is not YAML: {e}"))?;
-        if let Err(e) = one(host, inner, inside, state, &ns, &values, say).await {
-            return Err(format!("{ns}: {e}"));
+        let result = match serde_saphyr::from_str::<Value>(&text) {
+            Ok(values) => one(host, inner, inside, state, &ns, &values, say).await,
+            Err(e) => Err(format!("the vCluster config is not YAML: {e}")),
+        };
+        if let Err(e) = result {
+            errors.push(format!("{ns}: {e}"));
         }
     }
-    Ok(())
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
 }
 
 async fn one(
