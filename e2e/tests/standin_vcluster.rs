@@ -132,7 +132,13 @@ fn the_operators_cluster_role_holds_every_rule_of_the_vcluster_role() {
     let needed = rules(rendered.get("Role", "vc-vcluster"));
     let operator = Helm::offline()
         .expect("helm")
-        .template("platform-operator", &["rbac.clusterAdmin=false"])
+        .template(
+            "platform-operator",
+            &[
+                "rbac.clusterAdmin=false",
+                "passphrase.existingSecret=platform-operator-passphrase",
+            ],
+        )
         .expect("the operator chart renders");
     let held = rules(operator.get("ClusterRole", "platform-operator"));
     let missing: Vec<_> = needed
