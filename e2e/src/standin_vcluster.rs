@@ -17,7 +17,8 @@
 //!   is written, translated as vCluster translates it ([`translate_network_policy`]), into the
 //!   host namespace, owned by `service/vcluster`; host copies whose source is gone are deleted.
 //! - **a record of overlaps**: the most control plane pods that existed at once in each host
-//!   namespace ([`StandInSyncer::max_pods`]), so a test can prove a rollout never ran two.
+//!   namespace ([`StandInSyncer::max_pods`]), counted from a watch (every pod's creation and
+//!   deletion in order, however short an overlap), so a test can prove a rollout never ran two.
 //!
 //! One inside API server may stand for several instances of a test: each host namespace then
 //! receives every NetworkPolicy of the shared inside. The syncer runs on its own thread and
@@ -372,7 +373,12 @@ impl StandInSyncer {
                 else {
                     return;
                 };
-                runtime.block_on(run(host_kubeconfig, inside, stop2, state2, file));
+                runtime.block_on(async move {
+                    if let Ok(host) = client_for(&host_kubeconfig, None).await {
+                        tokio::spawn(count_pods(host, state2.clone(), stop2.clone()));
+                    }
+                    run(host_kubeconfig, inside, stop2, state2, file).await;
+                });
             })
             .map_err(|e| HarnessError::io(Path::new("standin-syncer thread"), e))?;
         Ok(Self {
@@ -420,6 +426,54 @@ async fn client_for(
     }
     config.read_timeout = Some(Duration::from_secs(10));
     kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Counts, from a watch of every control plane pod on the host, the pods that exist at once in
+/// each namespace (a terminating pod counts until it is gone), and keeps the most seen.
+async fn count_pods(host: kube::Client, state: Arc<Mutex<State>>, stop: Arc<AtomicBool>) {
+    use futures::StreamExt as _;
+    use kube::runtime::watcher::{self, Event};
+    let pods = Api::<Pod>::all(host);
+    let config = watcher::Config::default().labels(&format!("app=vcluster,release={RELEASE}"));
+    let mut stream = std::pin::pin!(watcher::watcher(pods, config));
+    let mut live: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    let key = |p: &Pod| {
+        (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.uid.clone().unwrap_or_default(),
+        )
+    };
+    while !stop.load(Ordering::SeqCst) {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+        };
+        let Some(Ok(event)) = event else {
+            continue;
+        };
+        let touched = match event {
+            Event::Init => {
+                live.clear();
+                None
+            }
+            Event::Apply(p) | Event::InitApply(p) => {
+                let (ns, uid) = key(&p);
+                live.entry(ns.clone()).or_default().insert(uid);
+                Some(ns)
+            }
+            Event::Delete(p) => {
+                let (ns, uid) = key(&p);
+                live.entry(ns.clone()).or_default().remove(&uid);
+                None
+            }
+            Event::InitDone => None,
+        };
+        if let (Some(ns), Ok(mut s)) = (touched, state.lock()) {
+            let now = live.get(&ns).map_or(0, |p| p.len());
+            let max = s.max_pods.entry(ns).or_default();
+            *max = (*max).max(now);
+        }
+    }
 }
 
 async fn run(
@@ -529,10 +583,6 @@ async fn one(
             !matches!(phase, Some("Succeeded") | Some("Failed"))
         })
         .collect();
-    if let Ok(mut s) = state.lock() {
-        let max = s.max_pods.entry(ns.to_string()).or_default();
-        *max = (*max).max(existing.len());
-    }
     let ready = existing.iter().find(|p| {
         p.metadata.deletion_timestamp.is_none()
             && p.status.as_ref().is_some_and(|s| {
