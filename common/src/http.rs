@@ -1,5 +1,6 @@
 //! The plain-HTTP operations port every binary serves: `/healthz` (the process is alive),
-//! `/readyz` (it is ready for work) and `/metrics` (Prometheus text format).
+//! `/readyz` (it is ready for work) and `/metrics` (Prometheus text format), with the timeouts and
+//! limits of [`crate::server`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,8 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus::{Encoder, Registry, TextEncoder};
+
+use crate::server::{Limits, Plain};
 
 /// Readiness shared between a binary's work and its `/readyz` endpoint.
 #[derive(Clone, Debug, Default)]
@@ -115,17 +118,26 @@ impl OpsServer {
         self.addr
     }
 
-    /// Serves `router` until `shutdown` completes, then lets in-flight requests finish.
+    /// Serves `router` with the default [`Limits`] until `shutdown` completes, then lets
+    /// in-flight requests finish.
     pub async fn serve(
         self,
         router: Router,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), HttpError> {
-        let addr = self.addr;
-        axum::serve(self.listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|source| HttpError::Serve { addr, source })
+        self.serve_with(router, Limits::default(), shutdown).await
+    }
+
+    /// Serves `router` with the timeouts and limits of `limits` (see [`crate::server`]) until
+    /// `shutdown` completes, then lets in-flight requests finish.
+    pub async fn serve_with(
+        self,
+        router: Router,
+        limits: Limits,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), HttpError> {
+        crate::server::serve(self.listener, Plain, router, limits, shutdown).await;
+        Ok(())
     }
 }
 

@@ -65,11 +65,22 @@ pub fn host_namespace(namespace: &str, name: &str) -> String {
     // "pi-" + ns + "-" + name + "-" + hash
     let budget = MAX_NAMESPACE - "pi-".len() - 2 - HASH_LEN;
     let (ns_len, name_len) = split_budget(namespace.len(), name.len(), budget);
-    let ns_part = namespace[..ns_len].trim_end_matches('-');
-    let name_part = name[..name_len]
+    let ns_part = prefix(namespace, ns_len).trim_end_matches('-');
+    let name_part = prefix(name, name_len)
         .trim_end_matches(['-', '.'])
         .replace('.', "-");
     format!("pi-{ns_part}-{name_part}-{hash}")
+}
+
+/// The longest prefix of `s` of at most `len` bytes that ends on a character boundary: the whole
+/// cut for ASCII, one character shorter when `len` falls inside a multi-byte character (names
+/// come from admission reviews too, where nothing has checked them yet).
+fn prefix(s: &str, len: usize) -> &str {
+    let mut end = len.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Shares `budget` characters between two parts, giving each at least half when both need it.
@@ -130,6 +141,32 @@ mod tests {
                 host.len()
             );
             assert!(seen.insert(host.clone()), "{ns}/{name} collides: {host}");
+        }
+    }
+
+    #[test]
+    fn ascii_names_keep_their_host_namespace() {
+        // Pinned: the controller finds existing host namespaces by these names.
+        assert_eq!(host_namespace("team-a", "one"), "pi-team-a-one-45f59575");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Any strings at all (reviews carry names nothing has validated yet): no panic, at most
+        /// 63 bytes, and the same answer twice.
+        #[test]
+        fn any_names_give_a_bounded_name_without_panicking(ns in "\\PC{0,80}", name in "\\PC{0,300}") {
+            let host = host_namespace(&ns, &name);
+            proptest::prop_assert!(host.len() <= 63, "{host:?}");
+            proptest::prop_assert_eq!(host, host_namespace(&ns, &name));
+        }
+
+        /// Valid Kubernetes names always give a DNS label.
+        #[test]
+        fn valid_names_give_a_dns_label(ns in "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name in "[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?") {
+            let host = host_namespace(&ns, &name);
+            proptest::prop_assert!(is_dns_label(&host), "{ns}/{name} -> {host:?}");
         }
     }
 }

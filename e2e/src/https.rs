@@ -37,6 +37,29 @@ fn err(what: &str) -> impl FnOnce(String) -> HarnessError + '_ {
     }
 }
 
+/// A TLS client trusting only `ca_pem`, offering `alpn` protocols and `versions` of TLS.
+pub fn tls_connector(
+    ca_pem: &str,
+    alpn: &[&[u8]],
+    versions: &[&'static SupportedProtocolVersion],
+) -> Result<tokio_rustls::TlsConnector, HarnessError> {
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        let cert = cert.map_err(|e| err("reading the CA bundle")(e.to_string()))?;
+        roots
+            .add(cert)
+            .map_err(|e| err("trusting the CA")(e.to_string()))?;
+    }
+    let mut config =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(versions)
+            .map_err(|e| err("TLS versions")(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
 impl HttpsConnection {
     /// Connects to `addr`, verifying the server as `server_name` against `ca_pem`, offering
     /// `alpn` protocols and `versions` of TLS.
@@ -47,21 +70,7 @@ impl HttpsConnection {
         alpn: &[&[u8]],
         versions: &[&'static SupportedProtocolVersion],
     ) -> Result<Self, HarnessError> {
-        let mut roots = RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            let cert = cert.map_err(|e| err("reading the CA bundle")(e.to_string()))?;
-            roots
-                .add(cert)
-                .map_err(|e| err("trusting the CA")(e.to_string()))?;
-        }
-        let mut config =
-            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_protocol_versions(versions)
-                .map_err(|e| err("TLS versions")(e.to_string()))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let connector = tls_connector(ca_pem, alpn, versions)?;
         let tcp = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| err("connecting")(e.to_string()))?;

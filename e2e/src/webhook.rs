@@ -1,6 +1,7 @@
 //! Running the webhook binary against a test control plane, and the webhook configurations
 //! that point the API server at it (`clientConfig.url: https://127.0.0.1:<port>/...`, scoped to
-//! namespaces labelled `e2e-webhook=<id>`, without a caBundle: the webhook fills it in).
+//! namespaces labelled `e2e-webhook=<id>` for tests or to every namespace like the chart for the
+//! demo, without a caBundle: the webhook fills it in).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -92,6 +93,11 @@ impl Webhook {
         }
     }
 
+    /// The process id (for reading its memory from /proc).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The /metrics text.
     pub async fn metrics(&self) -> String {
         plain_get(self.ops_port, "/metrics")
@@ -120,9 +126,33 @@ impl Drop for Webhook {
     }
 }
 
+/// Which namespaces the webhook configurations send to the webhook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Only namespaces labelled `e2e-webhook=<id>`, so tests sharing one control plane do not
+    /// see each other's webhooks.
+    Labelled,
+    /// Every namespace, exactly as the chart registers them (the demo: an instance a user applies
+    /// in a namespace of their own is defaulted and checked).
+    LikeTheChart,
+}
+
 /// The webhook configurations for test `id`: both webhooks call 127.0.0.1:`port`, only for
 /// namespaces labelled `e2e-webhook=<id>`, without a caBundle (the webhook fills it in).
 pub fn configurations(id: &str, port: u16) -> String {
+    configurations_in(id, port, Scope::Labelled)
+}
+
+/// The webhook configurations `e2e-<id>` calling 127.0.0.1:`port` for the namespaces of `scope`;
+/// apart from their names, `clientConfig` and (for [`Scope::Labelled`]) the `namespaceSelector`,
+/// they are the chart's (`e2e/tests/chart.rs` compares them).
+pub fn configurations_in(id: &str, port: u16, scope: Scope) -> String {
+    let selector = match scope {
+        Scope::Labelled => {
+            format!("    namespaceSelector:\n      matchLabels: {{ e2e-webhook: \"{id}\" }}\n")
+        }
+        Scope::LikeTheChart => String::new(),
+    };
     let common = format!(
         r#"    clientConfig:
       url: https://127.0.0.1:{port}/PATH
@@ -132,9 +162,7 @@ pub fn configurations(id: &str, port: u16) -> String {
         operations: ["CREATE", "UPDATE"]
         resources: ["platforminstances"]
         scope: Namespaced
-    namespaceSelector:
-      matchLabels: {{ e2e-webhook: "{id}" }}
-    matchConditions:
+{selector}    matchConditions:
       - name: not-being-deleted-or-changing-version
         expression: "!has(object.metadata.deletionTimestamp) || has(object.spec.version) != has(oldObject.spec.version) || (has(object.spec.version) && object.spec.version != oldObject.spec.version)"
     admissionReviewVersions: ["v1"]
@@ -152,6 +180,16 @@ pub fn configurations(id: &str, port: u16) -> String {
 
 /// Applies the configurations of test `id` (as a chart would, with its own field manager).
 pub fn register(cluster: &Shared, id: &str, port: u16) -> Result<(), crate::HarnessError> {
+    register_in(cluster, id, port, Scope::Labelled)
+}
+
+/// Applies the configurations `e2e-<id>` for the namespaces of `scope`.
+pub fn register_in(
+    cluster: &Shared,
+    id: &str,
+    port: u16,
+    scope: Scope,
+) -> Result<(), crate::HarnessError> {
     cluster
         .kubectl_ok(
             &[
@@ -161,7 +199,7 @@ pub fn register(cluster: &Shared, id: &str, port: u16) -> Result<(), crate::Harn
                 "-f",
                 "-",
             ],
-            Some(&configurations(id, port)),
+            Some(&configurations_in(id, port, scope)),
         )
         .map(|_| ())
 }

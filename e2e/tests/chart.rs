@@ -475,6 +475,29 @@ fn rbac_binds_cluster_admin_or_the_platform_operator_cluster_role() {
             .cloned()
             .unwrap_or_default();
         assert_eq!(configs["resourceNames"], json!(["platform-operator"]));
+        // Least privilege: no Secret read cluster-wide; in the release namespace only its own
+        // certificate Secret by name (create cannot be limited by name).
+        assert!(
+            rules
+                .as_array()
+                .into_iter()
+                .flatten()
+                .all(|rule| !strings(&rule["resources"]).contains(&"secrets".into())),
+            "the webhook's ClusterRole grants nothing on Secrets: {rules}"
+        );
+        for rule in r.get("Role", "platform-operator-webhook")["rules"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            if strings(&rule["verbs"]) != ["create"] {
+                assert_eq!(
+                    rule["resourceNames"],
+                    json!(["platform-operator-webhook-tls"]),
+                    "{rule}"
+                );
+            }
+        }
         assert_eq!(
             r.get("Deployment", "platform-operator-webhook")["spec"]["template"]["spec"]["serviceAccountName"],
             "platform-operator-webhook"
@@ -482,14 +505,17 @@ fn rbac_binds_cluster_admin_or_the_platform_operator_cluster_role() {
     }
 }
 
-/// The configurations the webhook expects (docs/webhook.md; `e2e::webhook::configurations` is the
-/// tests' copy) without what differs by design: names, clientConfig and namespaceSelector.
-fn comparable(config: &Value) -> Value {
+/// The configurations the webhook expects (docs/webhook.md; `e2e::webhook::configurations_in` is
+/// the tests' and the demo's copy) without what differs by design: names, clientConfig and, with
+/// `selector: false`, the namespaceSelector of the tests' copy.
+fn comparable(config: &Value, selector: bool) -> Value {
     let mut webhooks = config["webhooks"].clone();
     for w in webhooks.as_array_mut().into_iter().flatten() {
         if let Some(w) = w.as_object_mut() {
             w.remove("clientConfig");
-            w.remove("namespaceSelector");
+            if !selector {
+                w.remove("namespaceSelector");
+            }
         }
     }
     json!({"kind": config["kind"], "webhooks": webhooks})
@@ -497,24 +523,32 @@ fn comparable(config: &Value) -> Value {
 
 #[test]
 fn the_webhook_configurations_have_the_expected_shape_and_no_ca_bundle() {
+    use e2e::webhook::{Scope, configurations_in};
     let r = render(&[]);
-    let expected = Rendered::parse(&e2e::webhook::configurations("x", 1)).expect("expected YAML");
+    let copy = |scope, kind: &str| {
+        Rendered::parse(&configurations_in("x", 1, scope))
+            .expect("expected YAML")
+            .objects
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .cloned()
+            .unwrap_or_default()
+    };
     for kind in [
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     ] {
         let chart = r.get(kind, "platform-operator");
         assert_eq!(
-            comparable(chart),
-            comparable(
-                &expected
-                    .objects
-                    .iter()
-                    .find(|o| o["kind"] == kind)
-                    .cloned()
-                    .unwrap_or_default()
-            ),
-            "{kind}"
+            comparable(chart, false),
+            comparable(&copy(Scope::Labelled, kind), false),
+            "{kind}: the tests' copy"
+        );
+        // The demo registers them exactly as the chart does, namespaceSelector included.
+        assert_eq!(
+            comparable(chart, true),
+            comparable(&copy(Scope::LikeTheChart, kind), true),
+            "{kind}: the demo's copy"
         );
         let path = if kind.starts_with("Mutating") {
             "/mutate"

@@ -715,6 +715,21 @@ fn used_permissions(
         .collect()
 }
 
+/// `(namespace, name)` of every Secret request `user` made, from the audit log (name empty for a
+/// create or a list).
+fn secrets_touched(audit: &Path, user: &str) -> std::collections::BTreeSet<(String, String)> {
+    let text = std::fs::read_to_string(audit).expect("audit log");
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["user"]["username"] == user && e["objectRef"]["resource"] == "secrets")
+        .map(|e| {
+            let r = &e["objectRef"];
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (text(&r["namespace"]), text(&r["name"]))
+        })
+        .collect()
+}
+
 /// `(group, resource, verb)` of every rule of the `Kind/name` roles in `rendered`.
 fn granted(rendered: &Rendered, roles: &[&str]) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
@@ -1118,6 +1133,21 @@ spec:
         }
     }
     assert!(unused.is_empty(), "granted but never used: {unused:?}");
+    // Least privilege, as used: the webhook touched no Secret but its own certificate Secret, even
+    // while it checked the instance's clientSecretRef (team/oauth exists and was referenced).
+    let foreign = secrets_touched(
+        &audit,
+        &format!("system:serviceaccount:{ns}:platform-operator-webhook"),
+    )
+    .into_iter()
+    .filter(|(namespace, name)| {
+        !(namespace == &ns && (name == "platform-operator-webhook-tls" || name.is_empty()))
+    })
+    .collect::<Vec<_>>();
+    assert!(
+        foreign.is_empty(),
+        "the webhook touched other Secrets: {foreign:?}"
+    );
     drop(syncer);
     drop(inner);
     let _ = std::fs::remove_dir_all(&dir);

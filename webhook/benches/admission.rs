@@ -168,6 +168,7 @@ async fn main() {
         config,
         echo,
         counter,
+        common::server::Limits::default(),
         std::future::pending::<()>(),
     ));
 

@@ -4,20 +4,26 @@
 //! `AdmissionReview` carrying the request's `uid`; a body that cannot be read as one gets a clear
 //! denial. The body limit admits an UPDATE review of the largest object the API server accepts:
 //! the API server takes request bodies up to 3 MiB, and an UPDATE review carries the object and
-//! the old object, so 2 × 3 MiB plus 1 MiB for the review's own fields and JSON escaping.
+//! the old object, so 2 × 3 MiB plus 1 MiB for the review's own fields and JSON escaping. A body
+//! is parsed once; bodies over 256 KiB share a budget (`--large-body-budget-mib`) and get HTTP 503
+//! when it is spent.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Bytes, HttpBody};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use common::crd::PlatformInstance;
-use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::{DynamicObject, TypeMeta};
 use serde::Deserialize;
 use serde_json::Value;
+use tokio::sync::Semaphore;
 
 use crate::index::NodePortIndex;
 use crate::metrics::Metrics;
@@ -25,6 +31,29 @@ use crate::rules::{self, Settings};
 
 /// The largest request body accepted, in bytes.
 pub const BODY_LIMIT: usize = 7 * 1024 * 1024;
+/// Bodies up to this size (every ordinary review) never wait on the large-body budget.
+pub const SMALL_BODY: u64 = 256 * 1024;
+/// The default of `--large-body-budget-mib`.
+pub const DEFAULT_LARGE_BODY_BUDGET_MIB: u32 = 24;
+
+/// The bytes of large request bodies (over [`SMALL_BODY`]) being read and parsed at once, counted
+/// in KiB: a review that would go over it is answered HTTP 503 at once instead of being buffered,
+/// so a burst of 7 MiB bodies cannot exhaust the pod's memory.
+#[derive(Clone, Debug)]
+pub struct BodyBudget(Arc<Semaphore>);
+
+impl BodyBudget {
+    /// A budget of `mib` MiB.
+    pub fn new(mib: u32) -> Self {
+        Self(Arc::new(Semaphore::new(mib as usize * 1024)))
+    }
+}
+
+impl Default for BodyBudget {
+    fn default() -> Self {
+        Self::new(DEFAULT_LARGE_BODY_BUDGET_MIB)
+    }
+}
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -33,19 +62,47 @@ pub struct Admission {
     pub settings: Settings,
     /// The NodePort cache.
     pub index: Arc<NodePortIndex>,
-    /// A client for SubjectAccessReviews and Secret lookups.
+    /// A client for SubjectAccessReviews.
     pub client: kube::Client,
     /// Metrics.
     pub metrics: Metrics,
+    /// The large-body budget.
+    pub bodies: BodyBudget,
 }
 
 /// The admission router.
 pub fn router(state: Arc<Admission>) -> Router {
+    let bodies = state.bodies.clone();
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(bodies, reserve))
         .with_state(state)
+}
+
+/// Reserves a large body's declared size (or the body limit, when it declares none) from the
+/// budget while it is read and answered; answers 503 at once when the budget is spent.
+async fn reserve(State(budget): State<BodyBudget>, request: Request, next: Next) -> Response {
+    let declared = request.body().size_hint().exact();
+    let size = declared.unwrap_or(BODY_LIMIT as u64).min(BODY_LIMIT as u64);
+    if size <= SMALL_BODY {
+        return next.run(request).await;
+    }
+    let kib = u32::try_from(size.div_ceil(1024)).unwrap_or(u32::MAX);
+    match budget.0.try_acquire_many_owned(kib) {
+        Ok(permit) => {
+            let response = next.run(request).await;
+            drop(permit);
+            response
+        }
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            "too many large reviews in flight; retry in a second",
+        )
+            .into_response(),
+    }
 }
 
 type Reply = Json<AdmissionReview<DynamicObject>>;
@@ -57,57 +114,146 @@ fn invalid(uid: &str, message: String) -> Box<AdmissionResponse> {
     Box::new(response)
 }
 
-/// Reads a review of a PlatformInstance in one pass, straight into the typed review; only a body
-/// that fails that is read again, as plain JSON, to say why (keeping its uid).
-fn parse(body: &[u8]) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
-    if let Ok(review) = serde_json::from_slice::<AdmissionReview<PlatformInstance>>(body)
-        && review.types.api_version == "admission.k8s.io/v1"
-        && review.types.kind == "AdmissionReview"
-        && let Ok(request) = TryInto::<AdmissionRequest<PlatformInstance>>::try_into(review)
-    {
-        return Ok(request);
+/// An `AdmissionReview` as sent, read in one pass (kube's own type flattens its type fields, which
+/// makes serde buffer the whole body in a second tree first).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Envelope {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default, deserialize_with = "object_only")]
+    request: Option<AdmissionRequest<PlatformInstance>>,
+}
+
+/// Just enough of a body that is not a valid review to say why, and under which uid: every field
+/// is skipped without being kept.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Probe {
+    api_version: Option<Value>,
+    kind: Option<Value>,
+    #[serde(default, deserialize_with = "object_only")]
+    request: Option<ProbeRequest>,
+}
+
+#[derive(Deserialize)]
+struct ProbeRequest {
+    uid: Option<Value>,
+}
+
+/// Reads `request` only from a JSON object (or null): serde's derived structs would also take a
+/// positional array, and a uid read from one is not the request's.
+fn object_only<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct ObjectOnly<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectOnly<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
     }
-    match serde_json::from_slice::<Value>(body) {
-        Ok(value) => Err(parse_value(&value)
-            .err()
-            .unwrap_or_else(|| invalid("", "the AdmissionReview could not be read".into()))),
-        Err(e) => Err(invalid(
+    deserializer.deserialize_any(ObjectOnly(std::marker::PhantomData))
+}
+
+const API_VERSION: &str = "admission.k8s.io/v1";
+const KIND: &str = "AdmissionReview";
+
+fn wrong_type(uid: &str, api_version: &str, kind: &str) -> Box<AdmissionResponse> {
+    invalid(
+        uid,
+        format!(
+            "expected an {API_VERSION} {KIND}, got {api_version:?} {kind:?}; register this webhook with admissionReviewVersions [v1]"
+        ),
+    )
+}
+
+/// Reads a review of a PlatformInstance: the body is parsed once, straight into the typed review;
+/// only a body that fails that is scanned again (keeping nothing but its type and uid) to say why.
+fn parse(body: &[u8]) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
+    let error = match serde_json::from_slice::<Envelope>(body) {
+        Ok(envelope) => return accept(envelope),
+        Err(e) if !e.is_data() => {
+            return Err(invalid(
+                "",
+                format!("the request body is not JSON ({e}); send an {API_VERSION} {KIND}"),
+            ));
+        }
+        Err(e) => e,
+    };
+    let Ok(probe) = serde_json::from_slice::<Probe>(body) else {
+        return Err(invalid(
             "",
-            format!(
-                "the request body is not JSON ({e}); send an admission.k8s.io/v1 AdmissionReview"
-            ),
-        )),
+            format!("the request body is not an {API_VERSION} {KIND} ({error})"),
+        ));
+    };
+    let text = |v: Option<Value>| {
+        v.as_ref()
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let uid = text(probe.request.and_then(|r| r.uid));
+    let (api_version, kind) = (text(probe.api_version), text(probe.kind));
+    if api_version != API_VERSION || kind != KIND {
+        return Err(wrong_type(&uid, &api_version, &kind));
+    }
+    Err(invalid(
+        &uid,
+        format!(
+            "the review does not carry a valid PlatformInstance ({error}); this webhook only reviews platforminstances"
+        ),
+    ))
+}
+
+/// [`parse`], on a blocking thread for a large body, so that parsing megabytes never holds up
+/// the runtime's workers while ordinary reviews wait. Frees the body before answering.
+async fn read(body: Bytes) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
+    if body.len() as u64 <= SMALL_BODY {
+        return parse(&body);
+    }
+    match tokio::task::spawn_blocking(move || parse(&body)).await {
+        Ok(parsed) => parsed,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => Err(invalid("", "the webhook is shutting down; retry".into())),
+        },
     }
 }
 
-/// Reads a review from JSON already parsed (the mutating path keeps the raw object for its patch).
-fn parse_value(
-    value: &Value,
+/// Checks a review read whole: its type, and that it has a request.
+fn accept(
+    envelope: Envelope,
 ) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
-    let uid = value
-        .pointer("/request/uid")
-        .and_then(Value::as_str)
+    let uid = envelope
+        .request
+        .as_ref()
+        .map(|r| r.uid.as_str())
         .unwrap_or_default();
-    let api_version = value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let kind = value
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if api_version != "admission.k8s.io/v1" || kind != "AdmissionReview" {
-        return Err(invalid(
-            uid,
-            format!(
-                "expected an admission.k8s.io/v1 AdmissionReview, got {api_version:?} {kind:?}; register this webhook with admissionReviewVersions [v1]"
-            ),
-        ));
+    if envelope.api_version != API_VERSION || envelope.kind != KIND {
+        return Err(wrong_type(uid, &envelope.api_version, &envelope.kind));
     }
-    let review = AdmissionReview::<PlatformInstance>::deserialize(value)
-        .map_err(|e| invalid(uid, format!("the review does not carry a valid PlatformInstance ({e}); this webhook only reviews platforminstances")))?;
-    TryInto::<AdmissionRequest<PlatformInstance>>::try_into(review)
-        .map_err(|_| invalid(uid, "the AdmissionReview has no request".to_string()))
+    let Some(mut request) = envelope.request else {
+        return Err(invalid(
+            "",
+            "the AdmissionReview has no request".to_string(),
+        ));
+    };
+    request.types = TypeMeta {
+        api_version: envelope.api_version,
+        kind: envelope.kind,
+    };
+    Ok(request)
 }
 
 fn operation_label(op: &Operation) -> &'static str {
@@ -128,11 +274,8 @@ fn count(metrics: &Metrics, webhook: &str, op: &str, result: &str, rule: &str) {
 
 async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     let _timer = state.metrics.timer("mutate").start_timer();
-    let parsed = serde_json::from_slice::<Value>(&body)
-        .map_err(|e| invalid("", format!("the request body is not JSON ({e}); send an admission.k8s.io/v1 AdmissionReview")))
-        .and_then(|value| parse_value(&value).map(|request| (request, value)));
-    let (request, value) = match parsed {
-        Ok(parsed) => parsed,
+    let request = match read(body).await {
+        Ok(request) => request,
         Err(response) => {
             count(&state.metrics, "mutate", "unknown", "error", "parse");
             return Json(response.into_review());
@@ -140,15 +283,16 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     };
     let op = operation_label(&request.operation);
     let response = AdmissionResponse::from(&request);
-    let raw = value.pointer("/request/object").unwrap_or(&Value::Null);
-    let deleting = raw
-        .pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null());
-    if !matches!(request.operation, Operation::Create | Operation::Update) || deleting {
+    let Some(object) = request
+        .object
+        .as_ref()
+        .filter(|_| matches!(request.operation, Operation::Create | Operation::Update))
+        .filter(|o| o.metadata.deletion_timestamp.is_none())
+    else {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
-    }
-    let ops = rules::defaults(&state.settings, raw);
+    };
+    let ops = rules::defaults(&state.settings, object);
     if ops.is_empty() {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
@@ -171,7 +315,7 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
 
 async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     let _timer = state.metrics.timer("validate").start_timer();
-    let request = match parse(&body) {
+    let request = match read(body).await {
         Ok(parsed) => parsed,
         Err(response) => {
             count(&state.metrics, "validate", "unknown", "error", "parse");

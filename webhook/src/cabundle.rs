@@ -22,7 +22,7 @@ pub enum BundleError {
     )]
     Read {
         /// Kind of configuration.
-        kind: &'static str,
+        kind: String,
         /// Its name.
         name: String,
         /// Why.
@@ -32,7 +32,7 @@ pub enum BundleError {
     #[error("writing the caBundle of {kind} {name} failed: {source}")]
     Write {
         /// Kind of configuration.
-        kind: &'static str,
+        kind: String,
         /// Its name.
         name: String,
         /// Why.
@@ -49,45 +49,32 @@ pub struct Configurations {
     pub validating: String,
 }
 
-/// The webhook names and their current caBundles in one configuration; `None` when it does not exist.
-type Entries = Option<Vec<(String, Option<ByteString>)>>;
+/// The webhook names and their current caBundles in one configuration.
+type Entries = Vec<(String, Option<ByteString>)>;
 
-async fn mutating_entries(client: &kube::Client, name: &str) -> Result<Entries, BundleError> {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let found = api
-        .get_opt(name)
-        .await
-        .map_err(|source| BundleError::Read {
-            kind: "MutatingWebhookConfiguration",
-            name: name.into(),
-            source,
-        })?;
-    Ok(found.map(|c| {
-        c.webhooks
-            .unwrap_or_default()
-            .into_iter()
-            .map(|w| (w.name, w.client_config.ca_bundle))
-            .collect()
-    }))
+/// A webhook configuration kind: both list webhooks with a name and a `clientConfig.caBundle`.
+trait Configuration:
+    kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+{
+    /// Its webhooks' names and caBundles.
+    fn entries(self) -> Entries;
 }
 
-async fn validating_entries(client: &kube::Client, name: &str) -> Result<Entries, BundleError> {
-    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let found = api
-        .get_opt(name)
-        .await
-        .map_err(|source| BundleError::Read {
-            kind: "ValidatingWebhookConfiguration",
-            name: name.into(),
-            source,
-        })?;
-    Ok(found.map(|c| {
-        c.webhooks
-            .unwrap_or_default()
-            .into_iter()
-            .map(|w| (w.name, w.client_config.ca_bundle))
-            .collect()
-    }))
+impl Configuration for MutatingWebhookConfiguration {
+    fn entries(self) -> Entries {
+        let hooks = self.webhooks.unwrap_or_default().into_iter();
+        hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
+    }
+}
+
+impl Configuration for ValidatingWebhookConfiguration {
+    fn entries(self) -> Entries {
+        let hooks = self.webhooks.unwrap_or_default().into_iter();
+        hooks.map(|w| (w.name, w.client_config.ca_bundle)).collect()
+    }
 }
 
 /// What [`ensure`] did.
@@ -107,52 +94,58 @@ pub async fn ensure(
     configs: &Configurations,
     bundle: &str,
 ) -> Result<Ensured, BundleError> {
-    let mut written = 0;
-    let mut published = true;
+    let mutating =
+        ensure_one::<MutatingWebhookConfiguration>(client, &configs.mutating, bundle).await?;
+    let validating =
+        ensure_one::<ValidatingWebhookConfiguration>(client, &configs.validating, bundle).await?;
+    Ok(Ensured {
+        written: mutating.written + validating.written,
+        published: mutating.published && validating.published,
+    })
+}
+
+/// [`ensure`] for the one configuration of kind `C` called `name`.
+async fn ensure_one<C: Configuration>(
+    client: &kube::Client,
+    name: &str,
+    bundle: &str,
+) -> Result<Ensured, BundleError> {
+    let kind = C::kind(&()).to_string();
+    let api: Api<C> = Api::all(client.clone());
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(|source| BundleError::Read {
+            kind: kind.clone(),
+            name: name.into(),
+            source,
+        })?;
+    let Some(entries) = found.map(C::entries) else {
+        return Ok(Ensured {
+            written: 0,
+            published: false,
+        });
+    };
+    let published = !entries.is_empty();
+    if !needs_write(&entries, bundle) {
+        return Ok(Ensured {
+            written: 0,
+            published,
+        });
+    }
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let mutating = mutating_entries(client, &configs.mutating).await?;
-    published &= mutating.as_ref().is_some_and(|e| !e.is_empty());
-    if let Some(entries) = mutating
-        && needs_write(&entries, bundle)
-    {
-        let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        let patch = apply_patch(
-            "MutatingWebhookConfiguration",
-            &configs.mutating,
-            &entries,
-            bundle,
-        );
-        api.patch(&configs.mutating, &params, &Patch::Apply(&patch))
-            .await
-            .map_err(|source| BundleError::Write {
-                kind: "MutatingWebhookConfiguration",
-                name: configs.mutating.clone(),
-                source,
-            })?;
-        written += 1;
-    }
-    let validating = validating_entries(client, &configs.validating).await?;
-    published &= validating.as_ref().is_some_and(|e| !e.is_empty());
-    if let Some(entries) = validating
-        && needs_write(&entries, bundle)
-    {
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        let patch = apply_patch(
-            "ValidatingWebhookConfiguration",
-            &configs.validating,
-            &entries,
-            bundle,
-        );
-        api.patch(&configs.validating, &params, &Patch::Apply(&patch))
-            .await
-            .map_err(|source| BundleError::Write {
-                kind: "ValidatingWebhookConfiguration",
-                name: configs.validating.clone(),
-                source,
-            })?;
-        written += 1;
-    }
-    Ok(Ensured { written, published })
+    let patch = apply_patch(&kind, name, &entries, bundle);
+    api.patch(name, &params, &Patch::Apply(&patch))
+        .await
+        .map_err(|source| BundleError::Write {
+            kind,
+            name: name.into(),
+            source,
+        })?;
+    Ok(Ensured {
+        written: 1,
+        published,
+    })
 }
 
 fn needs_write(entries: &[(String, Option<ByteString>)], bundle: &str) -> bool {

@@ -63,18 +63,6 @@ pub enum CertError {
     },
 }
 
-impl CertError {
-    /// A static category for metric labels.
-    pub fn category(&self) -> &'static str {
-        match self {
-            CertError::Issue(_) => "issue",
-            CertError::Load(_) => "load",
-            CertError::Corrupt { .. } => "corrupt",
-            CertError::Api { .. } => "api",
-        }
-    }
-}
-
 /// A CA and the serving certificate it issued, with the validity they share (Unix seconds).
 #[derive(Serialize, Deserialize, Clone, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

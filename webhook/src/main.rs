@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
+use common::server::Limits;
 use common::telemetry::LogArgs;
-use webhook::admission::{Admission, router};
+use webhook::admission::{Admission, BodyBudget, router};
 use webhook::cabundle::Configurations;
 use webhook::certs::{Resolver, Subject};
 use webhook::index::{Kind, NodePortIndex};
@@ -28,6 +29,13 @@ struct Args {
     ops: OpsArgs,
     #[command(flatten)]
     log: LogArgs,
+    #[command(flatten)]
+    limits: Limits,
+
+    /// MiB of large review bodies (over 256 KiB) read and answered at once; a review that would go
+    /// over it gets HTTP 503 with Retry-After: 1.
+    #[arg(long, default_value_t = webhook::admission::DEFAULT_LARGE_BODY_BUDGET_MIB, value_parser = clap::value_parser!(u32).range(8..))]
+    large_body_budget_mib: u32,
 
     /// Address of the TLS admission port (POST /mutate, POST /validate).
     #[arg(long, env = "ADMISSION_BIND_ADDRESS", default_value = "0.0.0.0:9443")]
@@ -111,27 +119,48 @@ fn parse_port_range(value: &str) -> Result<(i32, i32), String> {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    common::telemetry::init(&args.log)?;
-    if args.min_platform_version > args.max_platform_version {
-        anyhow::bail!("--min-platform-version is above --max-platform-version");
-    }
-    let registry = common::metrics::registry("webhook");
-    let metrics = Metrics::register(&registry).context("registering metrics")?;
-    let readiness = Readiness::default();
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
+/// Starts the NodePort index's watches; `readiness` follows its sync.
+fn start_index(
+    client: &kube::Client,
+    metrics: &Metrics,
+    readiness: &Readiness,
+) -> Arc<NodePortIndex> {
+    let index = Arc::new(NodePortIndex::default());
+    let (watched, client) = (index.clone(), client.clone());
+    let gauge = metrics.cache_objects.clone();
+    let readiness = readiness.clone();
+    tokio::spawn(async move {
+        let on_change = {
+            let index = watched.clone();
+            move || {
+                gauge
+                    .with_label_values(&["PlatformInstance"])
+                    .set(index.count(Kind::Instance) as i64);
+                gauge
+                    .with_label_values(&["Service"])
+                    .set(index.count(Kind::Service) as i64);
+                readiness.set(index.synced());
+            }
+        };
+        webhook::index::run(&watched, client, &on_change).await;
+    });
+    index
+}
 
+/// Loads (or issues) the certificate, starts the keeper that rotates it and keeps the caBundle,
+/// and returns the resolver the TLS port serves from.
+async fn start_certificates(
+    args: &Args,
+    client: &kube::Client,
+    metrics: &Metrics,
+) -> anyhow::Result<Arc<Resolver>> {
     let subject = Subject {
         service: args.service_name.clone(),
         namespace: args.namespace.clone(),
         extra_sans: args.extra_san.clone(),
     };
     let state = Keeper::bootstrap(
-        &client,
+        client,
         &args.namespace,
         &args.tls_secret_name,
         &subject,
@@ -154,30 +183,23 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
     };
     tokio::spawn(keeper.run());
+    Ok(resolver)
+}
 
-    let index = Arc::new(NodePortIndex::default());
-    {
-        let index = index.clone();
-        let client = client.clone();
-        let gauge = metrics.cache_objects.clone();
-        let readiness = readiness.clone();
-        tokio::spawn(async move {
-            let on_change = {
-                let index = index.clone();
-                move || {
-                    gauge
-                        .with_label_values(&["PlatformInstance"])
-                        .set(index.count(Kind::Instance) as i64);
-                    gauge
-                        .with_label_values(&["Service"])
-                        .set(index.count(Kind::Service) as i64);
-                    readiness.set(index.synced());
-                }
-            };
-            webhook::index::run(&index, client, &on_change).await;
-        });
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    common::telemetry::init(&args.log)?;
+    if args.min_platform_version > args.max_platform_version {
+        anyhow::bail!("--min-platform-version is above --max-platform-version");
     }
-
+    let registry = common::metrics::registry("webhook");
+    let metrics = Metrics::register(&registry).context("registering metrics")?;
+    let readiness = Readiness::default();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    let resolver = start_certificates(&args, &client, &metrics).await?;
     let admission = Arc::new(Admission {
         settings: Settings {
             default_version: args.default_platform_version.clone(),
@@ -185,9 +207,10 @@ async fn main() -> anyhow::Result<()> {
             max_version: args.max_platform_version,
             node_port_range: args.service_node_port_range,
         },
-        index,
+        index: start_index(&client, &metrics, &readiness),
         client,
         metrics: metrics.clone(),
+        bodies: BodyBudget::new(args.large_body_budget_mib),
     });
     let tls_config = Arc::new(webhook::tls::server_config(resolver)?);
     let listener = tokio::net::TcpListener::bind(args.admission_bind_address)
@@ -210,10 +233,14 @@ async fn main() -> anyhow::Result<()> {
         tls_config,
         router(admission),
         metrics.tls_handshake_failures.clone(),
+        args.limits,
         stopped(stop_rx.clone()),
     ));
-    let ops_server =
-        tokio::spawn(ops.serve(ops_router(registry, readiness.clone()), stopped(stop_rx)));
+    let ops_server = tokio::spawn(ops.serve_with(
+        ops_router(registry, readiness.clone()),
+        args.limits,
+        stopped(stop_rx),
+    ));
     shutdown_signal().await;
     tracing::info!("shutting down: finishing in-flight reviews");
     readiness.set(false);

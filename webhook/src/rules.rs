@@ -13,7 +13,6 @@ use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::core::admission::Operation;
@@ -70,32 +69,16 @@ impl Verdict {
     }
 }
 
-/// The JSON Patch operations that apply the defaults to a raw object: only what is missing, so
+/// The JSON Patch operations that apply the defaults to an object: only what is missing, so
 /// applying the result and asking again yields no operation.
-pub fn defaults(settings: &Settings, object: &Value) -> Vec<PatchOperation> {
-    let mut ops = Vec::new();
-    match object.get("spec") {
-        Some(Value::Object(spec)) => {
-            if spec.get("version").is_none_or(Value::is_null) {
-                ops.push(add(
-                    "/spec/version",
-                    Value::String(settings.default_version.clone()),
-                ));
-            }
-        }
-        _ => ops.push(add(
-            "/spec",
-            serde_json::json!({ "version": settings.default_version }),
-        )),
+pub fn defaults(settings: &Settings, object: &PlatformInstance) -> Vec<PatchOperation> {
+    if object.spec.version.is_some() {
+        return Vec::new();
     }
-    ops
-}
-
-fn add(path: &str, value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
-        path: PointerBuf::parse(path).unwrap_or_default(),
-        value,
-    })
+    vec![PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(["spec", "version"]),
+        value: Value::String(settings.default_version.clone()),
+    })]
 }
 
 /// The rules that need no API call, for CREATE and UPDATE. `old` is the stored object on UPDATE.
@@ -106,8 +89,6 @@ pub fn check_local(
     new: &PlatformInstance,
     old: Option<&PlatformInstance>,
 ) -> Verdict {
-    let mut warnings = Vec::new();
-
     if let Some(old) = old.filter(|o| o.metadata.deletion_timestamp.is_some()) {
         if new.spec.version != old.spec.version {
             return Verdict::deny(Finding::new(
@@ -123,101 +104,14 @@ pub fn check_local(
         // always admitted so deletion can never hang on this webhook.
         return Verdict::default();
     }
-
-    if let Some(version) = new.spec.version.as_deref() {
-        let parsed = match common::version::parse_exact(version) {
-            Ok(v) => v,
-            Err(e) => return Verdict::deny(Finding::new("version", format!("spec.version: {e}"))),
-        };
-        let minor = (parsed.major, parsed.minor);
-        if minor < settings.min_version || minor > settings.max_version {
-            return Verdict::deny(Finding::new(
-                "version-range",
-                format!(
-                    "spec.version {version} is outside the versions this operator supports ({}.{}.x to {}.{}.x); choose a version in that range or upgrade the operator",
-                    settings.min_version.0,
-                    settings.min_version.1,
-                    settings.max_version.0,
-                    settings.max_version.1
-                ),
-            ));
-        }
-        let installed = old
-            .and_then(|o| o.status.as_ref())
-            .and_then(|s| s.installed_version.as_deref());
-        if let Some(installed) = installed
-            && let Ok(installed_v) = semver::Version::parse(installed)
-            && parsed < installed_v
-        {
-            let opted_in = new
-                .annotations()
-                .get(ALLOW_DOWNGRADE_ANNOTATION)
-                .is_some_and(|v| v == "true");
-            if !opted_in {
-                return Verdict::deny(Finding::new(
-                    "downgrade",
-                    format!(
-                        "spec.version {version} is below the installed version {installed}; set the annotation {ALLOW_DOWNGRADE_ANNOTATION}=true to downgrade on purpose"
-                    ),
-                ));
-            }
-            warnings.push(Finding::new(
-                "downgrade",
-                format!("downgrading from {installed} to {version} because {ALLOW_DOWNGRADE_ANNOTATION}=true; the platform's state may not support it"),
-            ));
-        }
-    } else if matches!(operation, Operation::Create) {
-        warnings.push(Finding::new(
-            "default-version",
-            format!(
-                "spec.version is not set; the controller installs its default {}",
-                settings.default_version
-            ),
-        ));
-    }
-
-    if let Some(gateway) = new.spec.platform.as_ref().and_then(|p| p.gateway.as_ref()) {
-        let port = gateway.http_node_port;
-        if port != 0 {
-            let (lo, hi) = settings.node_port_range;
-            if port < lo || port > hi {
-                return Verdict::deny(Finding::new(
-                    "node-port-range",
-                    format!(
-                        "spec.platform.gateway.httpNodePort {port} is outside the API server's NodePort range {lo}-{hi}; choose a port in it, or 0 to keep the gateway in-instance"
-                    ),
-                ));
-            }
-            let namespace = new.namespace().unwrap_or_default();
-            let name = new.name_any();
-            let own_host = host_namespace(&namespace, &name);
-            let taken = index.holders(port).into_iter().find(|h| match h {
-                Holder::Instance {
-                    namespace: ns,
-                    name: n,
-                } => !(ns == &namespace && n == &name),
-                Holder::Service { namespace: ns, .. } => ns != &own_host,
-            });
-            if let Some(holder) = taken {
-                return Verdict::deny(Finding::new(
-                    "node-port-conflict",
-                    format!(
-                        "spec.platform.gateway.httpNodePort {port} is already used by {holder}; choose a free NodePort, or 0 to keep the gateway in-instance"
-                    ),
-                ));
-            }
-            if let Some(endpoint) = gateway.http_endpoint.as_deref()
-                && let Some(p) = endpoint_port(endpoint)
-                && p != port
-            {
-                warnings.push(Finding::new(
-                    "endpoint-port",
-                    format!("spec.platform.gateway.httpEndpoint names port {p} but httpNodePort is {port}; make sure something forwards {p} to the NodePort"),
-                ));
-            }
-        }
-    }
-
+    let checked = check_version(settings, operation, new, old).and_then(|mut warnings| {
+        warnings.extend(check_node_port(settings, index, new)?);
+        Ok(warnings)
+    });
+    let mut warnings = match checked {
+        Ok(warnings) => warnings,
+        Err(denial) => return Verdict::deny(denial),
+    };
     let policy_changed = old.is_none_or(|o| o.spec.deletion_policy != new.spec.deletion_policy);
     if new.spec.deletion_policy == common::crd::DeletionPolicy::Delete && policy_changed {
         warnings.push(Finding::new(
@@ -229,6 +123,127 @@ pub fn check_local(
         denial: None,
         warnings,
     }
+}
+
+/// `spec.version`: exact, in the supported range, not below the installed version unless opted
+/// in. Gives the warnings, or the denial.
+fn check_version(
+    settings: &Settings,
+    operation: &Operation,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
+) -> Result<Vec<Finding>, Finding> {
+    let Some(version) = new.spec.version.as_deref() else {
+        return Ok(matches!(operation, Operation::Create)
+            .then(|| {
+                Finding::new(
+                    "default-version",
+                    format!(
+                        "spec.version is not set; the controller installs its default {}",
+                        settings.default_version
+                    ),
+                )
+            })
+            .into_iter()
+            .collect());
+    };
+    let parsed = common::version::parse_exact(version)
+        .map_err(|e| Finding::new("version", format!("spec.version: {e}")))?;
+    let minor = (parsed.major, parsed.minor);
+    if minor < settings.min_version || minor > settings.max_version {
+        return Err(Finding::new(
+            "version-range",
+            format!(
+                "spec.version {version} is outside the versions this operator supports ({}.{}.x to {}.{}.x); choose a version in that range or upgrade the operator",
+                settings.min_version.0,
+                settings.min_version.1,
+                settings.max_version.0,
+                settings.max_version.1
+            ),
+        ));
+    }
+    let installed = old
+        .and_then(|o| o.status.as_ref())
+        .and_then(|s| s.installed_version.as_deref());
+    let Some(installed) = installed
+        .filter(|i| semver::Version::parse(i).is_ok_and(|installed_v| parsed < installed_v))
+    else {
+        return Ok(Vec::new());
+    };
+    let opted_in = new
+        .annotations()
+        .get(ALLOW_DOWNGRADE_ANNOTATION)
+        .is_some_and(|v| v == "true");
+    if !opted_in {
+        return Err(Finding::new(
+            "downgrade",
+            format!(
+                "spec.version {version} is below the installed version {installed}; set the annotation {ALLOW_DOWNGRADE_ANNOTATION}=true to downgrade on purpose"
+            ),
+        ));
+    }
+    Ok(vec![Finding::new(
+        "downgrade",
+        format!(
+            "downgrading from {installed} to {version} because {ALLOW_DOWNGRADE_ANNOTATION}=true; the platform's state may not support it"
+        ),
+    )])
+}
+
+/// `spec.platform.gateway.httpNodePort`: in the API server's range, and held by nobody else.
+/// Gives the warnings, or the denial.
+fn check_node_port(
+    settings: &Settings,
+    index: &NodePortIndex,
+    new: &PlatformInstance,
+) -> Result<Vec<Finding>, Finding> {
+    let Some(gateway) = new.spec.platform.as_ref().and_then(|p| p.gateway.as_ref()) else {
+        return Ok(Vec::new());
+    };
+    let port = gateway.http_node_port;
+    if port == 0 {
+        return Ok(Vec::new());
+    }
+    let (lo, hi) = settings.node_port_range;
+    if port < lo || port > hi {
+        return Err(Finding::new(
+            "node-port-range",
+            format!(
+                "spec.platform.gateway.httpNodePort {port} is outside the API server's NodePort range {lo}-{hi}; choose a port in it, or 0 to keep the gateway in-instance"
+            ),
+        ));
+    }
+    let namespace = new.namespace().unwrap_or_default();
+    let name = new.name_any();
+    let own_host = host_namespace(&namespace, &name);
+    let taken = index.holders(port).into_iter().find(|h| match h {
+        Holder::Instance {
+            namespace: ns,
+            name: n,
+        } => !(ns == &namespace && n == &name),
+        Holder::Service { namespace: ns, .. } => ns != &own_host,
+    });
+    if let Some(holder) = taken {
+        return Err(Finding::new(
+            "node-port-conflict",
+            format!(
+                "spec.platform.gateway.httpNodePort {port} is already used by {holder}; choose a free NodePort, or 0 to keep the gateway in-instance"
+            ),
+        ));
+    }
+    Ok(gateway
+        .http_endpoint
+        .as_deref()
+        .and_then(endpoint_port)
+        .filter(|p| *p != port)
+        .map(|p| {
+            Finding::new(
+                "endpoint-port",
+                format!("spec.platform.gateway.httpEndpoint names port {p} but httpNodePort is {port}; make sure something forwards {p} to the NodePort"),
+            )
+        })
+        .into_iter()
+        .collect())
 }
 
 /// The port an http(s) URL names, explicitly or by its scheme.
@@ -252,7 +267,9 @@ fn endpoint_port(url: &str) -> Option<i32> {
 
 /// The Secret rule: whoever names `tenantAuth.clientSecretRef` (on create, or when changing it)
 /// must be allowed to `get` that Secret themselves, checked with a SubjectAccessReview for the
-/// request's user and groups. A Secret or key that does not exist yet is a warning.
+/// request's user and groups. The webhook itself never reads the Secret (it holds no Secret read
+/// outside its own namespace): whether it exists, and has the key, the controller reports in a
+/// condition, so a folder of manifests applies in any order.
 pub async fn check_secret_ref(
     client: &kube::Client,
     user: &UserInfo,
@@ -318,40 +335,7 @@ pub async fn check_secret_ref(
             ),
         ));
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let warning = match secrets.get_opt(&reference.name).await {
-        Ok(None) => Some(format!(
-            "{field}: Secret {namespace}/{} does not exist yet; the controller waits for it and reports it in a condition",
-            reference.name
-        )),
-        Ok(Some(secret)) => {
-            let has_key = secret
-                .data
-                .as_ref()
-                .is_some_and(|d| d.contains_key(&reference.key))
-                || secret
-                    .string_data
-                    .as_ref()
-                    .is_some_and(|d| d.contains_key(&reference.key));
-            (!has_key).then(|| {
-                format!(
-                    "{field}: Secret {namespace}/{} has no key {:?} yet; the controller waits for it and reports it in a condition",
-                    reference.name, reference.key
-                )
-            })
-        }
-        Err(e) => Some(format!(
-            "{field}: could not check that Secret {namespace}/{} exists ({e})",
-            reference.name
-        )),
-    };
-    Verdict {
-        denial: None,
-        warnings: warning
-            .map(|m| Finding::new("secret-missing", m))
-            .into_iter()
-            .collect(),
-    }
+    Verdict::default()
 }
 
 /// Everything the validating webhook checks for one request.
@@ -428,21 +412,25 @@ mod tests {
     #[test]
     fn defaults_are_minimal_and_idempotent() {
         let s = settings();
-        let mut obj = serde_json::json!({"spec": {"target": {"type": "vcluster"}}});
-        let ops = defaults(&s, &obj);
+        let mut obj = serde_json::to_value(instance(None, 0)).expect("json");
+        let typed = |v: &Value| serde_json::from_value::<PlatformInstance>(v.clone()).expect("pi");
+        let ops = defaults(&s, &typed(&obj));
         assert_eq!(ops.len(), 1);
         json_patch::patch(&mut obj, &ops).expect("applies");
         assert_eq!(obj["spec"]["version"], "6.0.22");
         assert!(
-            defaults(&s, &obj).is_empty(),
+            defaults(&s, &typed(&obj)).is_empty(),
             "a second pass changes nothing"
         );
-        let given = serde_json::json!({"spec": {"version": "6.0.3"}});
-        assert!(defaults(&s, &given).is_empty(), "a given version is kept");
-        let mut bare = serde_json::json!({"metadata": {}});
-        let ops = defaults(&s, &bare);
-        json_patch::patch(&mut bare, &ops).expect("applies");
-        assert_eq!(bare["spec"]["version"], "6.0.22");
+        assert!(
+            defaults(&s, &instance(Some("6.0.3"), 0)).is_empty(),
+            "a given version is kept"
+        );
+        // A null version is replaced too (add on an existing member replaces it).
+        obj["spec"]["version"] = Value::Null;
+        let ops = defaults(&s, &typed(&obj));
+        json_patch::patch(&mut obj, &ops).expect("applies");
+        assert_eq!(obj["spec"]["version"], "6.0.22");
     }
 
     #[test]

@@ -1,153 +1,22 @@
-//! Router tests: AdmissionReview fixtures sent with `tower::ServiceExt::oneshot` to the admission
-//! router, for every rule, plus garbage, oversized and wrong-version bodies. The router's client
-//! talks to the real local API server (SubjectAccessReviews and Secret lookups are real).
+//! Router tests without an API server: AdmissionReview fixtures sent with
+//! `tower::ServiceExt::oneshot` to the admission router for every rule that needs none, plus
+//! garbage, oversized and wrong-version bodies and the large-body budget. (The rule that asks the
+//! API server is in `router_api.rs`.)
 
-use std::sync::Arc;
+mod support;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use bytes::Bytes;
 use serde_json::{Value, json};
+use support::*;
 use tower::ServiceExt;
-use webhook::admission::{Admission, BODY_LIMIT, router};
-use webhook::index::{Holder, NodePortIndex};
-use webhook::metrics::Metrics;
-use webhook::rules::Settings;
-
-struct Harness {
-    app: axum::Router,
-    metrics: Metrics,
-    index: Arc<NodePortIndex>,
-    cluster: e2e::shared::Shared,
-}
-
-async fn harness() -> Harness {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
-    let client = cluster.client().await.expect("client");
-    let registry = prometheus::Registry::new();
-    let metrics = Metrics::register(&registry).expect("metrics");
-    let index = Arc::new(NodePortIndex::default());
-    let state = Arc::new(Admission {
-        settings: Settings {
-            default_version: "6.0.22".into(),
-            min_version: (6, 0),
-            max_version: (6, 0),
-            node_port_range: (30000, 32767),
-        },
-        index: index.clone(),
-        client,
-        metrics: metrics.clone(),
-    });
-    Harness {
-        app: router(state),
-        metrics,
-        index,
-        cluster,
-    }
-}
-
-fn instance(namespace: &str, name: &str, spec: Value) -> Value {
-    json!({
-        "apiVersion": "platform.di-framework.dev/v1alpha1",
-        "kind": "PlatformInstance",
-        "metadata": {"name": name, "namespace": namespace, "uid": "0b9a7bd6-4c4e-4b8e-9d61-0c1f6f0d2b11"},
-        "spec": spec,
-    })
-}
-
-fn review(uid: &str, operation: &str, object: Value, old: Option<Value>, user: Value) -> Value {
-    let name = object
-        .pointer("/metadata/name")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let namespace = object
-        .pointer("/metadata/namespace")
-        .cloned()
-        .unwrap_or(Value::Null);
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "platform.di-framework.dev", "version": "v1alpha1", "kind": "PlatformInstance"},
-            "resource": {"group": "platform.di-framework.dev", "version": "v1alpha1", "resource": "platforminstances"},
-            "name": name,
-            "namespace": namespace,
-            "operation": operation,
-            "userInfo": user,
-            "object": object,
-            "oldObject": old,
-            "dryRun": false,
-        }
-    })
-}
-
-fn admin() -> Value {
-    json!({"username": "admin", "groups": ["system:masters", "system:authenticated"]})
-}
-
-async fn send(h: &Harness, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
-    let request = Request::post(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body))
-        .expect("request");
-    let response = h
-        .app
-        .clone()
-        .oneshot(request)
-        .await
-        .expect("router answers");
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("body");
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&bytes)}));
-    (status, value)
-}
-
-/// Sends a review and checks the envelope every answer must have; returns the response part.
-async fn answer(h: &Harness, path: &str, review: &Value) -> Value {
-    let (status, body) = send(h, path, serde_json::to_vec(review).expect("json")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["apiVersion"], "admission.k8s.io/v1", "{body}");
-    assert_eq!(body["kind"], "AdmissionReview", "{body}");
-    assert_eq!(
-        body["response"]["uid"], review["request"]["uid"],
-        "the uid is echoed: {body}"
-    );
-    body["response"].clone()
-}
-
-fn message(response: &Value) -> String {
-    response["status"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn denied(response: &Value, words: &[&str]) {
-    assert_eq!(response["allowed"], false, "{response}");
-    let m = message(response);
-    for w in words {
-        assert!(m.contains(w), "{w:?} not in {m:?}");
-    }
-    assert!(!m.contains('\n'), "one line: {m:?}");
-}
-
-fn warnings(response: &Value) -> Vec<String> {
-    response["warnings"]
-        .as_array()
-        .map(|w| {
-            w.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use webhook::admission::BODY_LIMIT;
+use webhook::index::Holder;
 
 #[tokio::test]
 async fn unreadable_bodies_get_a_clear_denial() {
-    let h = harness().await;
+    let h = offline();
     let (status, body) = send(&h, "/validate", b"{not json".to_vec()).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["response"]["allowed"], false);
@@ -194,7 +63,7 @@ async fn unreadable_bodies_get_a_clear_denial() {
 
 #[tokio::test]
 async fn body_limit_admits_the_largest_update_and_refuses_more() {
-    let h = harness().await;
+    let h = offline();
     // The API server accepts request bodies up to 3 MiB: an UPDATE carries two such objects.
     let big = "x".repeat(3 * 1024 * 1024 - 4096);
     let mut object = instance("a", "big", json!({"version": "6.0.22"}));
@@ -211,7 +80,7 @@ async fn body_limit_admits_the_largest_update_and_refuses_more() {
 
 #[tokio::test]
 async fn mutate_defaults_the_version_only_when_missing() {
-    let h = harness().await;
+    let h = offline();
     let response = answer(
         &h,
         "/mutate",
@@ -269,7 +138,7 @@ async fn mutate_defaults_the_version_only_when_missing() {
 
 #[tokio::test]
 async fn versions_downgrades_and_deletion() {
-    let h = harness().await;
+    let h = offline();
     let v = |version: &str| instance("a", "x", json!({"version": version}));
     denied(
         &answer(
@@ -363,7 +232,7 @@ async fn versions_downgrades_and_deletion() {
 
 #[tokio::test]
 async fn node_ports() {
-    let h = harness().await;
+    let h = offline();
     let with_port = |name: &str, port: i64| {
         instance(
             "a",
@@ -439,97 +308,50 @@ async fn node_ports() {
 }
 
 #[tokio::test]
-async fn secret_references_need_read_access_and_missing_secrets_warn() {
-    let h = harness().await;
-    let ns = format!("router-secrets-{}", std::process::id());
-    let mut create = h.cluster.kubectl();
-    create.args(["create", "namespace", &ns]);
-    e2e::cmd::run(create, None)
-        .expect("kubectl")
-        .ok("create namespace")
-        .expect("namespace");
-    let with_ref = |secret: &str| {
-        instance(
-            &ns,
-            "auth",
-            json!({"version": "6.0.22", "platform": {"tenantAuth": {
-                "image": format!("ghcr.io/di-framework/tenant-auth@sha256:{}", "a".repeat(64)),
-                "issuer": "https://id.example",
-                "clientId": "console",
-                "clientSecretRef": {"name": secret, "key": "clientSecret"}
-            }}}),
-        )
-    };
-    let nobody = json!({"username": "nobody", "groups": ["system:authenticated"]});
-    denied(
-        &answer(
-            &h,
-            "/validate",
-            &review("u-s1", "CREATE", with_ref("oauth"), None, nobody.clone()),
-        )
-        .await,
-        &[
-            "spec.platform.tenantAuth.clientSecretRef",
-            "nobody may not get Secret",
-            "oauth",
-        ],
+async fn large_bodies_share_a_budget_and_small_ones_never_wait_on_it() {
+    // 8 MiB: one body of unknown length reserves the whole 7 MiB body limit.
+    let h = harness_with(offline_client(), 8);
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, std::io::Error>>();
+    let streaming = Request::post("/validate")
+        .body(Body::from_stream(rx))
+        .expect("request");
+    let first = tokio::spawn(h.app.clone().oneshot(streaming));
+    tx.unbounded_send(Ok(Bytes::from_static(b"{\"apiVersion\":")))
+        .expect("send");
+    // Let the first request reserve its share and wait for the rest of its body (the test runs
+    // on one thread: the spawned request runs while this one sleeps).
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!first.is_finished(), "the first body is still being read");
+    // A second large body is refused at once, with Retry-After.
+    let second = Request::post("/validate")
+        .body(Body::from(vec![b' '; 2 * 1024 * 1024]))
+        .expect("request");
+    let refused = h.app.clone().oneshot(second).await.expect("answer");
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    // An ordinary review is answered as usual.
+    let small = review(
+        "u-small",
+        "CREATE",
+        instance("a", "x", json!({"version": "6.0.22"})),
+        None,
+        admin(),
     );
-    // An unchanged reference on UPDATE is not re-checked: editing the version needs no Secret access.
-    let kept = answer(
-        &h,
-        "/validate",
-        &review(
-            "u-s2",
-            "UPDATE",
-            with_ref("oauth"),
-            Some(with_ref("oauth")),
-            nobody,
-        ),
-    )
-    .await;
-    assert_eq!(kept["allowed"], true, "{kept}");
-
-    let missing = answer(
-        &h,
-        "/validate",
-        &review("u-s3", "CREATE", with_ref("oauth"), None, admin()),
-    )
-    .await;
+    assert_eq!(answer(&h, "/validate", &small).await["allowed"], true);
+    // Once the first body ends, its share comes back.
+    tx.unbounded_send(Ok(Bytes::from_static(b"1}")))
+        .expect("send");
+    drop(tx);
+    let first = first.await.expect("join").expect("answer");
     assert_eq!(
-        missing["allowed"], true,
-        "a missing Secret is a warning: {missing}"
+        first.status(),
+        StatusCode::OK,
+        "a finished body is answered"
     );
-    assert!(
-        warnings(&missing)
-            .iter()
-            .any(|w| w.contains("does not exist yet")),
-        "{missing}"
-    );
-
-    let mut secret = h.cluster.kubectl();
-    secret.args([
-        "-n",
-        &ns,
-        "create",
-        "secret",
-        "generic",
-        "oauth",
-        "--from-literal=clientSecret=s3cret",
-    ]);
-    e2e::cmd::run(secret, None)
-        .expect("kubectl")
-        .ok("create secret")
-        .expect("secret");
-    let present = answer(
-        &h,
-        "/validate",
-        &review("u-s4", "CREATE", with_ref("oauth"), None, admin()),
-    )
-    .await;
-    assert_eq!(present["allowed"], true, "{present}");
-    assert!(warnings(&present).is_empty(), "{present}");
-    assert!(
-        !present.to_string().contains("s3cret"),
-        "secret values never leave the webhook"
+    let (status, body) = send(&h, "/validate", vec![b' '; 2 * 1024 * 1024]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["response"]["allowed"], false,
+        "blank is not a review: {body}"
     );
 }

@@ -59,6 +59,7 @@ async fn start(resolver: Arc<Resolver>) -> Server {
         config,
         router,
         failures.clone(),
+        common::server::Limits::default(),
         async {
             let _ = rx.await;
         },

@@ -112,7 +112,9 @@ async fn main() -> anyhow::Result<()> {
     let operator_ns = "platform-operator";
     cluster.kubectl_ok(&["create", "namespace", operator_ns], None)?;
     let port = e2e::control_plane::free_port()?;
-    e2e::webhook::register(&cluster, "demo", port)?;
+    // Registered exactly as the chart registers them (every namespace, the same rules and
+    // matchConditions), so an instance applied in any namespace is defaulted and checked.
+    e2e::webhook::register_in(&cluster, "demo", port, e2e::webhook::Scope::LikeTheChart)?;
     let mut webhook = e2e::webhook::Webhook::start(
         &bin_dir.join("webhook"),
         &cluster,
@@ -172,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
     e2e::process::die_with_parent(&mut controller);
     let mut controller = controller.spawn().context("starting the controller")?;
 
-    // The example instance, in a namespace the webhook serves.
+    // The example instance, in its own namespace (the webhook serves every namespace).
     let manifest = std::fs::read_to_string(&example)
         .with_context(|| format!("reading {}", example.display()))?;
     let namespace = manifest
@@ -183,9 +185,7 @@ async fn main() -> anyhow::Result<()> {
                 .map(|n| n.trim().to_string())
         })
         .unwrap_or_else(|| "default".to_string());
-    let ns = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n  labels: {{ e2e-webhook: demo }}\n"
-    );
+    let ns = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n");
     cluster.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&ns))?;
     print!(
         "{}",

@@ -26,11 +26,10 @@ metadata:
   name: platform-operator-webhook
   labels:
     {{- $labels | nindent 4 }}
+# No Secret read here: a stolen webhook token reads no Secret outside the release namespace. The
+# webhook checks a clientSecretRef only by asking the API server whether the requester may read it;
+# whether the Secret exists the controller reports in a condition.
 rules:
-  # clientSecretRef: does the Secret exist (in the instance's namespace)?
-  - apiGroups: [""]
-    resources: [secrets]
-    verbs: [get]
   # clientSecretRef: may the requester read that Secret?
   - apiGroups: [authorization.k8s.io]
     resources: [subjectaccessreviews]
@@ -63,7 +62,8 @@ subjects:
     name: {{ $sa }}
     namespace: {{ .Release.Namespace }}
 ---
-# The certificate Secret, in the release namespace: created by the first replica, then updated.
+# The certificate Secret, in the release namespace: created by the first replica, then read and
+# updated by every replica. The only Secret the webhook can read.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata:
@@ -77,7 +77,7 @@ rules:
     verbs: [create]
   - apiGroups: [""]
     resources: [secrets]
-    verbs: [update]
+    verbs: [get, update]
     resourceNames: [platform-operator-webhook-tls]
 ---
 apiVersion: rbac.authorization.k8s.io/v1

@@ -1,0 +1,411 @@
+//! Hostile-load benchmark (prints figures; asserts nothing about speed), on loopback only.
+//!
+//! One webhook process with its shipped defaults, against the shared local control plane. A
+//! steady stream of ordinary reviews (one h2 connection, paced, as the API server sends them) runs
+//! first alone (the quiet baseline), then during an attack of, at the same time:
+//!
+//! - slowloris clients: TLS connections that send request headers one byte a second, and others
+//!   that send complete headers and then the body one byte a second;
+//! - thousands of idle TLS connections that finish the handshake and send nothing;
+//! - dozens of clients sending 7 MiB review bodies back to back.
+//!
+//! It reports the webhook's peak RSS against the chart's memory limit, and the ordinary reviews'
+//! p50/p99 and failures in both phases. Bounded: every phase has a fixed duration and count, and
+//! every attacker stops by itself.
+//!
+//! Run: `cargo bench -p webhook --bench hostile` (env `HOSTILE_SECONDS`, `HOSTILE_IDLE`,
+//! `HOSTILE_SLOW`, `HOSTILE_BIG` change the attack; raise `ulimit -n` above the idle count).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use e2e::https::{HttpsConnection, tls_connector};
+use e2e::webhook::Webhook;
+use rustls::pki_types::ServerName;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
+
+/// The chart's memory limit of the webhook container (`webhook.resources.limits.memory`).
+const CHART_LIMIT_MIB: f64 = 256.0;
+/// The pace of ordinary reviews.
+const NORMAL_INTERVAL: Duration = Duration::from_millis(10);
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// An UPDATE review of `object` (its old object the same).
+fn review(uid: &str, object: Value) -> Bytes {
+    let review = support::review(
+        uid,
+        "UPDATE",
+        object.clone(),
+        Some(object),
+        support::admin(),
+    );
+    Bytes::from(serde_json::to_vec(&review).expect("json"))
+}
+
+fn instance(annotation: &str) -> Value {
+    json!({
+        "apiVersion": "platform.di-framework.dev/v1alpha1", "kind": "PlatformInstance",
+        "metadata": {"name": "one", "namespace": "team-a", "annotations": {"bench/pad": annotation}},
+        "spec": {"version": "6.0.22", "platform": {"gateway": {"httpNodePort": 30080}}}
+    })
+}
+
+/// A review just under the 7 MiB body limit (an UPDATE of two 3.5 MiB objects).
+fn big_review() -> Bytes {
+    review("big", instance(&"x".repeat(3 * 1024 * 1024 + 400 * 1024)))
+}
+
+/// The resident set of `pid` now and at its peak, in MiB.
+fn rss_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+struct Stream {
+    latencies: Vec<Duration>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// Sends ordinary reviews every [`NORMAL_INTERVAL`] for `duration` over one h2 connection
+/// (reconnecting after a failure, which counts as an error).
+async fn normal_stream(target: &Target, duration: Duration) -> Stream {
+    let body = review("normal", instance("small"));
+    let mut out = Stream {
+        latencies: Vec::new(),
+        errors: 0,
+        first_error: None,
+    };
+    let mut conn: Option<HttpsConnection> = None;
+    let mut tick = tokio::time::interval(NORMAL_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        tick.tick().await;
+        let started = Instant::now();
+        let result = match conn.as_mut() {
+            Some(c) => c.post("/validate", body.clone()).await,
+            None => match target.connect(b"h2").await {
+                Ok(mut c) => {
+                    let r = c.post("/validate", body.clone()).await;
+                    conn = Some(c);
+                    r
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match result {
+            Ok((200, answer)) if answer.windows(14).any(|w| w == b"\"allowed\":true") => {
+                out.latencies.push(started.elapsed());
+            }
+            other => {
+                out.errors += 1;
+                out.first_error
+                    .get_or_insert_with(|| format!("{:?}", other.map(|(s, _)| s)));
+                conn = None;
+            }
+        }
+    }
+    out
+}
+
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    name: String,
+    ca: String,
+    raw: TlsConnector,
+}
+
+impl Target {
+    async fn connect(&self, alpn: &[u8]) -> Result<HttpsConnection, e2e::HarnessError> {
+        HttpsConnection::connect(
+            self.addr,
+            &self.name,
+            &self.ca,
+            &[alpn],
+            &[&rustls::version::TLS13],
+        )
+        .await
+    }
+
+    async fn tls(&self) -> Option<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let tcp = tokio::net::TcpStream::connect(self.addr).await.ok()?;
+        let name = ServerName::try_from(self.name.clone()).ok()?;
+        self.raw.connect(name, tcp).await.ok()
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    idle_open: AtomicU64,
+    idle_closed_by_server: AtomicU64,
+    idle_refused: AtomicU64,
+    slow_closed: AtomicU64,
+    slow_408: AtomicU64,
+    big_ok: AtomicU64,
+    big_503: AtomicU64,
+    big_other: AtomicU64,
+}
+
+/// Opens an idle TLS connection and waits (until `end`) for the server to close it.
+async fn idle(target: Target, counters: Arc<Counters>, end: Instant) {
+    let Some(mut tls) = target.tls().await else {
+        counters.idle_refused.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    counters.idle_open.fetch_add(1, Ordering::Relaxed);
+    let mut buf = [0u8; 64];
+    if let Ok(Ok(_)) = tokio::time::timeout_at(end.into(), tls.read(&mut buf)).await {
+        counters
+            .idle_closed_by_server
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A slowloris client: headers (or, with `slow_body`, the body) one byte a second until `end`.
+async fn slowloris(target: Target, counters: Arc<Counters>, slow_body: bool, end: Instant) {
+    let Some(tls) = target.tls().await else {
+        return;
+    };
+    let (mut read, mut write) = tokio::io::split(tls);
+    let head: &[u8] = if slow_body {
+        b"POST /validate HTTP/1.1\r\nhost: webhook\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{"
+    } else {
+        b"POST /validate HTTP/1.1\r\n"
+    };
+    if write.write_all(head).await.is_err() {
+        return;
+    }
+    let drip = async move {
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let byte: &[u8] = if slow_body { b" " } else { b"x" };
+            if write.write_all(byte).await.is_err() {
+                return;
+            }
+        }
+    };
+    let answer = async {
+        let mut got = Vec::new();
+        let _ = read.read_to_end(&mut got).await;
+        got
+    };
+    tokio::select! {
+        () = drip => {}
+        got = tokio::time::timeout_at(end.into(), answer) => {
+            if let Ok(got) = got {
+                counters.slow_closed.fetch_add(1, Ordering::Relaxed);
+                if got.starts_with(b"HTTP/1.1 408") {
+                    counters.slow_408.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// Sends 7 MiB reviews back to back until `end`, each on a new HTTP/1.1 connection.
+async fn big_bodies(target: Target, counters: Arc<Counters>, body: Bytes, end: Instant) {
+    while Instant::now() < end {
+        let outcome = match target.connect(b"http/1.1").await {
+            Ok(mut c) => c.post("/validate", body.clone()).await.map(|(s, _)| s),
+            Err(e) => Err(e),
+        };
+        let counter = match outcome {
+            Ok(200) => &counters.big_ok,
+            Ok(503) => &counters.big_503,
+            _ => &counters.big_other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Starts a webhook and returns it with how to reach it.
+async fn start(cluster: &e2e::shared::Shared) -> (Webhook, Target) {
+    let id = "hostile";
+    let ns = cluster
+        .create_namespace("hostile", &[("e2e-webhook", id)])
+        .expect("namespace");
+    let port = e2e::control_plane::free_port().expect("port");
+    e2e::webhook::register(cluster, id, port).expect("register");
+    let mut webhook = Webhook::start(
+        Path::new(env!("CARGO_BIN_EXE_webhook")),
+        cluster,
+        id,
+        &ns,
+        &["--log-level", "warn"],
+        Some(port),
+    );
+    webhook.wait_ready().await;
+    let bundle = e2e::webhook::wait_for_bundle(cluster, id).await;
+    let ca = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(bundle)
+            .expect("base64"),
+    )
+    .expect("pem");
+    let raw = tls_connector(&ca, &[b"http/1.1"], &[&rustls::version::TLS13]).expect("tls");
+    let target = Target {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        name: format!("platform-operator-webhook.{ns}.svc"),
+        ca,
+        raw,
+    };
+    (webhook, target)
+}
+
+/// Runs every attacker until `end`; returns the peak RSS seen meanwhile.
+async fn attack(target: &Target, pid: u32, counters: &Arc<Counters>, end: Instant) -> f64 {
+    let (idle_n, slow_n, big_n) = (
+        env("HOSTILE_IDLE", 3000),
+        env("HOSTILE_SLOW", 200),
+        env("HOSTILE_BIG", 32),
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    let body = big_review();
+    for i in 0..slow_n {
+        tasks.spawn(slowloris(target.clone(), counters.clone(), i % 2 == 1, end));
+    }
+    for _ in 0..big_n {
+        tasks.spawn(big_bodies(
+            target.clone(),
+            counters.clone(),
+            body.clone(),
+            end,
+        ));
+    }
+    for i in 0..idle_n {
+        tasks.spawn(idle(target.clone(), counters.clone(), end));
+        if i % 100 == 99 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut peak: f64 = 0.0;
+    while Instant::now() < end {
+        peak = peak.max(rss_mib(pid).0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(30), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    tasks.abort_all();
+    peak
+}
+
+fn row(label: &str, s: &mut Stream) {
+    s.latencies.sort();
+    println!(
+        "| {label} | {} | {} | {} | {} | {} |",
+        s.latencies.len(),
+        s.errors,
+        ms(percentile(&s.latencies, 0.5)),
+        ms(percentile(&s.latencies, 0.99)),
+        ms(s.latencies.last().copied().unwrap_or_default()),
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let seconds = env("HOSTILE_SECONDS", 20);
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let (mut webhook, target) = start(&cluster).await;
+    let pid = webhook.pid();
+    let (idle_rss, _) = rss_mib(pid);
+
+    let mut quiet = normal_stream(&target, Duration::from_secs(seconds)).await;
+    let counters = Arc::new(Counters::default());
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let attacked = {
+        let target = target.clone();
+        tokio::spawn(async move { normal_stream(&target, Duration::from_secs(seconds)).await })
+    };
+    let attack_peak = attack(&target, pid, &counters, end).await;
+    let mut attacked = attacked.await.expect("normal stream");
+    let (after_rss, hwm) = rss_mib(pid);
+    let alive = target.connect(b"h2").await.is_ok();
+
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    println!(
+        "# Hostile load ({seconds} s quiet, then {seconds} s under attack; ordinary reviews every {} ms on one h2 connection)\n",
+        NORMAL_INTERVAL.as_millis()
+    );
+    println!(
+        "| ordinary reviews | answered | failed | p50 | p99 | max |\n|---|---|---|---|---|---|"
+    );
+    row("quiet", &mut quiet);
+    row("under attack", &mut attacked);
+    let ratio = percentile(&attacked.latencies, 0.99).as_secs_f64()
+        / percentile(&quiet.latencies, 0.99).as_secs_f64().max(1e-9);
+    println!("\np99 under attack / quiet: {ratio:.2}");
+    if let Some(e) = attacked.first_error.as_ref().or(quiet.first_error.as_ref()) {
+        println!("first failure: {e}");
+    }
+    println!("\n| webhook RSS | MiB |\n|---|---|");
+    println!("| ready, before load | {idle_rss:.1} |");
+    println!("| peak sampled during the attack | {attack_peak:.1} |");
+    println!("| peak over the whole run (VmHWM) | {hwm:.1} |");
+    println!("| after the attack | {after_rss:.1} |");
+    println!("| chart limit | {CHART_LIMIT_MIB:.0} |");
+    println!("\n| attacker | figure |\n|---|---|");
+    println!(
+        "| idle TLS connections opened / refused at connect | {} / {} |",
+        c(&counters.idle_open),
+        c(&counters.idle_refused)
+    );
+    println!(
+        "| idle connections closed by the webhook before the attack ended | {} |",
+        c(&counters.idle_closed_by_server)
+    );
+    println!(
+        "| slowloris connections closed by the webhook (of which 408) | {} ({}) |",
+        c(&counters.slow_closed),
+        c(&counters.slow_408)
+    );
+    println!(
+        "| 7 MiB reviews answered 200 / 503 / failed otherwise | {} / {} / {} |",
+        c(&counters.big_ok),
+        c(&counters.big_503),
+        c(&counters.big_other)
+    );
+    println!("| webhook still accepts connections after the attack | {alive} |");
+    webhook.stop();
+    e2e::webhook::unregister(&cluster, "hostile");
+}

@@ -1,0 +1,162 @@
+//! What the router tests share: the admission router with or without an API server, review
+//! fixtures, and the checks every answer must pass.
+
+#![allow(dead_code)] // each test file uses its own part
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use webhook::admission::{Admission, BodyBudget, router};
+use webhook::index::NodePortIndex;
+use webhook::metrics::Metrics;
+use webhook::rules::Settings;
+
+pub struct Harness {
+    pub app: axum::Router,
+    pub metrics: Metrics,
+    pub index: Arc<NodePortIndex>,
+}
+
+fn settings() -> Settings {
+    Settings {
+        default_version: "6.0.22".into(),
+        min_version: (6, 0),
+        max_version: (6, 0),
+        node_port_range: (30000, 32767),
+    }
+}
+
+/// The router with `client` and a large-body budget of `budget_mib`.
+pub fn harness_with(client: kube::Client, budget_mib: u32) -> Harness {
+    let registry = prometheus::Registry::new();
+    let metrics = Metrics::register(&registry).expect("metrics");
+    let index = Arc::new(NodePortIndex::default());
+    let state = Arc::new(Admission {
+        settings: settings(),
+        index: index.clone(),
+        client,
+        metrics: metrics.clone(),
+        bodies: BodyBudget::new(budget_mib),
+    });
+    Harness {
+        app: router(state),
+        metrics,
+        index,
+    }
+}
+
+/// The router without an API server: its client points at a port nothing listens on, so a rule
+/// that needs the API server (the SubjectAccessReview of a clientSecretRef) fails as it would
+/// with the API server down, and is denied. For the rules that need none.
+pub fn offline() -> Harness {
+    harness_with(offline_client(), 24)
+}
+
+/// A client for an API server that is not there (nothing listens on 127.0.0.1:9).
+pub fn offline_client() -> kube::Client {
+    let config = kube::Config::new("https://127.0.0.1:9".parse().expect("uri"));
+    kube::Client::try_from(config).expect("client")
+}
+
+pub fn instance(namespace: &str, name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "platform.di-framework.dev/v1alpha1",
+        "kind": "PlatformInstance",
+        "metadata": {"name": name, "namespace": namespace, "uid": "0b9a7bd6-4c4e-4b8e-9d61-0c1f6f0d2b11"},
+        "spec": spec,
+    })
+}
+
+pub fn review(uid: &str, operation: &str, object: Value, old: Option<Value>, user: Value) -> Value {
+    let name = object
+        .pointer("/metadata/name")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let namespace = object
+        .pointer("/metadata/namespace")
+        .cloned()
+        .unwrap_or(Value::Null);
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "platform.di-framework.dev", "version": "v1alpha1", "kind": "PlatformInstance"},
+            "resource": {"group": "platform.di-framework.dev", "version": "v1alpha1", "resource": "platforminstances"},
+            "name": name,
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": user,
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+        }
+    })
+}
+
+pub fn admin() -> Value {
+    json!({"username": "admin", "groups": ["system:masters", "system:authenticated"]})
+}
+
+pub async fn send(h: &Harness, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .expect("request");
+    let response = h
+        .app
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("router answers");
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&bytes)}));
+    (status, value)
+}
+
+/// Sends a review and checks the envelope every answer must have; returns the response part.
+pub async fn answer(h: &Harness, path: &str, review: &Value) -> Value {
+    let (status, body) = send(h, path, serde_json::to_vec(review).expect("json")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["apiVersion"], "admission.k8s.io/v1", "{body}");
+    assert_eq!(body["kind"], "AdmissionReview", "{body}");
+    assert_eq!(
+        body["response"]["uid"], review["request"]["uid"],
+        "the uid is echoed: {body}"
+    );
+    body["response"].clone()
+}
+
+pub fn message(response: &Value) -> String {
+    response["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+pub fn denied(response: &Value, words: &[&str]) {
+    assert_eq!(response["allowed"], false, "{response}");
+    let m = message(response);
+    for w in words {
+        assert!(m.contains(w), "{w:?} not in {m:?}");
+    }
+    assert!(!m.contains('\n'), "one line: {m:?}");
+}
+
+pub fn warnings(response: &Value) -> Vec<String> {
+    response["warnings"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
