@@ -8,5 +8,6 @@ pub mod http;
 pub mod metrics;
 pub mod names;
 pub mod schema;
+pub mod secure_metrics;
 pub mod telemetry;
 pub mod version;

@@ -9,12 +9,13 @@ use anyhow::Context as _;
 use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
+use common::secure_metrics::{self, Secure};
 use common::telemetry::LogArgs;
 use controller::decide::Protection;
 use controller::helm::Helm;
 use controller::installer::Installer;
 use controller::leader::Election;
-use controller::metrics::Metrics;
+use controller::metrics::{InstanceConditions, Metrics};
 use controller::reconcile::{Context, Settings, error_policy, keep_policy, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
@@ -141,13 +142,21 @@ async fn main() -> anyhow::Result<()> {
 
     let registry = common::metrics::registry("controller");
     let metrics = Metrics::register(&registry).context("registering metrics")?;
+    metrics
+        .install_timeout
+        .set(args.install_timeout.as_secs_f64());
     let readiness = Readiness::default();
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
-    let ops_task =
-        tokio::spawn(ops.serve(ops_router(registry, readiness.clone()), shutdown_signal()));
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    let secure = Secure::from_args(&args.ops.security, client.clone())?;
+    let ops_task = tokio::spawn(secure_metrics::serve(
+        ops,
+        ops_router(registry.clone(), readiness.clone()),
+        secure,
+        shutdown_signal(),
+    ));
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| format!("controller-{}", std::process::id()))
@@ -225,7 +234,12 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(keep_policy(ctx.clone(), Duration::from_secs(60)));
 
     let instances: Api<PlatformInstance> = Api::all(client.clone());
-    let controller = Controller::new(instances, watcher::Config::default().any_semantic())
+    let controller = Controller::new(instances, watcher::Config::default().any_semantic());
+    // The instances' conditions, read from the controller's own cache at each scrape.
+    registry
+        .register(Box::new(InstanceConditions::new(controller.store())?))
+        .context("registering the instance condition metrics")?;
+    let controller = controller
         .owns(
             Api::<Secret>::all(client.clone()),
             watcher::Config::default().labels("app.kubernetes.io/managed-by=platform-operator"),
