@@ -12,6 +12,10 @@
 //!   **stand-in** vCluster chart and installs the **stand-in** `@di-framework/platform` (the real
 //!   ones cannot be fetched here) from a local npm registry, restores a deleted `service/vcluster`,
 //!   and deletes it with `deletionPolicy: Delete`. Any `forbidden` in either log fails the test.
+//!   Both serve `/metrics` securely (the chart's default): 401 without or with a bad token, 403
+//!   for a ServiceAccount without platform-operator-metrics-reader; a real Prometheus (Debian's
+//!   package) scrapes both over HTTPS with a reader's token, and the key series, `promtool check
+//!   metrics`, the dashboard's queries and the chart's alert rules are checked through it.
 //!
 //! KWOK runs no containers, so the chart's Deployments never run the binaries here: the
 //! processes run on the host with the flags the chart rendered, and only paths and listen
@@ -25,7 +29,7 @@ use base64::Engine as _;
 use e2e::chart::{
     Helm, Rendered, TEST_DIGEST, chart_dir, operator_binaries, service_account_kubeconfig,
 };
-use e2e::control_plane::{free_port, plain_get};
+use e2e::control_plane::free_port;
 use e2e::shared::Shared;
 use e2e::{ControlPlane, Options};
 use serde_json::Value;
@@ -151,11 +155,14 @@ async fn eventually<T>(
 }
 
 /// An operator binary run as a process; stopped on drop (its log printed if the test fails).
+/// Its operations port speaks HTTPS with the certificate of `metrics_ca` (the chart's default
+/// `--metrics-secure=true`, with `--metrics-cert-dir`).
 struct Proc {
     name: &'static str,
     child: std::cell::RefCell<Child>,
     log: PathBuf,
     ops_port: u16,
+    metrics_ca: String,
 }
 
 impl Proc {
@@ -166,6 +173,7 @@ impl Proc {
         env: &[(&str, String)],
         log: PathBuf,
         ops_port: u16,
+        metrics_ca: String,
     ) -> Self {
         let file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(bin);
@@ -183,6 +191,7 @@ impl Proc {
             child: std::cell::RefCell::new(child),
             log,
             ops_port,
+            metrics_ca,
         }
     }
 
@@ -207,7 +216,7 @@ impl Proc {
 
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !matches!(plain_get(self.ops_port, "/readyz").await, Some((200, _))) {
+        while !matches!(self.ops_get("/readyz", None).await, Ok((200, _))) {
             self.assert_running();
             assert!(
                 Instant::now() < deadline,
@@ -216,6 +225,23 @@ impl Proc {
                 self.describe()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// GETs `path` from the secure operations port, with `token` as bearer token.
+    async fn ops_get(
+        &self,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<(u16, String), e2e::HarnessError> {
+        e2e::prometheus::secure_get(self.ops_port, &self.metrics_ca, path, token).await
+    }
+
+    /// `/metrics` as `token` sees it; fails unless it answers 200.
+    async fn scrape(&self, token: &str) -> String {
+        match self.ops_get("/metrics", Some(token)).await {
+            Ok((200, body)) => body,
+            other => panic!("{} /metrics: {other:?}\n{}", self.name, self.describe()),
         }
     }
 
@@ -293,6 +319,10 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
         .expect("webhook token");
     let ops_port = free_port().expect("port");
     let rendered = release_manifest(helm, ns);
+    // The chart serves metrics securely by default; a certificate for 127.0.0.1 is mounted the
+    // way metrics.certSecret would be, so that the tests (and Prometheus) verify it.
+    let certs = dir.join("metrics-tls");
+    let metrics_ca = e2e::prometheus::serving_certificate(&certs).expect("metrics certificate");
     let args = host_args(
         &rendered,
         "platform-operator-webhook",
@@ -306,6 +336,7 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
         &[
             "--extra-san=127.0.0.1".into(),
             "--log-level=info,webhook=debug".into(),
+            format!("--metrics-cert-dir={}", certs.display()),
         ],
     );
     Proc::start(
@@ -319,6 +350,7 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
         ],
         dir.join(format!("webhook-{ops_port}.log")),
         ops_port,
+        metrics_ca,
     )
 }
 
@@ -732,6 +764,232 @@ fn granted(rendered: &Rendered, roles: &[&str]) -> Vec<(String, String, String)>
     out
 }
 
+/// A ServiceAccount `account` in `ns` (bound to the chart's ClusterRole
+/// platform-operator-metrics-reader when `reader`) and a token for it from the TokenRequest API.
+fn scraper_token(cluster: &Shared, ns: &str, account: &str, reader: bool) -> String {
+    cluster
+        .kubectl_ok(&["-n", ns, "create", "serviceaccount", account], None)
+        .expect("service account");
+    if reader {
+        cluster
+            .kubectl_ok(
+                &[
+                    "create",
+                    "clusterrolebinding",
+                    account,
+                    "--clusterrole=platform-operator-metrics-reader",
+                    &format!("--serviceaccount={ns}:{account}"),
+                ],
+                None,
+            )
+            .expect("binding");
+    }
+    cluster
+        .kubectl_ok(
+            &["-n", ns, "create", "token", account, "--duration=1h"],
+            None,
+        )
+        .expect("token")
+        .trim()
+        .to_string()
+}
+
+/// Starts a real Prometheus on loopback scraping `procs` (webhook, controller) every second over
+/// HTTPS, verifying their certificate, with `token` in a file as Prometheus reads it, and
+/// evaluating the chart's alerts.
+async fn start_prometheus(
+    tools: &e2e::prometheus::Tools,
+    dir: &Path,
+    token: &str,
+    procs: &[&Proc],
+) -> e2e::prometheus::Server {
+    let home = dir.join("prometheus");
+    std::fs::create_dir_all(&home).expect("prometheus folder");
+    let token_file = home.join("token");
+    std::fs::write(&token_file, token).expect("token file");
+    let mut jobs = String::new();
+    for p in procs {
+        jobs.push_str(&format!(
+            "  - job_name: platform-operator-{name}\n    scheme: https\n    tls_config: {{ ca_file: {ca} }}\n    authorization: {{ type: Bearer, credentials_file: {token} }}\n    static_configs: [{{ targets: [\"127.0.0.1:{port}\"] }}]\n",
+            name = p.name,
+            ca = dir.join("metrics-tls/ca.crt").display(),
+            token = token_file.display(),
+            port = p.ops_port,
+        ));
+    }
+    let config = format!(
+        "global: {{ scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s }}\nrule_files: [{:?}]\nscrape_configs:\n{jobs}",
+        chart_dir().join("files/alerts.yaml").display().to_string()
+    );
+    let mut server = e2e::prometheus::Server::start(tools, &home, &config).expect("prometheus");
+    server.wait_ready().await.expect("prometheus ready");
+    server
+}
+
+/// Waits up to a minute for `expr` to return at least one series from `prometheus`; returns them.
+async fn series(prometheus: &e2e::prometheus::Server, expr: &str) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let result = prometheus
+            .query(expr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        if !result.is_empty() {
+            return result;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no series for {expr}\n{}",
+            prometheus.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The key series, with their labels, once an instance is Ready.
+async fn ready_series(prometheus: &e2e::prometheus::Server) {
+    for (expr, job) in [
+        (
+            r#"platform_operator_build_info{binary="controller"} == 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_build_info{binary="webhook"} == 1"#,
+            "webhook",
+        ),
+        ("platform_operator_controller_leader == 1", "controller"),
+        (
+            r#"platform_operator_controller_instances{phase="Ready"} == 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_instance_conditions{condition="Ready",status="True"} == 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_install_duration_seconds_count{operation="install",result="ok"} >= 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_tool_duration_seconds_count{tool="pulumi",result="ok"} >= 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_helm_duration_seconds_count{operation="install",result="ok"} >= 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_webhook_reviews_total{webhook="validate",operation="CREATE",result="denied"} >= 1"#,
+            "webhook",
+        ),
+        (
+            r#"platform_operator_webhook_reviews_total{webhook="mutate",operation="CREATE",result="allowed"} >= 1"#,
+            "webhook",
+        ),
+        (
+            "platform_operator_webhook_certificate_expiry_timestamp_seconds > time()",
+            "webhook",
+        ),
+    ] {
+        let found = series(prometheus, expr).await;
+        let labels = &found[0]["metric"];
+        assert_eq!(
+            labels["job"],
+            format!("platform-operator-{job}"),
+            "{expr}: {found:?}"
+        );
+        assert!(
+            labels["instance"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("127.0.0.1:")),
+            "{found:?}"
+        );
+    }
+    // The instance's Ready is the only Ready=True, and Stalled is False for it.
+    let stalled = series(
+        prometheus,
+        r#"platform_operator_controller_instance_conditions{condition="Stalled"}"#,
+    )
+    .await;
+    assert!(
+        stalled.iter().all(|s| s["metric"]["status"] == "False"),
+        "{stalled:?}"
+    );
+}
+
+/// The metric families a `/metrics` body holds (its `# TYPE` lines).
+fn families(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// At the end: both targets up over HTTPS; `promtool check metrics` passes on both endpoints;
+/// every dashboard query is accepted by Prometheus and names only metrics the binaries exported
+/// (now, or in `families_seen` while the instance existed);
+/// every alert rule evaluates without error, and the binaries' health alerts are not firing.
+async fn check_prometheus(
+    prometheus: &e2e::prometheus::Server,
+    tools: &e2e::prometheus::Tools,
+    procs: &[&Proc],
+    token: &str,
+    mut families_seen: Vec<String>,
+) {
+    let targets = prometheus.targets().await.expect("targets");
+    assert_eq!(targets.len(), 2, "{targets:?}");
+    for t in &targets {
+        assert_eq!(t["health"], "up", "{t}");
+        assert!(
+            t["scrapeUrl"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("https://127.0.0.1:")),
+            "{t}"
+        );
+    }
+    for p in procs {
+        let body = p.scrape(token).await;
+        let out = tools
+            .promtool(&["check", "metrics"], Some(&body))
+            .expect("promtool");
+        assert!(
+            out.success,
+            "promtool check metrics on the {}:\n{}{}",
+            p.name, out.stdout, out.stderr
+        );
+        families_seen.extend(families(&body));
+    }
+    let families = families_seen;
+    let queries = e2e::prometheus::dashboard_queries().expect("dashboard");
+    for (title, expr) in &queries {
+        prometheus
+            .query(expr)
+            .await
+            .unwrap_or_else(|e| panic!("dashboard panel {title:?}: {e}"));
+        for name in e2e::prometheus::metric_names(expr, &families) {
+            assert!(
+                families.contains(&name),
+                "dashboard panel {title:?} uses {name}, which neither binary exported: {families:?}"
+            );
+        }
+    }
+    let rules = prometheus.api("/api/v1/rules").await.expect("rules");
+    let groups = rules["data"]["groups"].as_array().expect("rule groups");
+    assert_eq!(groups.len(), 2, "{rules}");
+    for rule in groups
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+    {
+        assert_eq!(rule["health"], "ok", "{rule}");
+        if ["PlatformOperatorNoLeader", "PlatformOperatorWebhookDown"]
+            .contains(&rule["name"].as_str().unwrap_or(""))
+        {
+            assert_eq!(rule["state"], "inactive", "{rule}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_false() {
     let _turn = SERIAL.lock().await;
@@ -846,6 +1104,8 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
             format!("--vcluster-chart={}", chart.display()),
             format!("--vcluster-extra-values={}", values.display()),
             "--log-level=info,controller=debug".into(),
+            // The webhook's certificate folder (start_webhook wrote it).
+            format!("--metrics-cert-dir={}", dir.join("metrics-tls").display()),
         ],
     );
     assert!(
@@ -872,9 +1132,35 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
         ],
         dir.join(format!("controller-{ops_port}.log")),
         ops_port,
+        std::fs::read_to_string(dir.join("metrics-tls/ca.crt")).expect("metrics CA"),
     );
     controller.wait_ready().await;
     let procs = [&webhook, &controller];
+
+    // Secure metrics: only a token the API server accepts, whose user may get /metrics.
+    let reader = scraper_token(&cluster, &ns, "prometheus-e2e", true);
+    let nobody = scraper_token(&cluster, &ns, "nobody-e2e", false);
+    for p in procs {
+        for (token, want) in [
+            (None, 401),
+            (Some("not-a-token"), 401),
+            (Some(nobody.as_str()), 403),
+        ] {
+            let got = p.ops_get("/metrics", token).await.expect("an answer");
+            assert_eq!(got.0, want, "{} /metrics with {token:?}: {}", p.name, got.1);
+        }
+        assert!(
+            p.scrape(&reader)
+                .await
+                .contains("platform_operator_build_info")
+        );
+        assert_eq!(p.ops_get("/healthz", None).await.expect("healthz").0, 200);
+    }
+    // A real Prometheus scrapes both over HTTPS with the reader's token and evaluates the chart's
+    // alerts.
+    let prometheus_tools = e2e::prometheus::Tools::locate().expect("prometheus and promtool");
+    let prometheus =
+        start_prometheus(&prometheus_tools, &dir, &reader, &[&webhook, &controller]).await;
 
     let team = cluster.create_namespace("team", &[]).expect("namespace");
     cluster
@@ -949,6 +1235,12 @@ spec:
     )
     .await;
     eprintln!("the instance was Ready after {:?}", started.elapsed());
+    ready_series(&prometheus).await;
+    // What both export while an instance exists (its conditions go with it).
+    let mut exported = Vec::new();
+    for p in procs {
+        exported.extend(families(&p.scrape(&reader).await));
+    }
     assert_eq!(
         condition(&pi, "OwnerServiceProtected"),
         Some(("True".into(), "PolicyActive".into()))
@@ -1050,10 +1342,7 @@ spec:
     // half of it) by updating its Secret, as its Role allows.
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let metrics = plain_get(webhook.ops_port, "/metrics")
-            .await
-            .map(|(_, b)| b)
-            .unwrap_or_default();
+        let metrics = webhook.scrape(&reader).await;
         let prepared = metrics
             .lines()
             .filter(|l| l.starts_with("platform_operator_webhook_certificate_rotations_total"))
@@ -1072,6 +1361,7 @@ spec:
     }
     webhook.assert_never_forbidden();
     controller.assert_never_forbidden();
+    check_prometheus(&prometheus, &prometheus_tools, &procs, &reader, exported).await;
 
     // Every permission the chart grants was used, but those the controller holds only so that
     // Helm may create the real vCluster chart's Role (the stand-in creates no RBAC).
@@ -1084,6 +1374,7 @@ spec:
                 "ClusterRole/platform-operator",
                 "Role/platform-operator",
                 "Role/platform-operator-cleanup",
+                "ClusterRole/platform-operator-metrics-auth",
             ][..],
             NOT_SEEN_HERE,
         ),
@@ -1092,6 +1383,7 @@ spec:
             &[
                 "ClusterRole/platform-operator-webhook",
                 "Role/platform-operator-webhook",
+                "ClusterRole/platform-operator-metrics-auth",
             ][..],
             &[][..],
         ),
