@@ -103,6 +103,70 @@ pub async fn secure_get(
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// A ServiceAccount `account` in `namespace` (bound to the chart's ClusterRole
+/// `platform-operator-metrics-reader` by the ClusterRoleBinding `<account>-<namespace>` when
+/// `reader`; that role must exist) and a token for it from the TokenRequest API.
+pub fn scraper_token(
+    cluster: &crate::shared::Shared,
+    namespace: &str,
+    account: &str,
+    reader: bool,
+) -> Result<String, HarnessError> {
+    cluster.kubectl_ok(
+        &["-n", namespace, "create", "serviceaccount", account],
+        None,
+    )?;
+    if reader {
+        cluster.kubectl_ok(
+            &[
+                "create",
+                "clusterrolebinding",
+                &format!("{account}-{namespace}"),
+                "--clusterrole=platform-operator-metrics-reader",
+                &format!("--serviceaccount={namespace}:{account}"),
+            ],
+            None,
+        )?;
+    }
+    Ok(cluster
+        .kubectl_ok(
+            &["-n", namespace, "create", "token", account, "--duration=1h"],
+            None,
+        )?
+        .trim()
+        .to_string())
+}
+
+/// A Prometheus configuration scraping each `(job, port)` on 127.0.0.1 every second over
+/// HTTPS, verifying the certificate against `ca_file`, with the bearer token in `token_file`
+/// (as a Prometheus in a cluster reads its ServiceAccount's), and evaluating `rule_files`.
+pub fn secure_scrape_config(
+    jobs: &[(String, u16)],
+    ca_file: &Path,
+    token_file: &Path,
+    rule_files: &[PathBuf],
+) -> String {
+    let mut config = String::from(
+        "global: { scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s }\n",
+    );
+    let rules: Vec<String> = rule_files
+        .iter()
+        .map(|f| format!("{:?}", f.display().to_string()))
+        .collect();
+    config.push_str(&format!(
+        "rule_files: [{}]\nscrape_configs:\n",
+        rules.join(", ")
+    ));
+    for (job, port) in jobs {
+        config.push_str(&format!(
+            "  - job_name: {job}\n    scheme: https\n    tls_config: {{ ca_file: {ca:?} }}\n    authorization: {{ type: Bearer, credentials_file: {token:?} }}\n    static_configs: [{{ targets: [\"127.0.0.1:{port}\"] }}]\n",
+            ca = ca_file.display().to_string(),
+            token = token_file.display().to_string(),
+        ));
+    }
+    config
+}
+
 /// Percent-encodes `value` for a URL query.
 pub fn encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len() * 3);
@@ -220,6 +284,24 @@ impl Server {
             .as_array()
             .cloned()
             .unwrap_or_default())
+    }
+
+    /// Waits up to a minute for `expr` to return at least one series; returns them.
+    pub async fn series(&self, expr: &str) -> Result<Vec<Value>, HarnessError> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let result = self.query(expr).await?;
+            if !result.is_empty() {
+                return Ok(result);
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Timeout {
+                    what: format!("a series for {expr}"),
+                    after: Duration::from_secs(60),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     /// The active targets (`/api/v1/targets`).
@@ -356,6 +438,15 @@ pub fn dashboard_queries() -> Result<Vec<(String, String)>, HarnessError> {
     let mut out = Vec::new();
     panel_queries(&dashboard()?["panels"], &mut out);
     Ok(out)
+}
+
+/// The metric families a `/metrics` body holds (its `# TYPE` lines).
+pub fn families(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
 }
 
 /// The metric names an expression names: every identifier starting `platform_operator_`,

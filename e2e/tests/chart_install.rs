@@ -764,34 +764,8 @@ fn granted(rendered: &Rendered, roles: &[&str]) -> Vec<(String, String, String)>
     out
 }
 
-/// A ServiceAccount `account` in `ns` (bound to the chart's ClusterRole
-/// platform-operator-metrics-reader when `reader`) and a token for it from the TokenRequest API.
 fn scraper_token(cluster: &Shared, ns: &str, account: &str, reader: bool) -> String {
-    cluster
-        .kubectl_ok(&["-n", ns, "create", "serviceaccount", account], None)
-        .expect("service account");
-    if reader {
-        cluster
-            .kubectl_ok(
-                &[
-                    "create",
-                    "clusterrolebinding",
-                    account,
-                    "--clusterrole=platform-operator-metrics-reader",
-                    &format!("--serviceaccount={ns}:{account}"),
-                ],
-                None,
-            )
-            .expect("binding");
-    }
-    cluster
-        .kubectl_ok(
-            &["-n", ns, "create", "token", account, "--duration=1h"],
-            None,
-        )
-        .expect("token")
-        .trim()
-        .to_string()
+    e2e::prometheus::scraper_token(cluster, ns, account, reader).expect("a scraper's token")
 }
 
 /// Starts a real Prometheus on loopback scraping `procs` (webhook, controller) every second over
@@ -807,43 +781,26 @@ async fn start_prometheus(
     std::fs::create_dir_all(&home).expect("prometheus folder");
     let token_file = home.join("token");
     std::fs::write(&token_file, token).expect("token file");
-    let mut jobs = String::new();
-    for p in procs {
-        jobs.push_str(&format!(
-            "  - job_name: platform-operator-{name}\n    scheme: https\n    tls_config: {{ ca_file: {ca} }}\n    authorization: {{ type: Bearer, credentials_file: {token} }}\n    static_configs: [{{ targets: [\"127.0.0.1:{port}\"] }}]\n",
-            name = p.name,
-            ca = dir.join("metrics-tls/ca.crt").display(),
-            token = token_file.display(),
-            port = p.ops_port,
-        ));
-    }
-    let config = format!(
-        "global: {{ scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s }}\nrule_files: [{:?}]\nscrape_configs:\n{jobs}",
-        chart_dir().join("files/alerts.yaml").display().to_string()
+    let jobs: Vec<(String, u16)> = procs
+        .iter()
+        .map(|p| (format!("platform-operator-{}", p.name), p.ops_port))
+        .collect();
+    let config = e2e::prometheus::secure_scrape_config(
+        &jobs,
+        &dir.join("metrics-tls/ca.crt"),
+        &token_file,
+        &[chart_dir().join("files/alerts.yaml")],
     );
     let mut server = e2e::prometheus::Server::start(tools, &home, &config).expect("prometheus");
     server.wait_ready().await.expect("prometheus ready");
     server
 }
 
-/// Waits up to a minute for `expr` to return at least one series from `prometheus`; returns them.
 async fn series(prometheus: &e2e::prometheus::Server, expr: &str) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let result = prometheus
-            .query(expr)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        if !result.is_empty() {
-            return result;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no series for {expr}\n{}",
-            prometheus.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    prometheus
+        .series(expr)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log_text()))
 }
 
 /// The key series, with their labels, once an instance is Ready.
@@ -917,15 +874,6 @@ async fn ready_series(prometheus: &e2e::prometheus::Server) {
     );
 }
 
-/// The metric families a `/metrics` body holds (its `# TYPE` lines).
-fn families(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
-}
-
 /// At the end: both targets up over HTTPS; `promtool check metrics` passes on both endpoints;
 /// every dashboard query is accepted by Prometheus and names only metrics the binaries exported
 /// (now, or in `families_seen` while the instance existed);
@@ -958,7 +906,7 @@ async fn check_prometheus(
             "promtool check metrics on the {}:\n{}{}",
             p.name, out.stdout, out.stderr
         );
-        families_seen.extend(families(&body));
+        families_seen.extend(e2e::prometheus::families(&body));
     }
     let families = families_seen;
     let queries = e2e::prometheus::dashboard_queries().expect("dashboard");
@@ -1239,7 +1187,7 @@ spec:
     // What both export while an instance exists (its conditions go with it).
     let mut exported = Vec::new();
     for p in procs {
-        exported.extend(families(&p.scrape(&reader).await));
+        exported.extend(e2e::prometheus::families(&p.scrape(&reader).await));
     }
     assert_eq!(
         condition(&pi, "OwnerServiceProtected"),

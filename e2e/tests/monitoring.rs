@@ -1,8 +1,11 @@
-//! Monitoring, offline, with the real `promtool` and `helm`: the alerts pass their
+//! Monitoring, with the real `promtool`, `helm` and Prometheus: the alerts pass their
 //! `promtool test rules` cases on synthetic series and each has a runbook; every query of the
 //! Grafana dashboard parses as PromQL and names only documented metrics (docs/metrics.md, which
 //! unit tests tie to the binaries' registries; `chart_install.rs` checks them against a real
-//! scrape); and the chart's monitoring objects render as the values ask.
+//! scrape); the chart's monitoring objects render as the values ask, and the Prometheus
+//! Operator's schemas (`@kubernetes-models/prometheus-operator`) accept them; and, on the shared
+//! control plane, the secure operations port answers 401, 403 or 200 as the API server decides,
+//! caches those answers only for its TTL, and a real Prometheus scrapes it.
 
 use std::collections::BTreeSet;
 
@@ -559,4 +562,205 @@ fn monitoring_values_are_checked() {
     fails(&["prometheus.serviceMonitor.interval=5"], "interval");
     fails(&["dashboard.enabled=yes"], "enabled");
     fails(&["prometheus.prometheusRule.enable=true"], "enable");
+}
+
+/// The webhook binary serving its operations port securely (the binaries' default) with a
+/// mounted certificate and a short auth cache, against the shared control plane as its admin;
+/// stopped on drop.
+struct SecureWebhook {
+    child: std::process::Child,
+    port: u16,
+    ca: String,
+    log: std::path::PathBuf,
+}
+
+impl Drop for SecureWebhook {
+    fn drop(&mut self) {
+        e2e::process::terminate(&mut self.child, std::time::Duration::from_secs(10));
+        if std::thread::panicking() {
+            eprintln!(
+                "--- webhook log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+impl SecureWebhook {
+    async fn get(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        e2e::prometheus::secure_get(self.port, &self.ca, path, token)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+}
+
+async fn secure_webhook(
+    cluster: &e2e::shared::Shared,
+    ns: &str,
+    dir: &std::path::Path,
+    ttl: &str,
+) -> SecureWebhook {
+    let (_, bin) = e2e::chart::operator_binaries().expect("operator binaries");
+    let certs = dir.join("metrics-tls");
+    let ca = e2e::prometheus::serving_certificate(&certs).expect("certificate");
+    let port = e2e::control_plane::free_port().expect("port");
+    let admission = e2e::control_plane::free_port().expect("port");
+    let log = dir.join("webhook.log");
+    let file = std::fs::File::create(&log).expect("log");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.env("KUBECONFIG", &cluster.kubeconfig)
+        .args(["--namespace", ns])
+        .arg(format!("--admission-bind-address=127.0.0.1:{admission}"))
+        .arg(format!("--metrics-bind-address=127.0.0.1:{port}"))
+        .arg(format!("--metrics-cert-dir={}", certs.display()))
+        .arg(format!("--metrics-auth-cache-ttl={ttl}"))
+        .args(["--extra-san", "127.0.0.1"])
+        .arg(format!("--mutating-webhook-configuration=e2e-metrics-{ns}"))
+        .arg(format!(
+            "--validating-webhook-configuration=e2e-metrics-{ns}"
+        ))
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().expect("log"))
+        .stderr(file);
+    e2e::process::die_with_parent(&mut cmd);
+    let webhook = SecureWebhook {
+        child: cmd.spawn().expect("webhook starts"),
+        port,
+        ca,
+        log,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !matches!(
+        e2e::prometheus::secure_get(port, &webhook.ca, "/healthz", None).await,
+        Ok((200, _))
+    ) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the webhook's secure port did not answer"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    webhook
+}
+
+#[tokio::test]
+async fn the_secure_port_answers_only_authorized_scrapers_and_a_real_prometheus_scrapes_it() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let ns = cluster.create_namespace("metrics", &[]).expect("namespace");
+    let dir = scratch("secure");
+    // The chart's ClusterRole for scrapers, as the chart renders it.
+    let reader_role = render(&[]);
+    let role =
+        serde_json::to_string(reader_role.get("ClusterRole", "platform-operator-metrics-reader"))
+            .expect("json");
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&role))
+        .expect("the metrics-reader ClusterRole");
+    let webhook = secure_webhook(&cluster, &ns, &dir, "3s").await;
+
+    let reader = e2e::prometheus::scraper_token(&cluster, &ns, "reader", true).expect("token");
+    let nobody = e2e::prometheus::scraper_token(&cluster, &ns, "nobody", false).expect("token");
+    let (status, body) = webhook.get("/metrics", None).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(webhook.get("/metrics", Some("not-a-token")).await.0, 401);
+    let (status, body) = webhook.get("/metrics", Some(&nobody)).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("platform-operator-metrics-reader"), "{body}");
+    let (status, body) = webhook.get("/metrics", Some(&reader)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("platform_operator_build_info{binary=\"webhook\""),
+        "{body}"
+    );
+    // The probes' paths stay open.
+    assert_eq!(webhook.get("/healthz", None).await.0, 200);
+
+    // The answers are cached per token for the TTL, then asked again: a revoked binding is
+    // refused once the TTL has passed.
+    let revoked = e2e::prometheus::scraper_token(&cluster, &ns, "revoked", true).expect("token");
+    assert_eq!(webhook.get("/metrics", Some(&revoked)).await.0, 200);
+    cluster
+        .kubectl_ok(
+            &["delete", "clusterrolebinding", &format!("revoked-{ns}")],
+            None,
+        )
+        .expect("delete the binding");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let status = webhook.get("/metrics", Some(&revoked)).await.0;
+        if status == 403 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked token is still allowed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+
+    // A real Prometheus scrapes it over HTTPS, verifying the certificate, with the reader's token.
+    let tools = tools();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &reader).expect("token file");
+    let config = e2e::prometheus::secure_scrape_config(
+        &[("platform-operator-webhook".to_string(), webhook.port)],
+        &dir.join("metrics-tls/ca.crt"),
+        &token_file,
+        &[],
+    );
+    let mut prometheus = e2e::prometheus::Server::start(&tools, &dir.join("prometheus"), &config)
+        .expect("prometheus");
+    prometheus.wait_ready().await.expect("ready");
+    let found = prometheus
+        .series(r#"platform_operator_build_info{binary="webhook"} == 1"#)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log_text()));
+    assert_eq!(
+        found[0]["metric"]["job"], "platform-operator-webhook",
+        "{found:?}"
+    );
+    assert_eq!(
+        found[0]["metric"]["instance"],
+        format!("127.0.0.1:{}", webhook.port)
+    );
+    let targets = prometheus.targets().await.expect("targets");
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0]["health"], "up", "{:?}", targets[0]);
+    // ... and promtool's linter accepts what it scraped.
+    let out = tools
+        .promtool(&["check", "metrics"], Some(&body))
+        .expect("promtool");
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+
+    // A scraper whose token is refused is a target that is down, with the reason.
+    std::fs::write(&token_file, &nobody).expect("token file");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let targets = prometheus.targets().await.expect("targets");
+        if targets[0]["health"] == "down" {
+            assert!(
+                targets[0]["lastError"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("403")),
+                "{:?}",
+                targets[0]
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still up: {:?}",
+            targets[0]
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    drop(prometheus);
+    drop(webhook);
+    let _ = cluster.kubectl_ok(
+        &["delete", "clusterrolebinding", &format!("reader-{ns}")],
+        None,
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
