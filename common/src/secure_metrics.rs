@@ -545,6 +545,91 @@ impl axum::serve::Listener for TlsListener {
 mod tests {
     use super::*;
 
+    /// A client of an API server that is not there (a closed loopback port): the guard must
+    /// answer without it where it can, and say 503 where it cannot.
+    fn unreachable_client() -> kube::Client {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let url = format!("http://127.0.0.1:{port}").parse().expect("url");
+        kube::Client::try_from(kube::Config::new(url)).expect("client")
+    }
+
+    async fn call(router: Router, path: &str, auth: Option<&str>) -> (StatusCode, Option<String>) {
+        use tower::ServiceExt;
+        let mut request = axum::http::Request::get(path);
+        if let Some(auth) = auth {
+            request = request.header(header::AUTHORIZATION, auth);
+        }
+        let response = router
+            .oneshot(request.body(axum::body::Body::empty()).expect("request"))
+            .await
+            .expect("response");
+        let challenge = response
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (response.status(), challenge)
+    }
+
+    #[tokio::test]
+    async fn metrics_need_a_bearer_token_and_an_answer_from_the_api_server() {
+        let guard = Arc::new(Guard::new(unreachable_client(), Duration::from_secs(60)));
+        let router = protect(
+            crate::http::ops_router(prometheus::Registry::new(), Default::default()),
+            guard.clone(),
+        );
+        // No token, or another scheme: 401 with a Bearer challenge, without asking anyone.
+        for auth in [None, Some("Basic dXNlcjpwdw=="), Some("Bearer ")] {
+            assert_eq!(
+                call(router.clone(), "/metrics", auth).await,
+                (StatusCode::UNAUTHORIZED, Some("Bearer".into())),
+                "{auth:?}"
+            );
+        }
+        // The probes' paths stay open.
+        assert_eq!(
+            call(router.clone(), "/healthz", None).await.0,
+            StatusCode::OK
+        );
+        assert_eq!(
+            call(router.clone(), "/readyz", None).await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        // A token the API server cannot be asked about: 503, and nothing is cached.
+        for _ in 0..2 {
+            assert_eq!(
+                call(router.clone(), "/metrics", Some("Bearer some-token"))
+                    .await
+                    .0,
+                StatusCode::SERVICE_UNAVAILABLE
+            );
+            assert!(guard.cached(&token_key("some-token")).is_none());
+        }
+    }
+
+    #[test]
+    fn answers_are_cached_for_the_ttl_only() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let _inside = runtime.enter();
+        let guard = Guard::new(unreachable_client(), Duration::from_millis(200));
+        let key = token_key("t");
+        guard.remember(key, Verdict::Forbidden);
+        assert_eq!(guard.cached(&key), Some(Verdict::Forbidden));
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(guard.cached(&key), None);
+        // A full cache drops expired answers first, and never grows past its bound.
+        for i in 0..(CACHE_ENTRIES + 10) {
+            guard.remember(token_key(&i.to_string()), Verdict::Allowed);
+        }
+        assert!(guard.cache.lock().expect("cache").len() <= CACHE_ENTRIES);
+    }
+
     #[test]
     fn bearer_tokens_are_read_from_the_authorization_header() {
         let value = |s: &'static str| HeaderValue::from_static(s);
