@@ -10,6 +10,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "building the test control plane from pinned Go modules (cached)"
 bash e2e/tools/build.sh
 
+step "a real Prometheus server and promtool (Debian's package, unpacked into the cache)"
+bash e2e/tools/prometheus.sh >/dev/null
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

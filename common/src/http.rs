@@ -1,6 +1,7 @@
-//! The plain-HTTP operations port every binary serves: `/healthz` (the process is alive),
-//! `/readyz` (it is ready for work) and `/metrics` (Prometheus text format), with the timeouts and
-//! limits of [`crate::server`].
+//! The operations port every binary serves: `/healthz` (the process is alive), `/readyz` (it is
+//! ready for work) and `/metrics` (Prometheus text format), with the timeouts and limits of
+//! [`crate::server`]; over plain HTTP here, over HTTPS with a guarded `/metrics` in
+//! [`crate::secure_metrics`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -118,6 +119,11 @@ impl OpsServer {
         self.addr
     }
 
+    /// The bound socket, for serving it another way (over TLS: `secure_metrics`).
+    pub fn into_listener(self) -> tokio::net::TcpListener {
+        self.listener
+    }
+
     /// Serves `router` with the default [`Limits`] until `shutdown` completes, then lets
     /// in-flight requests finish.
     pub async fn serve(
@@ -217,7 +223,12 @@ mod tests {
 /// Flags shared by every binary for the operations port.
 #[derive(Clone, Debug, clap::Args)]
 pub struct OpsArgs {
-    /// Address of the plain-HTTP operations port serving /healthz, /readyz and /metrics.
+    /// Address of the operations port serving /healthz, /readyz and /metrics (HTTPS unless
+    /// --metrics-secure=false).
     #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = "0.0.0.0:8080")]
     pub metrics_bind_address: SocketAddr,
+
+    /// HTTPS and authorization of the operations port.
+    #[command(flatten)]
+    pub security: crate::secure_metrics::SecureMetricsArgs,
 }

@@ -8,6 +8,7 @@ pub mod http;
 pub mod metrics;
 pub mod names;
 pub mod schema;
+pub mod secure_metrics;
 pub mod server;
 pub mod telemetry;
 pub mod version;

@@ -121,6 +121,56 @@ impl Handshake for Plain {
     }
 }
 
+/// TLS with rustls: the handshake must finish within the header-read timeout; the ones that fail
+/// or time out are counted in `failures` when given.
+#[derive(Clone)]
+pub struct Tls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    failures: Option<prometheus::IntCounter>,
+}
+
+impl Tls {
+    /// Handshakes with `config`, counting failures in `failures`.
+    pub fn new(
+        config: Arc<rustls::ServerConfig>,
+        failures: Option<prometheus::IntCounter>,
+    ) -> Self {
+        Self {
+            acceptor: tokio_rustls::TlsAcceptor::from(config),
+            failures,
+        }
+    }
+}
+
+impl Handshake for Tls {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+
+    async fn handshake(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Option<Self::Io> {
+        let failed = |why: &dyn std::fmt::Display| {
+            if let Some(failures) = &self.failures {
+                failures.inc();
+            }
+            tracing::debug!(%peer, error = %why, "TLS handshake failed");
+        };
+        match tokio::time::timeout(timeout, self.acceptor.accept(tcp)).await {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(e)) => {
+                failed(&e);
+                None
+            }
+            Err(_) => {
+                failed(&"timed out");
+                None
+            }
+        }
+    }
+}
+
 /// The layers every router is served with, outermost first: a panic becomes HTTP 500, the request
 /// timeout HTTP 408, and a request beyond `max_requests_in_flight` HTTP 503 at once.
 pub fn layers(router: Router, limits: &Limits) -> Router {

@@ -10,12 +10,13 @@ use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
 use common::names::{LEADER_LEASE, MANAGED_BY_SELECTOR, VCLUSTER};
+use common::secure_metrics::{self, Secure};
 use common::telemetry::LogArgs;
 use controller::decide::model::Protection;
 use controller::helm::Helm;
 use controller::installer::Installer;
 use controller::leader::Election;
-use controller::metrics::Metrics;
+use controller::metrics::{InstanceConditions, Metrics};
 use controller::reconcile::{Context, Settings, error_policy, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
@@ -260,9 +261,19 @@ impl Args {
 }
 
 /// The reconcile loop over every instance, woken by its Secrets and by its `service/vcluster`.
-async fn run(client: kube::Client, ctx: Arc<Context>, hosts: Hosts) {
+async fn run(
+    client: kube::Client,
+    ctx: Arc<Context>,
+    hosts: Hosts,
+    registry: &prometheus::Registry,
+) -> anyhow::Result<()> {
     let instances: Api<PlatformInstance> = Api::all(client.clone());
-    Controller::new(instances, watcher::Config::default().any_semantic())
+    let controller = Controller::new(instances, watcher::Config::default().any_semantic());
+    // The instances' conditions, read from the controller's own cache at each scrape.
+    registry
+        .register(Box::new(InstanceConditions::new(controller.store())?))
+        .context("registering the instance condition metrics")?;
+    controller
         .owns(
             Api::<Secret>::all(client.clone()),
             watcher::Config::default().labels(MANAGED_BY_SELECTOR),
@@ -282,7 +293,8 @@ async fn run(client: kube::Client, ctx: Arc<Context>, hosts: Hosts) {
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
-        .await
+        .await;
+    Ok(())
 }
 
 #[tokio::main]
@@ -310,13 +322,22 @@ async fn main() -> anyhow::Result<()> {
 
     let registry = common::metrics::registry("controller");
     let metrics = Metrics::register(&registry).context("registering metrics")?;
+    metrics
+        .install_timeout
+        .set(args.install_timeout.as_secs_f64());
     let readiness = Readiness::default();
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
-    let ops_task =
-        tokio::spawn(ops.serve(ops_router(registry, readiness.clone()), shutdown_signal()));
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    let secure = Secure::from_args(&args.ops.security, client.clone())?;
+    let ops_task = tokio::spawn(secure_metrics::serve(
+        ops,
+        ops_router(registry.clone(), readiness.clone()),
+        secure,
+        common::server::Limits::default(),
+        shutdown_signal(),
+    ));
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| format!("controller-{}", std::process::id()))
@@ -337,18 +358,18 @@ async fn main() -> anyhow::Result<()> {
     let settings = args.settings(chart_version);
     let ctx = Arc::new(args.context(client.clone(), settings, &metrics, identity, hosts.clone()));
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
-    let controller = run(client.clone(), ctx, hosts);
+    let controller = run(client.clone(), ctx, hosts, &registry);
 
     if args.leader_elect {
         tokio::select! {
-            () = controller => {},
+            result = controller => result?,
             () = election.hold(&client) => {
                 metrics.leader.set(0);
                 anyhow::bail!("lost the leader lease; stopping at once so that another replica can take over");
             }
         }
     } else {
-        controller.await;
+        controller.await?;
     }
     tracing::info!("controller stopped");
     ops_task.abort();

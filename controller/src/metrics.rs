@@ -1,7 +1,13 @@
 //! The controller's Prometheus metrics, all in the binary's one registry.
 
+use common::conditions::RECONCILING;
+use common::crd::PlatformInstance;
+use kube::runtime::reflector::Store;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 /// Every metric the controller exports.
@@ -29,6 +35,8 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// Writes to the API server by kind of object (to show that an idle resync writes nothing).
     pub writes: IntCounterVec,
+    /// `--install-timeout` in seconds, for alerts on work stuck past it.
+    pub install_timeout: Gauge,
 }
 
 /// A histogram family with `buckets` (seconds).
@@ -48,19 +56,7 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = Self::new()?;
-        let collectors: [Box<dyn prometheus::core::Collector>; 10] = [
-            Box::new(m.reconciles.clone()),
-            Box::new(m.reconcile_duration.clone()),
-            Box::new(m.instances.clone()),
-            Box::new(m.tasks_running.clone()),
-            Box::new(m.tasks_queued.clone()),
-            Box::new(m.helm_duration.clone()),
-            Box::new(m.install_duration.clone()),
-            Box::new(m.tool_seconds.clone()),
-            Box::new(m.leader.clone()),
-            Box::new(m.writes.clone()),
-        ];
-        for collector in collectors {
+        for collector in m.collectors() {
             registry.register(collector)?;
         }
         Ok(m)
@@ -134,6 +130,191 @@ impl Metrics {
                 ),
                 &["kind"],
             )?,
+            install_timeout: Gauge::new(
+                "platform_operator_controller_install_timeout_seconds",
+                "The --install-timeout: how long one install may run.",
+            )?,
         })
+    }
+
+    /// Every metric, each once: what [`Metrics::register`] registers and docs/metrics.md lists.
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.reconciles.clone()),
+            Box::new(self.reconcile_duration.clone()),
+            Box::new(self.instances.clone()),
+            Box::new(self.tasks_running.clone()),
+            Box::new(self.tasks_queued.clone()),
+            Box::new(self.helm_duration.clone()),
+            Box::new(self.install_duration.clone()),
+            Box::new(self.tool_seconds.clone()),
+            Box::new(self.leader.clone()),
+            Box::new(self.writes.clone()),
+            Box::new(self.install_timeout.clone()),
+        ]
+    }
+}
+
+/// The instances' conditions and the age of work in progress, read from the controller's cache
+/// of `PlatformInstance`s when Prometheus scrapes (registered by the leader only, which alone
+/// holds that cache).
+pub struct InstanceConditions {
+    store: Store<PlatformInstance>,
+    conditions: IntGaugeVec,
+    reconciling_age: Gauge,
+}
+
+impl InstanceConditions {
+    /// The collector over `store`.
+    pub fn new(store: Store<PlatformInstance>) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            store,
+            conditions: IntGaugeVec::new(
+                Opts::new(
+                    "platform_operator_controller_instance_conditions",
+                    "PlatformInstances by condition type, status and reason.",
+                ),
+                &["condition", "status", "reason"],
+            )?,
+            reconciling_age: Gauge::new(
+                "platform_operator_controller_reconciling_max_age_seconds",
+                "How long the instance Reconciling the longest has been so; 0 when none is.",
+            )?,
+        })
+    }
+}
+
+impl Collector for InstanceConditions {
+    fn desc(&self) -> Vec<&Desc> {
+        let mut descs = self.conditions.desc();
+        descs.extend(self.reconciling_age.desc());
+        descs
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.conditions.reset();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let mut oldest: f64 = 0.0;
+        for instance in self.store.state() {
+            let Some(status) = &instance.status else {
+                continue;
+            };
+            for c in &status.conditions {
+                self.conditions
+                    .with_label_values(&[c.type_.as_str(), c.status.as_str(), c.reason.as_str()])
+                    .inc();
+                if c.type_ == RECONCILING && c.status == "True" {
+                    let age = now.duration_since(c.last_transition_time.0).as_secs_f64();
+                    oldest = oldest.max(age);
+                }
+            }
+        }
+        self.reconciling_age.set(oldest);
+        let mut families = self.conditions.collect();
+        families.extend(self.reconciling_age.collect());
+        families
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_documented_with_its_type_and_labels() {
+        let metrics = Metrics::register(&Registry::new()).expect("metrics");
+        let (store, _writer) = kube::runtime::reflector::store();
+        let mut collectors = metrics.collectors();
+        collectors.push(Box::new(InstanceConditions::new(store).expect("collector")));
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
+                .expect("docs/metrics.md");
+        let described = common::metrics::describe(&collectors);
+        assert_eq!(described.len(), 13);
+        common::metrics::check_doc(&doc, "Controller", &described)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn conditions_are_counted_and_the_oldest_reconciling_age_read_from_the_cache() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        use kube::runtime::watcher::Event;
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let collector = InstanceConditions::new(store).expect("collector");
+        let ago = |secs: i64| {
+            Time(
+                k8s_openapi::jiff::Timestamp::now()
+                    - k8s_openapi::jiff::SignedDuration::from_secs(secs),
+            )
+        };
+        let instance = |name: &str, conditions: Vec<(&str, &str, &str, i64)>| {
+            let mut pi = PlatformInstance::new(name, Default::default());
+            pi.metadata.namespace = Some("team".into());
+            pi.status = Some(common::crd::PlatformInstanceStatus {
+                conditions: conditions
+                    .into_iter()
+                    .map(|(t, s, r, age)| Condition {
+                        type_: t.into(),
+                        status: s.into(),
+                        reason: r.into(),
+                        message: String::new(),
+                        last_transition_time: ago(age),
+                        observed_generation: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+            pi
+        };
+        writer.apply_watcher_event(&Event::Apply(instance(
+            "a",
+            vec![
+                ("Ready", "True", "Idle", 900),
+                ("Reconciling", "False", "Idle", 900),
+            ],
+        )));
+        writer.apply_watcher_event(&Event::Apply(instance(
+            "b",
+            vec![
+                ("Stalled", "True", "InstallFailed", 60),
+                ("Reconciling", "True", "Installing", 600),
+            ],
+        )));
+        writer.apply_watcher_event(&Event::Apply(instance(
+            "c",
+            vec![("Reconciling", "True", "Installing", 30)],
+        )));
+        let registry = Registry::new();
+        registry.register(Box::new(collector)).expect("register");
+        let families = registry.gather();
+        let value = |name: &str, labels: &[(&str, &str)]| {
+            families
+                .iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| f.get_metric())
+                .find(|m| {
+                    labels.iter().all(|(k, v)| {
+                        m.get_label()
+                            .iter()
+                            .any(|l| l.name() == *k && l.value() == *v)
+                    })
+                })
+                .map(|m| m.get_gauge().get_value())
+        };
+        let count = |c: &str, s: &str, r: &str| {
+            value(
+                "platform_operator_controller_instance_conditions",
+                &[("condition", c), ("status", s), ("reason", r)],
+            )
+        };
+        assert_eq!(count("Reconciling", "True", "Installing"), Some(2.0));
+        assert_eq!(count("Stalled", "True", "InstallFailed"), Some(1.0));
+        assert_eq!(count("Ready", "True", "Idle"), Some(1.0));
+        assert_eq!(count("Ready", "False", "Idle"), None);
+        let age = value(
+            "platform_operator_controller_reconciling_max_age_seconds",
+            &[],
+        )
+        .expect("age");
+        assert!((600.0..660.0).contains(&age), "{age}");
     }
 }

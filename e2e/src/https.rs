@@ -118,6 +118,30 @@ impl HttpsConnection {
             .header("host", "webhook")
             .body(Full::new(body))
             .map_err(|e| err("building a request")(e.to_string()))?;
+        self.send(request).await
+    }
+
+    /// GETs `path`, with `Authorization: Bearer <token>` when a token is given; returns the
+    /// status and the response body.
+    pub async fn get(
+        &mut self,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<(u16, Bytes), HarnessError> {
+        let mut request = hyper::Request::get(path).header("host", "127.0.0.1");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| err("building a request")(e.to_string()))?;
+        self.send(request).await
+    }
+
+    async fn send(
+        &mut self,
+        request: hyper::Request<Full<Bytes>>,
+    ) -> Result<(u16, Bytes), HarnessError> {
         // A keep-alive HTTP/1.1 connection takes the next request only once it has finished the
         // previous exchange: wait for it to be ready rather than racing it.
         let response = match &mut self.sender {

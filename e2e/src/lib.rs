@@ -8,6 +8,7 @@ pub mod https;
 pub mod npm;
 pub mod pki;
 pub mod process;
+pub mod prometheus;
 pub mod shared;
 pub mod standin_vcluster;
 pub mod tools;

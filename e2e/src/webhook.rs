@@ -46,6 +46,9 @@ impl Webhook {
                 &format!("127.0.0.1:{admission_port}"),
                 "--metrics-bind-address",
                 &format!("127.0.0.1:{ops_port}"),
+                // Plain HTTP: these tests read /metrics directly (chart_install.rs tests the
+                // secure port).
+                "--metrics-secure=false",
                 "--extra-san",
                 "127.0.0.1",
                 "--mutating-webhook-configuration",

@@ -113,6 +113,8 @@ fn the_defaults_reach_their_flags() {
             "--state-dir=/var/lib/platform-operator/state",
             "--passphrase-file=/etc/platform-operator/passphrase/passphrase",
             "--metrics-bind-address=0.0.0.0:8080",
+            "--metrics-secure=true",
+            "--metrics-auth-cache-ttl=30s",
         ],
         "no --cleanup-namespace unless set"
     );
@@ -185,6 +187,8 @@ fn the_defaults_reach_their_flags() {
             "--validating-webhook-configuration=platform-operator",
             "--admission-bind-address=0.0.0.0:9443",
             "--metrics-bind-address=0.0.0.0:8080",
+            "--metrics-secure=true",
+            "--metrics-auth-cache-ttl=30s",
         ]
     );
     assert_eq!(
@@ -237,6 +241,8 @@ fn every_value_reaches_its_flag() {
             "--state-dir=/var/lib/platform-operator/state",
             "--passphrase-file=/etc/platform-operator/passphrase/passphrase",
             "--metrics-bind-address=0.0.0.0:8080",
+            "--metrics-secure=true",
+            "--metrics-auth-cache-ttl=30s",
             "--log-level=debug",
             "--cleanup-image=busybox:1.36",
         ]
@@ -346,11 +352,11 @@ fn both_pods_meet_pod_security_restricted() {
         );
         assert_eq!(
             c["livenessProbe"]["httpGet"],
-            json!({"path": "/healthz", "port": "metrics"})
+            json!({"path": "/healthz", "port": "metrics", "scheme": "HTTPS"})
         );
         assert_eq!(
             c["readinessProbe"]["httpGet"],
-            json!({"path": "/readyz", "port": "metrics"})
+            json!({"path": "/readyz", "port": "metrics", "scheme": "HTTPS"})
         );
         for (name, port) in ports {
             assert!(

@@ -12,6 +12,10 @@
 //!   **stand-in** vCluster chart and installs the **stand-in** `@di-framework/platform` (the real
 //!   ones cannot be fetched here) from a local npm registry, restores a deleted `service/vcluster`,
 //!   and deletes it with `deletionPolicy: Delete`. Any `forbidden` in either log fails the test.
+//!   Both serve `/metrics` securely (the chart's default): 401 without or with a bad token, 403
+//!   for a ServiceAccount without platform-operator-metrics-reader; a real Prometheus (Debian's
+//!   package) scrapes both over HTTPS with a reader's token, and the key series, `promtool check
+//!   metrics`, the dashboard's queries and the chart's alert rules are checked through it.
 //!
 //! KWOK runs no containers, so the chart's Deployments never run the binaries here: the
 //! processes run on the host with the flags the chart rendered, and only paths and listen
@@ -25,7 +29,7 @@ use base64::Engine as _;
 use e2e::chart::{
     Helm, Rendered, TEST_DIGEST, chart_dir, operator_binaries, service_account_kubeconfig,
 };
-use e2e::control_plane::{free_port, plain_get};
+use e2e::control_plane::free_port;
 use e2e::shared::Shared;
 use e2e::standin_vcluster::StandInSyncer;
 use e2e::{ControlPlane, Options};
@@ -152,11 +156,14 @@ async fn eventually<T>(
 }
 
 /// An operator binary run as a process; stopped on drop (its log printed if the test fails).
+/// Its operations port speaks HTTPS with the certificate of `metrics_ca` (the chart's default
+/// `--metrics-secure=true`, with `--metrics-cert-dir`).
 struct Proc {
     name: &'static str,
     child: std::cell::RefCell<Child>,
     log: PathBuf,
     ops_port: u16,
+    metrics_ca: String,
 }
 
 impl Proc {
@@ -167,6 +174,7 @@ impl Proc {
         env: &[(&str, String)],
         log: PathBuf,
         ops_port: u16,
+        metrics_ca: String,
     ) -> Self {
         let file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(bin);
@@ -184,6 +192,7 @@ impl Proc {
             child: std::cell::RefCell::new(child),
             log,
             ops_port,
+            metrics_ca,
         }
     }
 
@@ -208,7 +217,7 @@ impl Proc {
 
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !matches!(plain_get(self.ops_port, "/readyz").await, Some((200, _))) {
+        while !matches!(self.ops_get("/readyz", None).await, Ok((200, _))) {
             self.assert_running();
             assert!(
                 Instant::now() < deadline,
@@ -217,6 +226,23 @@ impl Proc {
                 self.describe()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// GETs `path` from the secure operations port, with `token` as bearer token.
+    async fn ops_get(
+        &self,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<(u16, String), e2e::HarnessError> {
+        e2e::prometheus::secure_get(self.ops_port, &self.metrics_ca, path, token).await
+    }
+
+    /// `/metrics` as `token` sees it; fails unless it answers 200.
+    async fn scrape(&self, token: &str) -> String {
+        match self.ops_get("/metrics", Some(token)).await {
+            Ok((200, body)) => body,
+            other => panic!("{} /metrics: {other:?}\n{}", self.name, self.describe()),
         }
     }
 
@@ -294,6 +320,10 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
         .expect("webhook token");
     let ops_port = free_port().expect("port");
     let rendered = release_manifest(helm, ns);
+    // The chart serves metrics securely by default; a certificate for 127.0.0.1 is mounted the
+    // way metrics.certSecret would be, so that the tests (and Prometheus) verify it.
+    let certs = dir.join("metrics-tls");
+    let metrics_ca = e2e::prometheus::serving_certificate(&certs).expect("metrics certificate");
     let args = host_args(
         &rendered,
         "platform-operator-webhook",
@@ -307,6 +337,7 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
         &[
             "--extra-san=127.0.0.1".into(),
             "--log-level=info,webhook=debug".into(),
+            format!("--metrics-cert-dir={}", certs.display()),
         ],
     );
     Proc::start(
@@ -320,6 +351,7 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
         ],
         dir.join(format!("webhook-{ops_port}.log")),
         ops_port,
+        metrics_ca,
     )
 }
 
@@ -752,6 +784,180 @@ fn granted(rendered: &Rendered, roles: &[&str]) -> Vec<(String, String, String)>
     out
 }
 
+fn scraper_token(cluster: &Shared, ns: &str, account: &str, reader: bool) -> String {
+    e2e::prometheus::scraper_token(cluster, ns, account, reader).expect("a scraper's token")
+}
+
+/// Starts a real Prometheus on loopback scraping `procs` (webhook, controller) every second over
+/// HTTPS, verifying their certificate, with `token` in a file as Prometheus reads it, and
+/// evaluating the chart's alerts.
+async fn start_prometheus(
+    tools: &e2e::prometheus::Tools,
+    dir: &Path,
+    token: &str,
+    procs: &[&Proc],
+) -> e2e::prometheus::Server {
+    let home = dir.join("prometheus");
+    std::fs::create_dir_all(&home).expect("prometheus folder");
+    let token_file = home.join("token");
+    std::fs::write(&token_file, token).expect("token file");
+    let jobs: Vec<(String, u16)> = procs
+        .iter()
+        .map(|p| (format!("platform-operator-{}", p.name), p.ops_port))
+        .collect();
+    let config = e2e::prometheus::secure_scrape_config(
+        &jobs,
+        &dir.join("metrics-tls/ca.crt"),
+        &token_file,
+        &[chart_dir().join("files/alerts.yaml")],
+    );
+    let mut server = e2e::prometheus::Server::start(tools, &home, &config).expect("prometheus");
+    server.wait_ready().await.expect("prometheus ready");
+    server
+}
+
+async fn series(prometheus: &e2e::prometheus::Server, expr: &str) -> Vec<Value> {
+    prometheus
+        .series(expr)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", prometheus.log_text()))
+}
+
+/// The key series, with their labels, once an instance is Ready.
+async fn ready_series(prometheus: &e2e::prometheus::Server) {
+    for (expr, job) in [
+        (
+            r#"platform_operator_build_info{binary="controller"} == 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_build_info{binary="webhook"} == 1"#,
+            "webhook",
+        ),
+        ("platform_operator_controller_leader == 1", "controller"),
+        (
+            r#"platform_operator_controller_instances{phase="Ready"} == 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_instance_conditions{condition="Ready",status="True"} == 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_install_duration_seconds_count{operation="install",result="ok"} >= 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_tool_duration_seconds_count{tool="pulumi",result="ok"} >= 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_controller_helm_duration_seconds_count{operation="install",result="ok"} >= 1"#,
+            "controller",
+        ),
+        (
+            r#"platform_operator_webhook_reviews_total{webhook="validate",operation="CREATE",result="denied"} >= 1"#,
+            "webhook",
+        ),
+        (
+            r#"platform_operator_webhook_reviews_total{webhook="mutate",operation="CREATE",result="allowed"} >= 1"#,
+            "webhook",
+        ),
+        (
+            "platform_operator_webhook_certificate_expiry_timestamp_seconds > time()",
+            "webhook",
+        ),
+    ] {
+        let found = series(prometheus, expr).await;
+        let labels = &found[0]["metric"];
+        assert_eq!(
+            labels["job"],
+            format!("platform-operator-{job}"),
+            "{expr}: {found:?}"
+        );
+        assert!(
+            labels["instance"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("127.0.0.1:")),
+            "{found:?}"
+        );
+    }
+    // The instance's Ready is the only Ready=True, and Stalled is False for it.
+    let stalled = series(
+        prometheus,
+        r#"platform_operator_controller_instance_conditions{condition="Stalled"}"#,
+    )
+    .await;
+    assert!(
+        stalled.iter().all(|s| s["metric"]["status"] == "False"),
+        "{stalled:?}"
+    );
+}
+
+/// At the end: both targets up over HTTPS; `promtool check metrics` passes on both endpoints;
+/// every dashboard query is accepted by Prometheus and names only metrics the binaries exported
+/// (now, or in `families_seen` while the instance existed);
+/// every alert rule evaluates without error, and the binaries' health alerts are not firing.
+async fn check_prometheus(
+    prometheus: &e2e::prometheus::Server,
+    tools: &e2e::prometheus::Tools,
+    procs: &[&Proc],
+    token: &str,
+    mut families_seen: Vec<String>,
+) {
+    let targets = prometheus.targets().await.expect("targets");
+    assert_eq!(targets.len(), 2, "{targets:?}");
+    for t in &targets {
+        assert_eq!(t["health"], "up", "{t}");
+        assert!(
+            t["scrapeUrl"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("https://127.0.0.1:")),
+            "{t}"
+        );
+    }
+    for p in procs {
+        let body = p.scrape(token).await;
+        let out = tools
+            .promtool(&["check", "metrics"], Some(&body))
+            .expect("promtool");
+        assert!(
+            out.success,
+            "promtool check metrics on the {}:\n{}{}",
+            p.name, out.stdout, out.stderr
+        );
+        families_seen.extend(e2e::prometheus::families(&body));
+    }
+    let families = families_seen;
+    let queries = e2e::prometheus::dashboard_queries().expect("dashboard");
+    for (title, expr) in &queries {
+        prometheus
+            .query(expr)
+            .await
+            .unwrap_or_else(|e| panic!("dashboard panel {title:?}: {e}"));
+        for name in e2e::prometheus::metric_names(expr, &families) {
+            assert!(
+                families.contains(&name),
+                "dashboard panel {title:?} uses {name}, which neither binary exported: {families:?}"
+            );
+        }
+    }
+    let rules = prometheus.api("/api/v1/rules").await.expect("rules");
+    let groups = rules["data"]["groups"].as_array().expect("rule groups");
+    assert_eq!(groups.len(), 2, "{rules}");
+    for rule in groups
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+    {
+        assert_eq!(rule["health"], "ok", "{rule}");
+        if ["PlatformOperatorNoLeader", "PlatformOperatorWebhookDown"]
+            .contains(&rule["name"].as_str().unwrap_or(""))
+        {
+            assert_eq!(rule["state"], "inactive", "{rule}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_false() {
     let _turn = SERIAL.lock().await;
@@ -867,6 +1073,8 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
             format!("--vcluster-chart={}", chart.display()),
             format!("--vcluster-extra-values={}", values.display()),
             "--log-level=info,controller=debug".into(),
+            // The webhook's certificate folder (start_webhook wrote it).
+            format!("--metrics-cert-dir={}", dir.join("metrics-tls").display()),
         ],
     );
     assert!(
@@ -893,9 +1101,35 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
         ],
         dir.join(format!("controller-{ops_port}.log")),
         ops_port,
+        std::fs::read_to_string(dir.join("metrics-tls/ca.crt")).expect("metrics CA"),
     );
     controller.wait_ready().await;
     let procs = [&webhook, &controller];
+
+    // Secure metrics: only a token the API server accepts, whose user may get /metrics.
+    let reader = scraper_token(&cluster, &ns, "prometheus-e2e", true);
+    let nobody = scraper_token(&cluster, &ns, "nobody-e2e", false);
+    for p in procs {
+        for (token, want) in [
+            (None, 401),
+            (Some("not-a-token"), 401),
+            (Some(nobody.as_str()), 403),
+        ] {
+            let got = p.ops_get("/metrics", token).await.expect("an answer");
+            assert_eq!(got.0, want, "{} /metrics with {token:?}: {}", p.name, got.1);
+        }
+        assert!(
+            p.scrape(&reader)
+                .await
+                .contains("platform_operator_build_info")
+        );
+        assert_eq!(p.ops_get("/healthz", None).await.expect("healthz").0, 200);
+    }
+    // A real Prometheus scrapes both over HTTPS with the reader's token and evaluates the chart's
+    // alerts.
+    let prometheus_tools = e2e::prometheus::Tools::locate().expect("prometheus and promtool");
+    let prometheus =
+        start_prometheus(&prometheus_tools, &dir, &reader, &[&webhook, &controller]).await;
 
     let team = cluster.create_namespace("team", &[]).expect("namespace");
     cluster
@@ -970,6 +1204,12 @@ spec:
     )
     .await;
     eprintln!("the instance was Ready after {:?}", started.elapsed());
+    ready_series(&prometheus).await;
+    // What both export while an instance exists (its conditions go with it).
+    let mut exported = Vec::new();
+    for p in procs {
+        exported.extend(e2e::prometheus::families(&p.scrape(&reader).await));
+    }
     assert_eq!(
         condition(&pi, "OwnerServiceProtected"),
         Some(("True".into(), "PolicyActive".into()))
@@ -1071,10 +1311,7 @@ spec:
     // half of it) by updating its Secret, as its Role allows.
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let metrics = plain_get(webhook.ops_port, "/metrics")
-            .await
-            .map(|(_, b)| b)
-            .unwrap_or_default();
+        let metrics = webhook.scrape(&reader).await;
         let prepared = metrics
             .lines()
             .filter(|l| l.starts_with("platform_operator_webhook_certificate_rotations_total"))
@@ -1093,6 +1330,7 @@ spec:
     }
     webhook.assert_never_forbidden();
     controller.assert_never_forbidden();
+    check_prometheus(&prometheus, &prometheus_tools, &procs, &reader, exported).await;
 
     // Every permission the chart grants was used, but those the controller holds only so that
     // Helm may create the vCluster chart's Role (the stand-in creates the same Role).
@@ -1105,6 +1343,7 @@ spec:
                 "ClusterRole/platform-operator",
                 "Role/platform-operator",
                 "Role/platform-operator-cleanup",
+                "ClusterRole/platform-operator-metrics-auth",
             ][..],
             NOT_SEEN_HERE,
         ),
@@ -1113,6 +1352,7 @@ spec:
             &[
                 "ClusterRole/platform-operator-webhook",
                 "Role/platform-operator-webhook",
+                "ClusterRole/platform-operator-metrics-auth",
             ][..],
             &[][..],
         ),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
+use common::secure_metrics::{self, Secure};
 use common::server::Limits;
 use common::telemetry::LogArgs;
 use webhook::admission::{Admission, BodyBudget, router};
@@ -222,6 +223,7 @@ async fn main() -> anyhow::Result<()> {
             )
         })?;
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
+    let secure = Secure::from_args(&args.ops.security, admission.client.clone())?;
     tracing::info!(admission = %listener.local_addr()?, ops = %ops.local_addr(), version = env!("CARGO_PKG_VERSION"), "webhook serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -236,8 +238,10 @@ async fn main() -> anyhow::Result<()> {
         args.limits,
         stopped(stop_rx.clone()),
     ));
-    let ops_server = tokio::spawn(ops.serve_with(
+    let ops_server = tokio::spawn(secure_metrics::serve(
+        ops,
         ops_router(registry, readiness.clone()),
+        secure,
         args.limits,
         stopped(stop_rx),
     ));

@@ -1,5 +1,6 @@
 //! The webhook's Prometheus metrics, all in the binary's one registry.
 
+use prometheus::core::Collector;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -70,14 +71,7 @@ impl Metrics {
             "platform_operator_webhook_ca_bundle_writes_total",
             "Writes of the caBundle into the webhook configurations.",
         )?;
-        registry.register(Box::new(reviews.clone()))?;
-        registry.register(Box::new(duration.clone()))?;
-        registry.register(Box::new(tls_handshake_failures.clone()))?;
-        registry.register(Box::new(certificate_expiry.clone()))?;
-        registry.register(Box::new(rotations.clone()))?;
-        registry.register(Box::new(cache_objects.clone()))?;
-        registry.register(Box::new(ca_bundle_writes.clone()))?;
-        Ok(Self {
+        let metrics = Self {
             reviews,
             duration,
             tls_handshake_failures,
@@ -85,11 +79,44 @@ impl Metrics {
             rotations,
             cache_objects,
             ca_bundle_writes,
-        })
+        };
+        for collector in metrics.collectors() {
+            registry.register(collector)?;
+        }
+        Ok(metrics)
+    }
+
+    /// Every metric, each once: what [`Metrics::register`] registers and docs/metrics.md lists.
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.reviews.clone()),
+            Box::new(self.duration.clone()),
+            Box::new(self.tls_handshake_failures.clone()),
+            Box::new(self.certificate_expiry.clone()),
+            Box::new(self.rotations.clone()),
+            Box::new(self.cache_objects.clone()),
+            Box::new(self.ca_bundle_writes.clone()),
+        ]
     }
 
     /// The latency histogram of `webhook`.
     pub fn timer(&self, webhook: &str) -> Histogram {
         self.duration.with_label_values(&[webhook])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_documented_with_its_type_and_labels() {
+        let metrics = Metrics::register(&Registry::new()).expect("metrics");
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
+                .expect("docs/metrics.md");
+        let described = common::metrics::describe(&metrics.collectors());
+        assert_eq!(described.len(), 7);
+        common::metrics::check_doc(&doc, "Webhook", &described).unwrap_or_else(|e| panic!("{e}"));
     }
 }

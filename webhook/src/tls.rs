@@ -3,18 +3,14 @@
 //! [`common::server`] (the handshake must finish within the header-read timeout) and a graceful
 //! shutdown that lets in-flight reviews finish.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
-use common::server::{Handshake, Limits};
+use common::server::{Limits, Tls};
 use prometheus::IntCounter;
 use rustls::ServerConfig;
 use rustls::server::ResolvesServerCert;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
+use tokio::net::TcpListener;
 
 /// The rustls configuration of the admission port.
 pub fn server_config(resolver: Arc<dyn ResolvesServerCert>) -> Result<ServerConfig, rustls::Error> {
@@ -25,48 +21,6 @@ pub fn server_config(resolver: Arc<dyn ResolvesServerCert>) -> Result<ServerConf
             .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
-}
-
-/// The TLS handshake of the admission port, counting the ones that fail or time out.
-#[derive(Clone)]
-pub struct Tls {
-    acceptor: TlsAcceptor,
-    failures: IntCounter,
-}
-
-impl Tls {
-    /// Handshakes with `config`, counting failures in `failures`.
-    pub fn new(config: Arc<ServerConfig>, failures: IntCounter) -> Self {
-        Self {
-            acceptor: TlsAcceptor::from(config),
-            failures,
-        }
-    }
-}
-
-impl Handshake for Tls {
-    type Io = TlsStream<TcpStream>;
-
-    async fn handshake(
-        &self,
-        tcp: TcpStream,
-        peer: SocketAddr,
-        timeout: Duration,
-    ) -> Option<Self::Io> {
-        match tokio::time::timeout(timeout, self.acceptor.accept(tcp)).await {
-            Ok(Ok(stream)) => Some(stream),
-            Ok(Err(e)) => {
-                self.failures.inc();
-                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                None
-            }
-            Err(_) => {
-                self.failures.inc();
-                tracing::debug!(%peer, "TLS handshake timed out");
-                None
-            }
-        }
-    }
 }
 
 /// Serves `router` over TLS on `listener` with the timeouts and limits of `limits` (see
@@ -81,7 +35,7 @@ pub async fn serve(
 ) {
     common::server::serve(
         listener,
-        Tls::new(config, handshake_failures),
+        Tls::new(config, Some(handshake_failures)),
         router,
         limits,
         shutdown,

@@ -92,12 +92,13 @@ seccompProfile:
       fieldPath: metadata.name
 {{- end -}}
 
-{{/* Probes on the operations port. */}}
+{{/* Probes on the operations port (HTTPS with metrics.secure; the kubelet does not verify it). */}}
 {{- define "platform-operator.probes" -}}
 livenessProbe:
   httpGet:
     path: /healthz
     port: metrics
+    scheme: {{ include "platform-operator.opsScheme" . | upper }}
   periodSeconds: 10
   timeoutSeconds: 3
   failureThreshold: 3
@@ -105,6 +106,7 @@ readinessProbe:
   httpGet:
     path: /readyz
     port: metrics
+    scheme: {{ include "platform-operator.opsScheme" . | upper }}
   periodSeconds: 5
   timeoutSeconds: 3
   failureThreshold: 3
@@ -134,6 +136,92 @@ Refuses extraArgs that repeat a flag the chart sets from a value; call with
 {{- if and .Values.headlamp.enabled (not (hasKey .Subcharts "headlamp")) -}}
 {{- fail "headlamp.enabled=true needs the Headlamp chart 0.46.0 vendored in this chart's charts/ folder (a release does it with charts/vendor-headlamp.sh); this build has none" -}}
 {{- end -}}
-{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.extraArgs "key" "extraArgs" "reserved" (list "--leader-elect" "--storage-root-base" "--install-timeout" "--repair-interval" "--target-poll" "--max-concurrent-installs" "--cleanup-namespace" "--npm-registry" "--state-dir" "--passphrase-file" "--namespace" "--metrics-bind-address")) -}}
-{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.webhook.extraArgs "key" "webhook.extraArgs" "reserved" (list "--cert-lifetime" "--namespace" "--service-name" "--admission-bind-address" "--metrics-bind-address" "--mutating-webhook-configuration" "--validating-webhook-configuration" "--tls-secret-name")) -}}
+{{- if and .Values.prometheus.serviceMonitor.enabled .Values.prometheus.podMonitor.enabled -}}
+{{- fail "prometheus.serviceMonitor.enabled and prometheus.podMonitor.enabled are both true: Prometheus would scrape every pod twice; enable one" -}}
+{{- end -}}
+{{- if and .Values.metrics.certSecret (not .Values.metrics.secure) -}}
+{{- fail "metrics.certSecret is set but metrics.secure is false: the certificate would not be used; set metrics.secure=true or leave metrics.certSecret empty" -}}
+{{- end -}}
+{{- $metricsFlags := list "--metrics-bind-address" "--metrics-secure" "--metrics-auth-cache-ttl" "--metrics-cert-dir" -}}
+{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.extraArgs "key" "extraArgs" "reserved" (concat (list "--leader-elect" "--storage-root-base" "--install-timeout" "--repair-interval" "--target-poll" "--max-concurrent-installs" "--cleanup-namespace" "--npm-registry" "--state-dir" "--passphrase-file" "--namespace") $metricsFlags)) -}}
+{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.webhook.extraArgs "key" "webhook.extraArgs" "reserved" (concat (list "--cert-lifetime" "--namespace" "--service-name" "--admission-bind-address" "--mutating-webhook-configuration" "--validating-webhook-configuration" "--tls-secret-name") $metricsFlags)) -}}
+{{- end -}}
+
+
+{{/* The operations port's scheme: https with metrics.secure, else http. */}}
+{{- define "platform-operator.opsScheme" -}}
+{{- if .Values.metrics.secure -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* Where metrics.certSecret is mounted; --metrics-cert-dir. */}}
+{{- define "platform-operator.metricsCertDir" -}}/etc/platform-operator/metrics-tls{{- end -}}
+
+{{/* The operations-port flags both binaries get from metrics.*. */}}
+{{- define "platform-operator.metricsArgs" -}}
+- {{ printf "--metrics-secure=%v" .Values.metrics.secure | quote }}
+- {{ printf "--metrics-auth-cache-ttl=%v" .Values.metrics.authCacheTTL | quote }}
+{{- if and .Values.metrics.secure .Values.metrics.certSecret }}
+- --metrics-cert-dir={{ include "platform-operator.metricsCertDir" . }}
+{{- end }}
+{{- end -}}
+
+{{/* The volume of metrics.certSecret, if any; call inside a volumes list. */}}
+{{- define "platform-operator.metricsCertVolume" -}}
+{{- if and .Values.metrics.secure .Values.metrics.certSecret }}
+- name: metrics-tls
+  secret:
+    secretName: {{ .Values.metrics.certSecret }}
+    defaultMode: 0440
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
+{{- end -}}
+
+{{- define "platform-operator.metricsCertMount" -}}
+{{- if and .Values.metrics.secure .Values.metrics.certSecret }}
+- name: metrics-tls
+  mountPath: {{ include "platform-operator.metricsCertDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
+prometheus.io/* annotations for a Prometheus that discovers pods by annotation, while no
+ServiceMonitor or PodMonitor is enabled (as cert-manager's chart does).
+*/}}
+{{- define "platform-operator.scrapeAnnotations" -}}
+{{- if and .Values.prometheus.scrapeAnnotations (not .Values.prometheus.serviceMonitor.enabled) (not .Values.prometheus.podMonitor.enabled) }}
+annotations:
+  prometheus.io/scrape: "true"
+  prometheus.io/port: {{ include "platform-operator.opsPort" . | quote }}
+  prometheus.io/path: /metrics
+  prometheus.io/scheme: {{ include "platform-operator.opsScheme" . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+How a ServiceMonitor or PodMonitor endpoint scrapes the secure port: HTTPS with Prometheus's own
+ServiceAccount token (bind it to platform-operator-metrics-reader), verifying the certificate
+against metrics.certSecret's ca.crt as <service>.<namespace>.svc when one is mounted, else
+skipping verification of the self-issued one. Call with (dict "root" $ "component" "controller").
+*/}}
+{{- define "platform-operator.monitorAuth" -}}
+{{- $v := .root.Values -}}
+scheme: {{ include "platform-operator.opsScheme" .root }}
+{{- if $v.metrics.secure }}
+bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+tlsConfig:
+  {{- if $v.metrics.certSecret }}
+  ca:
+    secret:
+      name: {{ $v.metrics.certSecret }}
+      key: ca.crt
+  serverName: {{ ternary "platform-operator-controller-metrics" (include "platform-operator.webhookService" .root) (eq .component "controller") }}.{{ .root.Release.Namespace }}.svc
+  {{- else }}
+  insecureSkipVerify: true
+  {{- end }}
+{{- end }}
 {{- end -}}

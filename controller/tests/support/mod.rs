@@ -64,6 +64,9 @@ impl Controller {
         }
         cmd.env("KUBECONFIG", &cluster.kubeconfig)
             .args(["--metrics-bind-address", &format!("127.0.0.1:{ops_port}")])
+            // Plain HTTP: the tests read /metrics directly (e2e/tests/chart_install.rs tests
+            // the secure port).
+            .arg("--metrics-secure=false")
             .args(["--namespace", &fixture.operator_ns])
             .args(["--operator-user", ADMIN_USER])
             .args(["--target-poll", "1s"])

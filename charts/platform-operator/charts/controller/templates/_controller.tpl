@@ -243,6 +243,7 @@ spec:
     metadata:
       labels:
         {{- include "platform-operator.labels" (dict "root" . "component" "controller") | nindent 8 }}
+      {{- include "platform-operator.scrapeAnnotations" . | nindent 6 }}
     spec:
       serviceAccountName: {{ include "platform-operator.controllerServiceAccount" . }}
       automountServiceAccountToken: true
@@ -269,6 +270,7 @@ spec:
             - --state-dir={{ include "platform-operator.stateDir" . }}
             - --passphrase-file={{ include "platform-operator.passphraseDir" . }}/passphrase
             - --metrics-bind-address=0.0.0.0:{{ include "platform-operator.opsPort" . }}
+            {{- include "platform-operator.metricsArgs" . | nindent 12 }}
             {{- range .Values.extraArgs }}
             - {{ . | quote }}
             {{- end }}
@@ -297,6 +299,7 @@ spec:
               mountPath: {{ $home }}
             - name: tmp
               mountPath: /tmp
+            {{- include "platform-operator.metricsCertMount" . | nindent 12 }}
       volumes:
         - name: state
           persistentVolumeClaim:
@@ -314,4 +317,5 @@ spec:
         - name: tmp
           emptyDir:
             sizeLimit: {{ .Values.emptyDirSizeLimit.tmp }}
+        {{- include "platform-operator.metricsCertVolume" . | nindent 8 }}
 {{- end -}}

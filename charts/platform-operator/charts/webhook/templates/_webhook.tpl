@@ -139,6 +139,7 @@ spec:
     metadata:
       labels:
         {{- include "platform-operator.labels" (dict "root" . "component" "webhook") | nindent 8 }}
+      {{- include "platform-operator.scrapeAnnotations" . | nindent 6 }}
     spec:
       serviceAccountName: {{ include "platform-operator.webhookServiceAccount" . }}
       automountServiceAccountToken: true
@@ -158,6 +159,7 @@ spec:
             - --validating-webhook-configuration={{ include "platform-operator.webhookConfiguration" . }}
             - --admission-bind-address=0.0.0.0:{{ include "platform-operator.admissionPort" . }}
             - --metrics-bind-address=0.0.0.0:{{ include "platform-operator.opsPort" . }}
+            {{- include "platform-operator.metricsArgs" . | nindent 12 }}
             {{- range .Values.webhook.extraArgs }}
             - {{ . | quote }}
             {{- end }}
@@ -175,6 +177,12 @@ spec:
             {{- toYaml .Values.webhook.resources | nindent 12 }}
           securityContext:
             {{- include "platform-operator.containerSecurityContext" . | nindent 12 }}
+          {{- if and .Values.metrics.secure .Values.metrics.certSecret }}
+          volumeMounts:
+            {{- include "platform-operator.metricsCertMount" . | nindent 12 }}
+      volumes:
+        {{- include "platform-operator.metricsCertVolume" . | nindent 8 }}
+          {{- end }}
 {{- end -}}
 
 {{/* The rules, scope and conditions both webhooks share; call with (dict "root" $ "path" "/mutate"). */}}
