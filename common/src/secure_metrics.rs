@@ -354,10 +354,15 @@ fn self_issued() -> Result<CertifiedKey, SecureMetricsError> {
     )
 }
 
-/// Re-reads the mounted pair every [`RELOAD_EVERY`] and swaps it in when it changed and parses.
-async fn reload(certificate: Arc<Certificate>, dir: PathBuf, mut last: (Vec<u8>, Vec<u8>)) {
+/// Re-reads the mounted pair every `every` and swaps it in when it changed and parses.
+async fn reload(
+    certificate: Arc<Certificate>,
+    dir: PathBuf,
+    mut last: (Vec<u8>, Vec<u8>),
+    every: Duration,
+) {
     loop {
-        tokio::time::sleep(RELOAD_EVERY).await;
+        tokio::time::sleep(every).await;
         let pair = match read_dir_pair(&dir) {
             Ok(pair) if pair != last => pair,
             Ok(_) => continue,
@@ -450,7 +455,7 @@ pub async fn serve(
     };
     let reloader = secure
         .mounted
-        .map(|m| tokio::spawn(reload(m.certificate, m.dir, m.pair)));
+        .map(|m| tokio::spawn(reload(m.certificate, m.dir, m.pair, RELOAD_EVERY)));
     crate::server::serve(
         server.into_listener(),
         Tls::new(secure.tls, None),
@@ -578,6 +583,64 @@ mod tests {
         let key = self_issued().expect("self-issued");
         assert_eq!(key.cert.len(), 1);
         assert!(key.keys_match().is_ok());
+    }
+
+    /// A self-signed pair as PEM files would hold it.
+    fn pem_pair(name: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    }
+
+    #[tokio::test]
+    async fn a_changed_mounted_certificate_is_swapped_in_and_a_broken_one_is_not() {
+        let dir =
+            std::env::temp_dir().join(format!("secure-metrics-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let write = |(cert, key): &(String, String)| {
+            std::fs::write(dir.join(CERT_FILE), cert).expect("write");
+            std::fs::write(dir.join(KEY_FILE), key).expect("write");
+        };
+        let first = pem_pair("first.example");
+        write(&first);
+        let pair = read_dir_pair(&dir).expect("read");
+        let certificate = Arc::new(Certificate {
+            current: RwLock::new(Arc::new(
+                certified_key(&pair.0, &pair.1, &dir).expect("parse"),
+            )),
+        });
+        let served = || certificate.current.read().expect("lock").cert[0].to_vec();
+        let der = |pem: &str| {
+            CertificateDer::from_pem_slice(pem.as_bytes())
+                .expect("pem")
+                .to_vec()
+        };
+        assert_eq!(served(), der(&first.0));
+        let task = tokio::spawn(reload(
+            certificate.clone(),
+            dir.clone(),
+            pair,
+            Duration::from_millis(50),
+        ));
+        let second = pem_pair("second.example");
+        write(&second);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while served() != der(&second.0) {
+            assert!(
+                Instant::now() < deadline,
+                "the new certificate was not loaded"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A broken pair (a key that does not match) is refused: the served one stays.
+        std::fs::write(dir.join(KEY_FILE), pem_pair("third.example").1).expect("write");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(served(), der(&second.0));
+        task.abort();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

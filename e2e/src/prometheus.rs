@@ -344,6 +344,12 @@ pub fn operator_models() -> Result<PathBuf, HarnessError> {
         .collect();
     let tools = crate::tools::cache_dir().join("tools");
     let out = tools.join(format!("prometheus-operator-models-{key}"));
+    // One install at a time in this process (tests run in parallel); other processes are kept
+    // apart by the folder name and the rename.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALLING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if out.join(".complete").exists() {
         return Ok(out);
     }
