@@ -18,7 +18,7 @@ pub fn decide(o: &Observed) -> Plan {
             requeue: Requeue::Idle,
         };
     }
-    if o.install.task.busy() || o.install.preview_task.busy() {
+    if o.install.outcome.busy() || o.install.preview_task.busy() {
         plan.act(Action::CancelInstall);
     }
     // 1. Stop what runs: the vCluster release, then the host namespace.

@@ -3,10 +3,12 @@
 //! drift, failures with their backoff, and the repair preview when it is due.
 
 use common::conditions as c;
-use common::crd::{InstallResult, Phase};
+use common::crd::Phase;
 use common::names::RETRY_ANNOTATION;
 
-use super::model::{Action, InstallObserved, Plan, PlanBuilder, Requeue, TaskState};
+use super::model::{
+    Action, InstallObserved, InstallOutcome, Plan, PlanBuilder, Requeue, TaskError,
+};
 use super::status::{Cond, Kstatus, Reason, Step};
 use crate::installer::Mode;
 use crate::installer::record::Failure;
@@ -201,9 +203,9 @@ fn drift_condition(drift: &Option<String>) -> Cond {
 /// Work in progress: an install or a preview queued or running.
 fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
     let requested = x.requested;
-    if x.i.task.busy() {
-        let (reason, message) = match &x.i.task {
-            TaskState::Queued(position) => (
+    if x.i.outcome.busy() {
+        let (reason, message) = match &x.i.outcome {
+            InstallOutcome::Queued(position) => (
                 Reason::Queued,
                 format!(
                     "{}: waiting for an install slot, position {position} in the queue (--max-concurrent-installs)",
@@ -263,11 +265,14 @@ fn checking_drift() -> Step {
 /// Whether an install runs now, and why in words.
 fn need(x: &Ctx) -> Option<(Need, String)> {
     let (i, requested) = (x.i, x.requested);
-    // No task runs here, so a last run that is not `Succeeded` did not finish well.
-    let unsettled = i
-        .last
-        .as_ref()
-        .filter(|l| l.result != InstallResult::Succeeded);
+    // No task runs here: a last run that failed, timed out or was interrupted.
+    let unsettled = match &i.outcome {
+        InstallOutcome::Interrupted { version } => Some(("interrupted", version)),
+        InstallOutcome::Failed {
+            version, timed_out, ..
+        } => Some((if *timed_out { "timed out" } else { "failed" }, version)),
+        _ => None,
+    };
     if interrupted(x) {
         return Some((
             Need::Resume,
@@ -280,16 +285,11 @@ fn need(x: &Ctx) -> Option<(Need, String)> {
     if !x.at_requested || x.hash_differs() {
         return Some((Need::Install, x.what.clone()));
     }
-    let why = if let Some(l) = unsettled {
+    let why = if let Some((how, version)) = unsettled {
         // A run that failed, timed out or was interrupted (at any version: spec.version may
         // have been set back to the installed one) left the workspace, the stack's config and
         // perhaps the cluster part-way: put the installed version back at once.
-        let how = match l.result {
-            InstallResult::Running => "interrupted",
-            InstallResult::TimedOut => "timed out",
-            _ => "failed",
-        };
-        format!("the last run ({how} of {}) did not succeed", l.version)
+        format!("the last run ({how} of {version}) did not succeed")
     } else if let Some(drift) = &i.drift {
         format!("the repair preview found {drift}")
     } else if let Some(e) = &i.preview_failed {
@@ -304,9 +304,7 @@ fn need(x: &Ctx) -> Option<(Need, String)> {
 
 /// The last install, at the version wanted now, was left `Running`.
 fn interrupted(x: &Ctx) -> bool {
-    x.i.last
-        .as_ref()
-        .is_some_and(|l| l.version == x.requested && l.result == InstallResult::Running)
+    matches!(&x.i.outcome, InstallOutcome::Interrupted { version } if version == x.requested)
 }
 
 /// An install runs (or retries after its backoff).
@@ -318,14 +316,19 @@ fn run(x: &Ctx, need: Need, message: String, plan: &mut PlanBuilder) -> Outcome 
         x.mode
     };
     plan.act(Action::Install { mode });
-    // What the last install says, when it concerns the version wanted now.
-    let failed =
-        x.i.last
-            .as_ref()
-            .filter(|l| l.version == x.requested)
-            .and_then(|l| l.failure.map(|f| (f, l.message.clone())));
-    if let Some((failure, error)) = failed.filter(|_| !interrupted) {
-        return failed_run(x, failure, &error, plan);
+    // How the last install failed, when it concerns the version wanted now.
+    if let InstallOutcome::Failed {
+        version,
+        error: TaskError {
+            failure: Some(failure),
+            message,
+        },
+        backoff,
+        ..
+    } = &x.i.outcome
+        && version == x.requested
+    {
+        return failed_run(x, *failure, message, *backoff, plan);
     }
     let reason = need.reason();
     if x.at_requested && !x.hash_differs() {
@@ -345,7 +348,13 @@ fn run(x: &Ctx, need: Need, message: String, plan: &mut PlanBuilder) -> Outcome 
 }
 
 /// The last install failed: say why, stall when a person must act, and back off.
-fn failed_run(x: &Ctx, failure: Failure, error: &str, plan: &mut PlanBuilder) -> Outcome {
+fn failed_run(
+    x: &Ctx,
+    failure: Failure,
+    error: &str,
+    backoff: bool,
+    plan: &mut PlanBuilder,
+) -> Outcome {
     let what = &x.what;
     let text = match x.installed {
         Some(v) if v != x.requested => {
@@ -368,7 +377,7 @@ fn failed_run(x: &Ctx, failure: Failure, error: &str, plan: &mut PlanBuilder) ->
             reconciling,
             stalled,
         },
-        requeue: if matches!(x.i.task, TaskState::Failed(_)) {
+        requeue: if backoff {
             Requeue::Backoff
         } else {
             Requeue::Poll
@@ -378,12 +387,10 @@ fn failed_run(x: &Ctx, failure: Failure, error: &str, plan: &mut PlanBuilder) ->
 
 /// Installed as wanted: `Ready`, with a repair preview when one is due.
 fn settled(x: &Ctx, plan: &mut PlanBuilder) -> Outcome {
-    let message =
-        x.i.last
-            .as_ref()
-            .filter(|l| l.result == InstallResult::Succeeded)
-            .map(|l| l.message.clone())
-            .unwrap_or_else(|| format!("{} is installed", x.requested));
+    let message = match &x.i.outcome {
+        InstallOutcome::Succeeded { message, .. } => message.clone(),
+        _ => format!("{} is installed", x.requested),
+    };
     plan.condition(Cond::yes(c::INSTALLED, Reason::Installed, message));
     let preview = x.i.repair_due;
     if preview {

@@ -3,11 +3,11 @@
 //! decision returns. The drivers (`tasks`, `helm`, `policy`) import these types, not the
 //! decisions.
 
-use common::crd::{DeletionPolicy, InstallResult, Phase};
+use common::crd::{DeletionPolicy, InstallResult, LastInstall, Phase};
 
 use super::status::{Cond, Kstatus};
 use crate::installer::Mode;
-use crate::installer::record::Failure;
+use crate::installer::record::{Failure, Record};
 
 /// How a tracked task (helm, an install, a preview) ended badly: the one typed outcome the task
 /// registry keeps and the decision reads.
@@ -126,17 +126,109 @@ pub enum OwnerService {
     },
 }
 
-/// The last install the record holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LastRun {
-    /// The version it ran.
-    pub version: String,
-    /// How it ended (`Running`: not yet, or interrupted when no task runs).
-    pub result: InstallResult,
-    /// Why it failed.
-    pub failure: Option<Failure>,
-    /// What it said.
-    pub message: String,
+/// The one outcome of an instance's install, folded by [`InstallOutcome::fold`] from the task
+/// registry (what this controller's task is doing or how it just ended) and the record
+/// `install.json` (how the last run ended, which survives a restart). The decision reads only
+/// this.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum InstallOutcome {
+    /// No install has run.
+    #[default]
+    None,
+    /// An install waits for a slot: 1-based position in the queue.
+    Queued(usize),
+    /// An install runs now.
+    Running,
+    /// The last install succeeded.
+    Succeeded {
+        /// The version it installed.
+        version: String,
+        /// What it said.
+        message: String,
+    },
+    /// The last install failed or timed out.
+    Failed {
+        /// The version it ran.
+        version: String,
+        /// Why (`failure` is `None` only for a record written before reasons were kept).
+        error: TaskError,
+        /// It ran past `--install-timeout`.
+        timed_out: bool,
+        /// The task registry holds its retry back until the backoff ends (after a restart
+        /// nothing does: the retry runs at once).
+        backoff: bool,
+    },
+    /// The record says an install runs, but no task runs it: the controller stopped mid-run.
+    Interrupted {
+        /// The version it ran.
+        version: String,
+    },
+}
+
+impl InstallOutcome {
+    /// Folds the install task's state and the record into one outcome. Which channel wins:
+    /// - a queued or running task wins over the record (which still shows the run before);
+    /// - a failed task wins over the record, for this failure is the freshest word: its error
+    ///   (reason and message) is the outcome's, the record only adds the version and whether it
+    ///   timed out. The version is the record's when the record shows this run (`Running`, or
+    ///   finished as failed); when the record missed the run (it could not be written), the run
+    ///   was for `requested`, the version wanted now;
+    /// - with no task (none ran since the controller started, or the last one succeeded), the
+    ///   record speaks: its last install succeeded, failed (no backoff held: the retry runs at
+    ///   once), or was left `Running`, which, with no task, means interrupted.
+    ///
+    /// `task` must be read before `record`: a task that finishes in between then shows as a
+    /// running task over a finished record (harmless), never as an idle task over a `Running`
+    /// record (which reads as an interrupted install).
+    pub fn fold(task: TaskState, record: &Record, requested: &str) -> Self {
+        let last = record.last_install.as_ref();
+        let message = |l: &LastInstall| l.message.clone().unwrap_or_default();
+        match task {
+            TaskState::Queued(position) => Self::Queued(position),
+            TaskState::Running => Self::Running,
+            TaskState::Failed(error) => {
+                let this_run = last.filter(|l| {
+                    matches!(
+                        l.result,
+                        InstallResult::Running | InstallResult::Failed | InstallResult::TimedOut
+                    )
+                });
+                Self::Failed {
+                    version: this_run.map_or_else(|| requested.to_string(), |l| l.version.clone()),
+                    timed_out: error.failure == Some(Failure::InstallTimedOut)
+                        || this_run.is_some_and(|l| l.result == InstallResult::TimedOut),
+                    error,
+                    backoff: true,
+                }
+            }
+            TaskState::Idle => match last {
+                None => Self::None,
+                Some(l) => match l.result {
+                    InstallResult::Running => Self::Interrupted {
+                        version: l.version.clone(),
+                    },
+                    InstallResult::Succeeded => Self::Succeeded {
+                        version: l.version.clone(),
+                        message: message(l),
+                    },
+                    InstallResult::Failed | InstallResult::TimedOut => Self::Failed {
+                        version: l.version.clone(),
+                        error: TaskError {
+                            failure: record.failure,
+                            message: message(l),
+                        },
+                        timed_out: l.result == InstallResult::TimedOut,
+                        backoff: false,
+                    },
+                },
+            },
+        }
+    }
+
+    /// An install is queued or running.
+    pub fn busy(&self) -> bool {
+        matches!(self, Self::Queued(_) | Self::Running)
+    }
 }
 
 /// What the installer knows about one instance.
@@ -152,12 +244,10 @@ pub struct InstallObserved {
     pub applied_hash: Option<String>,
     /// Why the program's config cannot be put together now (a missing client Secret).
     pub config_error: Option<String>,
-    /// The install task.
-    pub task: TaskState,
+    /// How the install stands: task and record folded into one.
+    pub outcome: InstallOutcome,
     /// The repair preview task.
     pub preview_task: TaskState,
-    /// The last install.
-    pub last: Option<LastRun>,
     /// What the last preview since the last install found, when it found drift.
     pub drift: Option<String>,
     /// Why the last preview failed.
@@ -330,6 +420,166 @@ impl PlanBuilder {
             phase,
             conditions,
             requeue,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    /// A record whose last install ran `version` and ended with `result`.
+    fn record(version: &str, result: InstallResult, failure: Option<Failure>) -> Record {
+        Record {
+            last_install: Some(LastInstall {
+                version: version.into(),
+                started_at: Time("2026-11-30T00:00:00Z".parse().expect("timestamp")),
+                finished_at: None,
+                result,
+                message: Some(format!("recorded {result:?}")),
+                summary: None,
+            }),
+            failure,
+            ..Record::default()
+        }
+    }
+
+    fn task_failed(failure: Failure, message: &str) -> TaskState {
+        TaskState::Failed(TaskError::new(failure, message))
+    }
+
+    #[test]
+    fn a_busy_task_wins_over_the_record() {
+        let finished = record("6.0.22", InstallResult::Succeeded, None);
+        assert_eq!(
+            InstallOutcome::fold(TaskState::Queued(2), &finished, "6.0.23"),
+            InstallOutcome::Queued(2)
+        );
+        assert_eq!(
+            InstallOutcome::fold(TaskState::Running, &finished, "6.0.23"),
+            InstallOutcome::Running,
+            "a run that just started, over the record of the one before"
+        );
+        let failed = record(
+            "6.0.22",
+            InstallResult::Failed,
+            Some(Failure::InstallFailed),
+        );
+        assert!(InstallOutcome::fold(TaskState::Running, &failed, "6.0.22").busy());
+    }
+
+    #[test]
+    fn a_failed_task_wins_over_the_record_which_adds_the_version() {
+        // The same run in both: the task's error, the record's version, held back.
+        let rec = record(
+            "6.0.21",
+            InstallResult::TimedOut,
+            Some(Failure::InstallTimedOut),
+        );
+        assert_eq!(
+            InstallOutcome::fold(
+                task_failed(Failure::InstallTimedOut, "from the task"),
+                &rec,
+                "6.0.22"
+            ),
+            InstallOutcome::Failed {
+                version: "6.0.21".into(),
+                error: TaskError::new(Failure::InstallTimedOut, "from the task"),
+                timed_out: true,
+                backoff: true,
+            }
+        );
+        // The record's last write failed: it still says `Running`, which is not an interruption.
+        let rec = record("6.0.21", InstallResult::Running, None);
+        assert_eq!(
+            InstallOutcome::fold(task_failed(Failure::InstallFailed, "boom"), &rec, "6.0.22"),
+            InstallOutcome::Failed {
+                version: "6.0.21".into(),
+                error: TaskError::new(Failure::InstallFailed, "boom"),
+                timed_out: false,
+                backoff: true,
+            }
+        );
+    }
+
+    #[test]
+    fn a_failed_run_the_record_missed_is_for_the_version_wanted_now() {
+        let store = task_failed(
+            Failure::StateUnavailable,
+            "writing the install record failed",
+        );
+        let want = InstallOutcome::Failed {
+            version: "6.0.23".into(),
+            error: TaskError::new(
+                Failure::StateUnavailable,
+                "writing the install record failed",
+            ),
+            timed_out: false,
+            backoff: true,
+        };
+        let before = record("6.0.22", InstallResult::Succeeded, None);
+        assert_eq!(InstallOutcome::fold(store.clone(), &before, "6.0.23"), want);
+        assert_eq!(
+            InstallOutcome::fold(store, &Record::default(), "6.0.23"),
+            want
+        );
+    }
+
+    #[test]
+    fn with_no_task_the_record_speaks() {
+        assert_eq!(
+            InstallOutcome::fold(TaskState::Idle, &Record::default(), "6.0.22"),
+            InstallOutcome::None
+        );
+        assert_eq!(
+            InstallOutcome::fold(
+                TaskState::Idle,
+                &record("6.0.22", InstallResult::Succeeded, None),
+                "6.0.23"
+            ),
+            InstallOutcome::Succeeded {
+                version: "6.0.22".into(),
+                message: "recorded Succeeded".into(),
+            }
+        );
+        assert_eq!(
+            InstallOutcome::fold(
+                TaskState::Idle,
+                &record("6.0.22", InstallResult::Running, None),
+                "6.0.22"
+            ),
+            InstallOutcome::Interrupted {
+                version: "6.0.22".into()
+            },
+            "recorded as running with no task: the controller stopped mid-run"
+        );
+        // After a restart nothing holds the retry back.
+        for (result, failure, timed_out) in [
+            (InstallResult::Failed, Some(Failure::VersionNotFound), false),
+            (
+                InstallResult::TimedOut,
+                Some(Failure::InstallTimedOut),
+                true,
+            ),
+            (InstallResult::Failed, None, false),
+        ] {
+            assert_eq!(
+                InstallOutcome::fold(
+                    TaskState::Idle,
+                    &record("6.0.24", result, failure),
+                    "6.0.22"
+                ),
+                InstallOutcome::Failed {
+                    version: "6.0.24".into(),
+                    error: TaskError {
+                        failure,
+                        message: format!("recorded {result:?}"),
+                    },
+                    timed_out,
+                    backoff: false,
+                }
+            );
         }
     }
 }

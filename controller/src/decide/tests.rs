@@ -1,7 +1,7 @@
 //! The decision, phase by phase and step by step.
 
 use common::conditions as c;
-use common::crd::{DeletionPolicy, InstallResult, Phase};
+use common::crd::{DeletionPolicy, Phase};
 
 use super::decide;
 use super::model::*;
@@ -38,12 +38,10 @@ fn base() -> Observed {
             installed: Some("6.0.22".into()),
             desired_hash: Some("sha256:aaaa".into()),
             applied_hash: Some("sha256:aaaa".into()),
-            last: Some(LastRun {
+            outcome: InstallOutcome::Succeeded {
                 version: "6.0.22".into(),
-                result: InstallResult::Succeeded,
-                failure: None,
                 message: "install of @di-framework/platform@6.0.22 applied".into(),
-            }),
+            },
             ..InstallObserved::default()
         },
     }
@@ -58,6 +56,16 @@ fn fresh() -> Observed {
             ..InstallObserved::default()
         },
         ..base()
+    }
+}
+
+/// The last install, at `version`, failed; `backoff`: its task failed in this controller.
+fn failed(version: &str, failure: Failure, message: &str, backoff: bool) -> InstallOutcome {
+    InstallOutcome::Failed {
+        version: version.into(),
+        error: TaskError::new(failure, message),
+        timed_out: failure == Failure::InstallTimedOut,
+        backoff,
     }
 }
 
@@ -216,7 +224,7 @@ fn a_first_install_runs_queues_and_reports() {
         "no drift condition before the first install"
     );
     let mut queued = fresh();
-    queued.install.task = TaskState::Queued(3);
+    queued.install.outcome = InstallOutcome::Queued(3);
     let plan = decide(&queued);
     assert!(plan.actions.is_empty());
     assert_eq!(plan.phase, Phase::Installing);
@@ -228,7 +236,7 @@ fn a_first_install_runs_queues_and_reports() {
             .any(|w| w.message.contains("position 3"))
     );
     let mut running = fresh();
-    running.install.task = TaskState::Running;
+    running.install.outcome = InstallOutcome::Running;
     let plan = decide(&running);
     assert!(plan.actions.is_empty());
     assert_eq!(plan.requeue, Requeue::Poll);
@@ -247,13 +255,12 @@ fn a_new_version_upgrades_and_a_failed_upgrade_keeps_the_old_one() {
     assert_eq!(plan.phase, Phase::Upgrading);
     let plan = decide(&with_install(|i| {
         i.requested = "6.0.23".into();
-        i.task = TaskState::Failed("boom".into());
-        i.last = Some(LastRun {
-            version: "6.0.23".into(),
-            result: InstallResult::Failed,
-            failure: Some(Failure::InstallFailed),
-            message: "pulumi up failed (exit 255): stand-in failure".into(),
-        });
+        i.outcome = failed(
+            "6.0.23",
+            Failure::InstallFailed,
+            "pulumi up failed (exit 255): stand-in failure",
+            true,
+        );
     }));
     assert_eq!(plan.phase, Phase::Upgrading);
     assert_eq!(plan.requeue, Requeue::Backoff);
@@ -279,17 +286,7 @@ fn failures_that_need_a_person_stall_and_timeouts_retry() {
         (Failure::RegistryUnreachable, false),
     ] {
         let mut o = fresh();
-        o.install.task = TaskState::Failed("x".into());
-        o.install.last = Some(LastRun {
-            version: "6.0.22".into(),
-            result: if failure == Failure::InstallTimedOut {
-                InstallResult::TimedOut
-            } else {
-                InstallResult::Failed
-            },
-            failure: Some(failure),
-            message: "why".into(),
-        });
+        o.install.outcome = failed("6.0.22", failure, "why", true);
         let plan = decide(&o);
         assert_eq!(cond(&plan, c::INSTALLED), (false, failure.reason()));
         assert_eq!(cond(&plan, c::STALLED).0, stalled, "{failure:?}");
@@ -307,22 +304,16 @@ fn failures_that_need_a_person_stall_and_timeouts_retry() {
 #[test]
 fn an_interrupted_install_runs_again() {
     let plan = decide(&with_install(|i| {
-        i.last = Some(LastRun {
+        i.outcome = InstallOutcome::Interrupted {
             version: "6.0.22".into(),
-            result: InstallResult::Running,
-            failure: None,
-            message: "install running".into(),
-        });
+        };
     }));
     assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
     assert_eq!(cond(&plan, c::RECONCILING), (true, "Resuming"));
     let mut o = fresh();
-    o.install.last = Some(LastRun {
+    o.install.outcome = InstallOutcome::Interrupted {
         version: "6.0.22".into(),
-        result: InstallResult::Running,
-        failure: None,
-        message: "install running".into(),
-    });
+    };
     let plan = decide(&o);
     assert_eq!(
         plan.actions,
@@ -382,25 +373,14 @@ fn repair_previews_when_due_and_installs_on_drift() {
 fn a_failed_run_at_another_version_is_put_back_at_once() {
     // 6.0.22 installed; the upgrade to 6.0.24 timed out; spec.version is set back.
     let plan = decide(&with_install(|i| {
-        i.last = Some(LastRun {
-            version: "6.0.24".into(),
-            result: InstallResult::TimedOut,
-            failure: Some(Failure::InstallTimedOut),
-            message: "timed out".into(),
-        });
+        i.outcome = failed("6.0.24", Failure::InstallTimedOut, "timed out", false);
     }));
     assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
     assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
     assert_eq!(cond(&plan, c::INSTALLED), (true, "Installed"));
     // A repair that failed at the installed version is retried (with backoff), not Ready.
     let plan = decide(&with_install(|i| {
-        i.task = TaskState::Failed("boom".into());
-        i.last = Some(LastRun {
-            version: "6.0.22".into(),
-            result: InstallResult::Failed,
-            failure: Some(Failure::InstallFailed),
-            message: "boom".into(),
-        });
+        i.outcome = failed("6.0.22", Failure::InstallFailed, "boom", true);
     }));
     assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
     assert_eq!(plan.requeue, Requeue::Backoff);
@@ -430,7 +410,7 @@ fn a_disabled_installer_stops_at_installing() {
 fn deletion_stops_installer_tasks_first() {
     let mut o = base();
     o.deleting = true;
-    o.install.task = TaskState::Running;
+    o.install.outcome = InstallOutcome::Running;
     let plan = decide(&o);
     assert_eq!(plan.actions.first(), Some(&Action::CancelInstall));
     let mut o = base();
@@ -636,4 +616,23 @@ fn a_failed_uninstall_keeps_the_finalizer() {
     assert_eq!(plan.actions, [Action::UninstallVCluster]);
     assert_eq!(plan.requeue, Requeue::Backoff);
     assert!(!plan.actions.contains(&Action::RemoveFinalizer));
+}
+
+#[test]
+fn a_failure_the_record_missed_is_reported_from_the_task() {
+    // The install could not write its record: the record still shows the last success.
+    let mut o = with_install(|i| i.requested = "6.0.23".into());
+    let record = crate::installer::record::Record {
+        installed_version: Some("6.0.22".into()),
+        ..Default::default()
+    };
+    let error = TaskError::new(
+        Failure::StateUnavailable,
+        "writing the install record failed",
+    );
+    o.install.outcome = InstallOutcome::fold(TaskState::Failed(error), &record, "6.0.23");
+    let plan = decide(&o);
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "StateUnavailable"));
+    assert_eq!(cond(&plan, c::STALLED), (true, "StateUnavailable"));
+    assert_eq!(plan.requeue, Requeue::Backoff);
 }

@@ -23,7 +23,8 @@ use super::error::{ReconcileError, observing};
 use super::objects;
 use super::{Context, install_key, key, preview_key, state_path};
 use crate::decide::model::{
-    Cleanup, InstallObserved, LastRun, Observed, OwnerService, Protection, Release, TaskState,
+    Cleanup, InstallObserved, InstallOutcome, Observed, OwnerService, Protection, Release,
+    TaskState,
 };
 use crate::helm::{RELEASE, release_from_secrets};
 use crate::installer::config::{self as program, ProgramConfig};
@@ -71,9 +72,7 @@ pub async fn observe(
     };
     let kubeconfig_current = kubeconfig_current(ctx, pi, host.exported.as_deref()).await?;
     let cleanup = cleanup(ctx, pi, &host_ns).await?;
-    // The tasks' states before the record: a task that finishes in between then shows as a
-    // running task over a finished record (harmless), never as an idle task over a `Running`
-    // record (which reads as an interrupted install).
+    // The tasks' states before the record (see `InstallOutcome::fold`).
     let tasks = (
         ctx.tasks.state(&install_key(pi)),
         ctx.tasks.state(&preview_key(pi)),
@@ -348,7 +347,8 @@ async fn client_secret(
     })
 }
 
-/// The installer's view of one instance from its record and tasks.
+/// The installer's view of one instance from its record and tasks (`tasks`: install, preview;
+/// read before `record`).
 fn install_observed(
     ctx: &Context,
     pi: &PlatformInstance,
@@ -363,20 +363,15 @@ fn install_observed(
                 .as_secs()
                 >= ctx.settings.repair_interval.as_secs() as i64
         });
+    let requested = pi.spec.version.clone().unwrap_or_default();
     InstallObserved {
-        requested: pi.spec.version.clone().unwrap_or_default(),
+        outcome: InstallOutcome::fold(tasks.0, record, &requested),
+        requested,
         installed: record.installed_version.clone(),
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
         config_error: config.and_then(|c| c.as_ref().err()).cloned(),
-        task: tasks.0,
         preview_task: tasks.1,
-        last: record.last_install.as_ref().map(|l| LastRun {
-            version: l.version.clone(),
-            result: l.result,
-            failure: record.failure,
-            message: l.message.clone().unwrap_or_default(),
-        }),
         drift: record
             .preview
             .as_ref()
