@@ -4,8 +4,10 @@
 //!
 //! - a client must finish its handshake (TLS), and then send a request's headers, within the
 //!   header-read timeout (hyper's HTTP/1 `header_read_timeout`, which also runs while a keep-alive
-//!   connection waits for its next request, and the first-request deadline below for HTTP/2);
-//! - a connection with no request in flight is closed after the idle timeout (either protocol);
+//!   connection waits for its next request, so an idle HTTP/1.1 connection is closed after it; for
+//!   HTTP/2, the first request must come within it);
+//! - an HTTP/2 connection with no request in flight is closed after the idle timeout (an HTTP/1.1
+//!   one after the shorter of both);
 //! - HTTP/2 connections get keep-alive pings and a bound on concurrent streams;
 //! - at most `max_connections` connections are open at once; one accepted beyond that is closed
 //!   at once;
@@ -54,7 +56,8 @@ pub struct Limits {
     #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
     pub header_read_timeout: Duration,
 
-    /// A connection with no request in flight for this long is closed.
+    /// An HTTP/2 connection with no request in flight for this long is closed (an HTTP/1.1 one
+    /// after the shorter of this and the header-read timeout).
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     pub idle_timeout: Duration,
 
@@ -412,5 +415,143 @@ mod tests {
         assert_eq!(set.limits.idle_timeout, Duration::from_secs(5));
         assert_eq!(set.limits.max_connections, 7);
         assert!(Only::try_parse_from(["x", "--max-requests-in-flight", "0"]).is_err());
+    }
+
+    use axum::body::Body;
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn short() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_millis(400),
+            idle_timeout: Duration::from_millis(600),
+            request_timeout: Duration::from_millis(400),
+            max_connections: 3,
+            max_requests_in_flight: 1,
+            ..Limits::default()
+        }
+    }
+
+    fn app(release: Arc<tokio::sync::Notify>) -> Router {
+        Router::new()
+            .route("/ok", get(|| async { "ok" }))
+            .route(
+                "/panic",
+                get(|| async {
+                    let empty: Vec<&'static str> = Vec::new();
+                    empty[0]
+                }),
+            )
+            .route(
+                "/sleep",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    "late"
+                }),
+            )
+            .route(
+                "/hold",
+                get(move || async move {
+                    release.notified().await;
+                    "released"
+                }),
+            )
+    }
+
+    async fn status(router: &Router, path: &str) -> StatusCode {
+        let request = Request::get(path).body(Body::empty()).expect("request");
+        router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("answer")
+            .status()
+    }
+
+    #[tokio::test]
+    async fn panics_timeouts_and_requests_beyond_the_limit_get_clear_answers() {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let router = layers(app(release.clone()), &short());
+        assert_eq!(status(&router, "/ok").await, StatusCode::OK);
+        assert_eq!(
+            status(&router, "/panic").await,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(status(&router, "/sleep").await, StatusCode::REQUEST_TIMEOUT);
+        // One request in flight (the limit): the next is shed at once with Retry-After.
+        let held = tokio::spawn({
+            let router = router.clone();
+            async move { status(&router, "/hold").await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let request = Request::get("/ok").body(Body::empty()).expect("request");
+        let shed = router.clone().oneshot(request).await.expect("answer");
+        assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(shed.headers()[header::RETRY_AFTER], "1");
+        release.notify_one();
+        assert_eq!(held.await.expect("join"), StatusCode::OK);
+        assert_eq!(
+            status(&router, "/ok").await,
+            StatusCode::OK,
+            "the slot is back"
+        );
+    }
+
+    /// Reads until the server closes the connection; returns what it sent.
+    async fn until_closed(tcp: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut got))
+            .await
+            .expect("the server closes the connection");
+        got
+    }
+
+    #[tokio::test]
+    async fn slow_idle_and_surplus_connections_are_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let release = Arc::new(tokio::sync::Notify::new());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, Plain, app(release), short(), async {
+            let _ = stopped.await;
+        }));
+        let t0 = Instant::now();
+        // Slowloris: headers never finished.
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .expect("write");
+        // Idle after one answered request (keep-alive).
+        let mut idle = TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .expect("write");
+        // A third connection fills the cap; a fourth is closed at once.
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut fourth = TcpStream::connect(addr).await.expect("connect");
+        let started = Instant::now();
+        assert!(until_closed(&mut fourth).await.is_empty(), "surplus closed");
+        assert!(started.elapsed() < Duration::from_millis(300));
+        let _ = until_closed(&mut slow).await;
+        assert!(
+            t0.elapsed() >= Duration::from_millis(350),
+            "the slow client had its header-read time"
+        );
+        let answered = until_closed(&mut idle).await;
+        assert!(answered.starts_with(b"HTTP/1.1 200"), "{answered:?}");
+        // HTTP/1.1: hyper runs the header-read clock while a kept-alive connection waits for its
+        // next request, so it is closed after the header-read timeout (here shorter than idle).
+        assert!(
+            t0.elapsed() >= Duration::from_millis(350),
+            "the idle connection had its header-read time"
+        );
+        // The third never sent a request: closed at the header-read deadline.
+        let _ = until_closed(&mut third).await;
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("drains")
+            .expect("join");
     }
 }
