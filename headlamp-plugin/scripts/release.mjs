@@ -18,7 +18,9 @@ const args = process.argv.slice(2);
 const outIdx = args.indexOf('--out');
 const out = path.resolve(outIdx >= 0 ? args[outIdx + 1] : path.join(root, 'release'));
 const pkg = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'));
-const chart = YAML.parse(fs.readFileSync(path.join(repo, 'charts/platform-operator/Chart.yaml'), 'utf8'));
+const chart = YAML.parse(
+  fs.readFileSync(path.join(repo, 'charts/platform-operator/Chart.yaml'), 'utf8')
+);
 
 /** Where the platform's GitHub release keeps the tarball (the chart's `home`). */
 export const RELEASES = `${chart.home}/releases/download`;
@@ -32,7 +34,9 @@ if (pkg.version !== chart.version) {
 
 const bin = path.join(root, 'node_modules/.bin/headlamp-plugin');
 if (!args.includes('--no-build')) {
-  execFileSync('node', [path.join(root, 'scripts/gen-schema.mjs'), '--check'], { stdio: 'inherit' });
+  execFileSync('node', [path.join(root, 'scripts/gen-schema.mjs'), '--check'], {
+    stdio: 'inherit',
+  });
   // A release is a production build whoever runs it (a test runner sets NODE_ENV=test).
   const env = Object.fromEntries(
     Object.entries(process.env).filter(([k]) => !k.startsWith('VITEST') && k !== 'UNDER_TEST')
@@ -59,14 +63,19 @@ try {
   fs.rmSync(stage, { recursive: true, force: true });
 }
 
-const sha256 = crypto.createHash('sha256').update(fs.readFileSync(path.join(out, tarball))).digest('hex');
+const sha256 = crypto
+  .createHash('sha256')
+  .update(fs.readFileSync(path.join(out, tarball)))
+  .digest('hex');
 fs.writeFileSync(path.join(out, `${tarball}.sha256`), `${sha256}  ${tarball}\n`);
 
 const artifacthub = {
   version: pkg.version,
   name: pkg.name,
   displayName: 'di-framework Platform Instances',
-  createdAt: new Date(Number(process.env.SOURCE_DATE_EPOCH ?? 0) * 1000 || Date.now()).toISOString().replace(/\.\d+Z$/, 'Z'),
+  createdAt: new Date(Number(process.env.SOURCE_DATE_EPOCH ?? 0) * 1000 || Date.now())
+    .toISOString()
+    .replace(/\.\d+Z$/, 'Z'),
   description: pkg.description,
   license: pkg.license,
   homeURL: chart.home,
@@ -79,4 +88,6 @@ const artifacthub = {
   },
 };
 fs.writeFileSync(path.join(out, 'artifacthub-pkg.yml'), YAML.stringify(artifacthub));
-console.log(`${path.join(out, tarball)}\nsha256 ${sha256}\n${path.join(out, 'artifacthub-pkg.yml')}`);
+console.log(
+  `${path.join(out, tarball)}\nsha256 ${sha256}\n${path.join(out, 'artifacthub-pkg.yml')}`
+);

@@ -4,11 +4,11 @@
 import { registerRoute, registerSidebarEntry } from '@kinvolk/headlamp-plugin/lib';
 import { PlatformInstanceDetail } from './components/Detail';
 import { PlatformInstanceList } from './components/List';
-import { ROUTES } from './resource';
+import { ROUTE_NAMES, ROUTES } from './resource';
 
 registerSidebarEntry({
   parent: null,
-  name: 'platform-instances',
+  name: ROUTE_NAMES.list,
   label: 'Platform Instances',
   url: ROUTES.list,
   icon: 'mdi:cube-outline',
@@ -16,16 +16,16 @@ registerSidebarEntry({
 
 registerRoute({
   path: ROUTES.list,
-  sidebar: 'platform-instances',
-  name: 'platform-instances',
+  sidebar: ROUTE_NAMES.list,
+  name: ROUTE_NAMES.list,
   exact: true,
   component: () => <PlatformInstanceList />,
 });
 
 registerRoute({
   path: ROUTES.details,
-  sidebar: 'platform-instances',
-  name: 'platform-instance',
+  sidebar: ROUTE_NAMES.list,
+  name: ROUTE_NAMES.details,
   exact: true,
   component: () => <PlatformInstanceDetail />,
 });

@@ -44,6 +44,26 @@ describe('editPatch', () => {
     expect(applied.status).toEqual(original.status);
   });
 
+  it('ignores the order of keys (the API server returns them sorted)', () => {
+    const stored = {
+      metadata: { resourceVersion: '3' },
+      spec: {
+        platform: {
+          users: [{ memberships: [{ role: 'developer', tenant: 'acme' }], name: 'dev' }],
+        },
+      },
+    };
+    const edited = {
+      metadata: { resourceVersion: '3' },
+      spec: {
+        platform: {
+          users: [{ name: 'dev', memberships: [{ tenant: 'acme', role: 'developer' }] }],
+        },
+      },
+    };
+    expect(editPatch(stored, edited)).toEqual([]);
+  });
+
   it('adds a missing parent whole', () => {
     const bare = { metadata: { resourceVersion: '1' }, spec: { version: '6.0.22' } };
     const edited = {
@@ -84,6 +104,14 @@ describe('isConflict', () => {
       })
     ).toBe(true);
     expect(isConflict({ status: 409, message: 'Conflict' })).toBe(true);
+    expect(
+      isConflict({
+        status: 422,
+        message:
+          'Unprocessable Entity - the server rejected our request due to an error in our request',
+        conflict: true,
+      })
+    ).toBe(true);
     expect(isConflict({ status: 422, message: 'spec.version: Invalid value' })).toBe(false);
     expect(isConflict({ status: 403, message: 'forbidden' })).toBe(false);
     expect(isConflict(null)).toBe(false);

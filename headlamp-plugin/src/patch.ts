@@ -16,7 +16,17 @@ export function pointerToken(key: string): string {
 const isObject = (v: unknown): v is Record<string, unknown> =>
   v !== null && typeof v === 'object' && !Array.isArray(v);
 
-const same = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
+/** JSON text with every object's keys sorted: equal values, whatever their key order. */
+function canonical(v: unknown): string {
+  return JSON.stringify(v, (_, val) =>
+    isObject(val)
+      ? Object.fromEntries(Object.entries(val).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)))
+      : val
+  );
+}
+
+/** Whether two JSON values are equal (objects compared without regard to key order). */
+const same = (a: unknown, b: unknown) => canonical(a) === canonical(b);
 
 /**
  * The operations that turn `before` into `after` at `path`: objects are compared key by key,
@@ -89,11 +99,15 @@ export const CONFLICT_MESSAGE =
   'This instance has changed since you opened it: reopen and retry. Nothing was overwritten.';
 
 /**
- * Whether an API error is the refusal of the resourceVersion `test` (the API server answers a
- * failed JSON Patch test with 422 and the words "test failed"; 409 is a conflict).
+ * Whether an API error is the refusal of the resourceVersion `test`: marked `conflict` by the
+ * sender after it saw the object's resourceVersion had moved on, or a 409, or a 422 whose message
+ * names the failed test.
  */
-export function isConflict(err: { status?: number; message?: string } | null | undefined): boolean {
+export function isConflict(
+  err: { status?: number; message?: string; conflict?: boolean } | null | undefined
+): boolean {
   if (!err) return false;
+  if (err.conflict === true) return true;
   if (err.status === 409) return true;
   return err.status === 422 && /test.*fail|resourceVersion/i.test(err.message ?? '');
 }

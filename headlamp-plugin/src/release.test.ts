@@ -3,13 +3,11 @@
 // that unpacks to what Headlamp loads (di-framework-platform/main.js + package.json), its sha256
 // file and the Artifact Hub package agree with the bytes, and everything is at the chart's
 // version, which the chart's plugin manager configuration names.
-import { execFileSync } from 'child_process';
-import crypto from 'crypto';
-import fs from 'fs';
-import os from 'os';
-import path from 'path';
 import * as tar from 'tar';
 import YAML from 'yaml';
+import { childProcess, crypto, fs, os, path } from './nodeBuiltins';
+
+const { execFileSync } = childProcess;
 
 const root = path.resolve(__dirname, '..');
 const repo = path.resolve(root, '..');

@@ -85,6 +85,12 @@ export const ROUTES = {
   details: '/platform-instances/:namespace/:name',
 };
 
+/** The names the views are registered under (Headlamp links to routes by name). */
+export const ROUTE_NAMES = {
+  list: 'platform-instances',
+  details: 'platform-instance',
+};
+
 // Headlamp's KubeObject, from the library Headlamp hands its plugins (the same path in the
 // bundle, where it is pluginLib.K8s, and in the component tests).
 const { KubeObject } = K8s.cluster;
@@ -97,11 +103,11 @@ export class PlatformInstance extends KubeObject<KubePlatformInstance> {
   static isNamespaced = true;
 
   static get detailsRoute() {
-    return ROUTES.details;
+    return ROUTE_NAMES.details;
   }
 
   static get listRoute() {
-    return ROUTES.list;
+    return ROUTE_NAMES.list;
   }
 
   get spec(): InstanceSpec {

@@ -3,10 +3,9 @@
 // end-to-end CRD tests (e2e/tests/crd.rs, read here from the Rust source so a new case there is a
 // new case here) gets the same verdict, on the same field, with the same reason; every CEL rule of
 // the CRD has a client-side twin; src/generated/crd.json is what the CRD generates.
-import fs from 'fs';
-import path from 'path';
 import YAML from 'yaml';
 import { crdSchemaJson } from '../scripts/crd-schema.mjs';
+import { fs, path } from './nodeBuiltins';
 import {
   compileRule,
   rulesOf,

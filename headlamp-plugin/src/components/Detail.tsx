@@ -2,18 +2,19 @@
 // conditions with reasons and messages, recent Events, the host namespace and the kubeconfig;
 // Edit (the form, sending a JSON Patch) and Delete (saying what deletionPolicy will do).
 import {
-  ConditionsTable,
   ConfirmDialog,
+  DateLabel,
   DetailsGrid,
   Link,
   NameValueTable,
   SectionBox,
   SimpleTable,
+  StatusLabel,
 } from '@kinvolk/headlamp-plugin/lib/CommonComponents';
 import { Alert, Button } from '@mui/material';
 import React from 'react';
 import { useHistory, useParams } from 'react-router-dom';
-import { deletionPolicyText, PlatformInstance, versionText } from '../resource';
+import { deletionPolicyText, InstanceCondition, PlatformInstance, versionText } from '../resource';
 import { InstanceForm, requestErrorText } from './InstanceForm';
 import { KubeconfigSection } from './Kubeconfig';
 import { PhaseLabel, ReadyLabel } from './labels';
@@ -172,6 +173,40 @@ function LastInstallSection({ item }: { item: PlatformInstance }) {
   );
 }
 
+/**
+ * The conditions with their reasons and messages in plain sight (Headlamp's ConditionsTable
+ * shows a message only on hover).
+ */
+function ConditionsSection({ item }: { item: PlatformInstance }) {
+  return (
+    <SectionBox title="Conditions">
+      <SimpleTable
+        columns={[
+          {
+            label: 'Condition',
+            getter: (c: InstanceCondition) => (
+              <StatusLabel
+                status={c.status === 'True' ? (c.type === 'Stalled' ? 'error' : 'success') : ''}
+              >
+                {c.type}
+              </StatusLabel>
+            ),
+          },
+          { label: 'Status', getter: (c: InstanceCondition) => c.status },
+          { label: 'Reason', getter: (c: InstanceCondition) => c.reason },
+          { label: 'Message', getter: (c: InstanceCondition) => c.message },
+          {
+            label: 'Last transition',
+            getter: (c: InstanceCondition) => <DateLabel date={c.lastTransitionTime} />,
+          },
+        ]}
+        data={item.status.conditions ?? []}
+        emptyMessage="No conditions yet: the controller has not reported on this instance."
+      />
+    </SectionBox>
+  );
+}
+
 /** The detail view registered at /platform-instances/:namespace/:name. */
 export function PlatformInstanceDetail() {
   const { namespace, name } = useParams<{ namespace: string; name: string }>();
@@ -234,11 +269,7 @@ export function PlatformInstanceDetail() {
               { id: 'di-framework.last-install', section: <LastInstallSection item={item} /> },
               {
                 id: 'di-framework.conditions',
-                section: (
-                  <SectionBox title="Conditions">
-                    <ConditionsTable resource={item.jsonData} showLastUpdate={false} />
-                  </SectionBox>
-                ),
+                section: <ConditionsSection item={item} />,
               },
               { id: 'di-framework.kubeconfig', section: <KubeconfigSection item={item} /> },
             ]

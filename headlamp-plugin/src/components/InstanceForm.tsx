@@ -57,11 +57,25 @@ export async function send(
       headers: { 'Content-Type': 'application/json' },
     });
   } else {
-    await ApiProxy.request(`${instancePath(ns, object.metadata.name)}?fieldValidation=Strict`, {
-      method: 'PATCH',
-      body: JSON.stringify(patch),
-      headers: { 'Content-Type': 'application/json-patch+json' },
-    });
+    const path = instancePath(ns, object.metadata.name);
+    try {
+      await ApiProxy.request(`${path}?fieldValidation=Strict`, {
+        method: 'PATCH',
+        body: JSON.stringify(patch),
+        headers: { 'Content-Type': 'application/json-patch+json' },
+      });
+    } catch (err: any) {
+      // The API server answers a failed `test` with 422 and a generic message; whether the
+      // object moved on since the form opened is what tells a concurrent change apart.
+      const opened = patch.find(op => op.op === 'test')?.value;
+      if (err?.status === 409 || err?.status === 422) {
+        const now = await ApiProxy.request(path).catch(() => null);
+        if (now && now.metadata?.resourceVersion !== opened) {
+          throw Object.assign(err, { conflict: true });
+        }
+      }
+      throw err;
+    }
   }
 }
 
