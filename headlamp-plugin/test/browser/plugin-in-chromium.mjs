@@ -37,7 +37,8 @@ const SHOTS = env('PO_SCREENSHOTS');
 const GROUP = 'platform.di-framework.dev/v1alpha1';
 const NAME = 'one';
 const DIGEST = '@sha256:ee89fd4bce4f9f35f4cd09c63d3cbdd07bea3071b5d372f82c9f49b9741c3669';
-const TIMEOUT = 30_000;
+// A bound on each wait (no timing is asserted): generous, for a loaded CI machine.
+const TIMEOUT = 60_000;
 
 /** One request to the API server as `user`; resolves to { status, body }. */
 function api(user, method, apiPath, body, contentType = 'application/json') {
