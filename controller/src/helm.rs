@@ -92,11 +92,18 @@ impl Helm {
         args: &[String],
     ) -> Result<String, HelmError> {
         let mut cmd = Command::new(&self.binary);
-        cmd.args(args).kill_on_drop(true);
-        let out = cmd.output().await.map_err(|source| HelmError::Spawn {
+        cmd.args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let spawn_error = |source| HelmError::Spawn {
             binary: self.binary.clone(),
             source,
-        })?;
+        };
+        // Registered, so that the controller's reaper leaves helm's exit status to this wait.
+        let (child, _registered) = crate::reaper::spawn(&mut cmd).map_err(spawn_error)?;
+        let out = child.wait_with_output().await.map_err(spawn_error)?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {

@@ -1,6 +1,9 @@
 //! Leader election on a `coordination.k8s.io` Lease, written here against kube 5 (no second kube
-//! in the tree): acquire when free or expired, renew well inside the lease, and report a lost
-//! lease at once so the process stops working.
+//! in the tree), with client-go's guarantees: a lease is judged expired by the time *this*
+//! replica last saw its record change (never by comparing the holder's `renewTime` with the
+//! local clock), every lease call is bounded by the renew deadline, and the holder gives up at
+//! the renew deadline, which is shorter than the lease: it has stopped before anyone else may
+//! take over.
 
 use std::time::Duration;
 
@@ -8,6 +11,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::time::Instant;
 
 /// Lease settings.
 #[derive(Clone, Debug)]
@@ -20,23 +24,58 @@ pub struct Election {
     pub identity: String,
     /// How long a lease lasts without renewal.
     pub duration: Duration,
-    /// How often the holder renews.
+    /// How long the holder keeps trying to renew before it gives up (shorter than `duration`).
+    pub renew_deadline: Duration,
+    /// How often the holder renews (and a candidate retries).
     pub renew_every: Duration,
 }
 
-/// Whether `lease` may be taken by `identity` at `now`.
-pub fn can_take(lease: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
+/// Why this replica stopped leading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lost {
+    /// No renewal succeeded within the renew deadline (the API server did not answer in time).
+    Deadline,
+    /// Another replica holds the lease.
+    Taken,
+}
+
+impl std::fmt::Display for Lost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Lost::Deadline => "the lease could not be renewed within the renew deadline",
+            Lost::Taken => "another replica holds the lease",
+        })
+    }
+}
+
+/// The lease record as this replica last saw it, and when it first saw that record (its own
+/// monotonic clock).
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    record: Option<LeaseSpec>,
+    since: Option<Instant>,
+}
+
+impl Observed {
+    /// Notes that `record` was read at `now`; returns when this record was first seen.
+    pub fn see(&mut self, record: &LeaseSpec, now: Instant) -> Instant {
+        if self.record.as_ref() != Some(record) || self.since.is_none() {
+            self.record = Some(record.clone());
+            self.since = Some(now);
+        }
+        self.since.unwrap_or(now)
+    }
+}
+
+/// Whether `lease`, whose record has not changed since `unchanged_since` (local clock), may be
+/// taken by `identity` at `now`: when free, ours, or unchanged for a whole lease duration.
+pub fn can_take(lease: &LeaseSpec, identity: &str, unchanged_since: Instant, now: Instant) -> bool {
     let holder = lease.holder_identity.as_deref().unwrap_or_default();
     if holder.is_empty() || holder == identity {
         return true;
     }
-    let renewed = lease
-        .renew_time
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or(Timestamp::UNIX_EPOCH);
-    let duration = i64::from(lease.lease_duration_seconds.unwrap_or(15));
-    now.as_second() > renewed.as_second() + duration
+    let seconds = lease.lease_duration_seconds.unwrap_or(15).max(1);
+    now >= unchanged_since + Duration::from_secs(seconds.unsigned_abs().into())
 }
 
 impl Election {
@@ -51,8 +90,13 @@ impl Election {
         }
     }
 
-    /// One attempt to hold the lease; `Ok(true)` while this replica holds it.
-    pub async fn try_hold(&self, client: &kube::Client) -> Result<bool, kube::Error> {
+    /// One attempt to hold the lease; `Ok(true)` while this replica holds it. `observed` keeps
+    /// what this replica saw of the lease between attempts.
+    pub async fn try_hold(
+        &self,
+        client: &kube::Client,
+        observed: &mut Observed,
+    ) -> Result<bool, kube::Error> {
         let api: Api<Lease> = Api::namespaced(client.clone(), &self.namespace);
         let now = Timestamp::now();
         match api.get_opt(&self.name).await? {
@@ -73,7 +117,9 @@ impl Election {
             }
             Some(mut lease) => {
                 let spec = lease.spec.clone().unwrap_or_default();
-                if !can_take(&spec, &self.identity, now) {
+                let seen = Instant::now();
+                let since = observed.see(&spec, seen);
+                if !can_take(&spec, &self.identity, since, seen) {
                     return Ok(false);
                 }
                 let ours = spec.holder_identity.as_deref() == Some(self.identity.as_str());
@@ -96,32 +142,56 @@ impl Election {
         }
     }
 
-    /// Waits until this replica holds the lease.
-    pub async fn acquire(&self, client: &kube::Client) {
+    /// One attempt, abandoned at `deadline` (a call that hangs counts as failed then).
+    async fn attempt(
+        &self,
+        client: &kube::Client,
+        observed: &mut Observed,
+        deadline: Instant,
+    ) -> Option<Result<bool, kube::Error>> {
+        tokio::time::timeout_at(deadline, self.try_hold(client, observed))
+            .await
+            .ok()
+    }
+
+    /// Waits until this replica holds the lease; returns when the winning attempt was sent
+    /// (the start of the first term, for [`Election::hold`]).
+    pub async fn acquire(&self, client: &kube::Client) -> Instant {
+        let mut observed = Observed::default();
         loop {
-            match self.try_hold(client).await {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "leader election failed; retrying"),
+            let sent = Instant::now();
+            match self
+                .attempt(client, &mut observed, sent + self.renew_deadline)
+                .await
+            {
+                Some(Ok(true)) => return sent,
+                Some(Ok(false)) => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "leader election failed; retrying"),
+                None => tracing::warn!("a leader election call timed out; retrying"),
             }
             tokio::time::sleep(self.renew_every).await;
         }
     }
 
-    /// Renews until the lease is lost (or cannot be renewed before it would expire); returns then.
-    pub async fn hold(&self, client: &kube::Client) {
-        let mut last_ok = std::time::Instant::now();
+    /// Renews until the lease is lost, and says why: another replica took it, or no renewal
+    /// succeeded within the renew deadline of the last one sent that succeeded (`renewed`, at
+    /// first the return of [`Election::acquire`]). Returns at that deadline at the latest, even
+    /// when a call hangs, so that the caller stops all work before the lease can expire for
+    /// anyone else.
+    pub async fn hold(&self, client: &kube::Client, mut renewed: Instant) -> Lost {
+        let mut observed = Observed::default();
         loop {
-            tokio::time::sleep(self.renew_every).await;
-            match self.try_hold(client).await {
-                Ok(true) => last_ok = std::time::Instant::now(),
-                Ok(false) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "renewing the lease failed");
-                    if last_ok.elapsed() + self.renew_every >= self.duration {
-                        return;
-                    }
-                }
+            let give_up = renewed + self.renew_deadline;
+            tokio::time::sleep_until((Instant::now() + self.renew_every).min(give_up)).await;
+            let sent = Instant::now();
+            if sent >= give_up {
+                return Lost::Deadline;
+            }
+            match self.attempt(client, &mut observed, give_up).await {
+                Some(Ok(true)) => renewed = sent,
+                Some(Ok(false)) => return Lost::Taken,
+                Some(Err(e)) => tracing::warn!(error = %e, "renewing the lease failed"),
+                None => return Lost::Deadline,
             }
         }
     }
@@ -141,11 +211,67 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_is_taken_only_when_free_ours_or_expired() {
-        let now = Timestamp::from_second(1_000).expect("time");
-        assert!(can_take(&LeaseSpec::default(), "a", now));
-        assert!(can_take(&lease("a", 999), "a", now));
-        assert!(!can_take(&lease("b", 990), "a", now), "b renewed 10 s ago");
-        assert!(can_take(&lease("b", 980), "a", now), "b's lease expired");
+    fn a_lease_is_taken_only_when_free_ours_or_unchanged_for_its_duration() {
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        assert!(can_take(&LeaseSpec::default(), "a", start, start));
+        assert!(can_take(&lease("a", 999), "a", start, start));
+        // The holder's renewTime says nothing about expiry: a clock running behind (renewTime
+        // in the distant past) is not an expired lease while the record keeps changing.
+        let mut observed = Observed::default();
+        let since = observed.see(&lease("b", 0), at(0));
+        assert!(!can_take(&lease("b", 0), "a", since, at(0)), "just seen");
+        let since = observed.see(&lease("b", 1), at(10));
+        assert_eq!(since, at(10), "a renewal restarts the clock");
+        assert!(!can_take(&lease("b", 1), "a", since, at(24)));
+        let since = observed.see(&lease("b", 1), at(25));
+        assert_eq!(
+            since,
+            at(10),
+            "an unchanged record keeps its first sighting"
+        );
+        assert!(
+            can_take(&lease("b", 1), "a", since, at(25)),
+            "unchanged for 15 s: expired"
+        );
+        // Nor is a renewTime in the future (a clock running ahead) a live lease for ever.
+        let mut observed = Observed::default();
+        let ahead = lease("b", i64::from(i32::MAX));
+        let since = observed.see(&ahead, at(0));
+        assert!(can_take(&ahead, "a", since, at(15)));
+    }
+
+    /// A holder whose API server stops answering (every call hangs, as through a stalled
+    /// connection, with the client's minutes-long defaults) gives up at the renew deadline.
+    #[tokio::test]
+    async fn a_hanging_api_server_loses_the_lease_at_the_renew_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        // Accepts connections and never answers.
+        let hold_open = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let config = kube::Config::new(url.parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let election = Election {
+            namespace: "ns".into(),
+            name: "lease".into(),
+            identity: "a".into(),
+            duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            renew_every: Duration::from_millis(200),
+        };
+        let renewed = Instant::now();
+        let lost = tokio::time::timeout(Duration::from_secs(30), election.hold(&client, renewed))
+            .await
+            .expect("hold returns although every call hangs");
+        assert_eq!(lost, Lost::Deadline);
+        assert!(renewed.elapsed() >= election.renew_deadline);
+        hold_open.abort();
     }
 }

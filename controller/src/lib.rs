@@ -10,6 +10,8 @@ pub mod helm;
 pub mod installer;
 pub mod leader;
 pub mod metrics;
+pub mod pod_security;
 pub mod policy;
+pub mod reaper;
 pub mod reconcile;
 pub mod tasks;

@@ -91,9 +91,20 @@ struct Args {
     #[arg(long, default_value = "15s", value_parser = common::duration::parse)]
     leader_lease_duration: Duration,
 
-    /// How often the leader renews its Lease (well inside --leader-lease-duration).
+    /// How often the leader renews its Lease (well inside --leader-renew-deadline).
     #[arg(long, default_value = "4s", value_parser = common::duration::parse)]
     leader_renew_interval: Duration,
+
+    /// How long the leader keeps failing to renew (each Lease call is cut off at it) before it
+    /// stops all work and exits; shorter than --leader-lease-duration, so that it has stopped
+    /// before another replica may take over.
+    #[arg(long, default_value = "10s", value_parser = common::duration::parse)]
+    leader_renew_deadline: Duration,
+
+    /// The Pod Security Standards level pods created inside each vCluster are held to (vCluster's
+    /// `policies.podSecurityStandard`); the host namespace warns and audits at it too.
+    #[arg(long, value_enum, default_value_t = controller::pod_security::Level::Baseline)]
+    pod_security_standard: controller::pod_security::Level,
 
     /// Root of the operator's state volume: one directory per instance.
     #[arg(long, default_value = "/var/lib/platform-operator/state")]
@@ -180,6 +191,14 @@ impl Args {
             self.leader_renew_interval,
             self.leader_lease_duration
         );
+        anyhow::ensure!(
+            self.leader_renew_interval < self.leader_renew_deadline
+                && self.leader_renew_deadline < self.leader_lease_duration,
+            "--leader-renew-deadline ({:?}) must be longer than --leader-renew-interval ({:?}) and shorter than --leader-lease-duration ({:?})",
+            self.leader_renew_deadline,
+            self.leader_renew_interval,
+            self.leader_lease_duration
+        );
         Ok(())
     }
 
@@ -189,6 +208,7 @@ impl Args {
             name: LEADER_LEASE.into(),
             identity: identity.to_string(),
             duration: self.leader_lease_duration,
+            renew_deadline: self.leader_renew_deadline,
             renew_every: self.leader_renew_interval,
         }
     }
@@ -215,6 +235,7 @@ impl Args {
                 format!("system:serviceaccount:{}:platform-operator", self.namespace)
             }),
             install_platform: self.install_platform,
+            pod_security: self.pod_security_standard,
         }
     }
 
@@ -307,12 +328,19 @@ async fn main() -> anyhow::Result<()> {
         let host = common::names::host_namespace(namespace, name);
         print!(
             "{}",
-            controller::reconcile::vcluster_values(&args.storage_root_base, &host)
+            controller::reconcile::vcluster_values(
+                &args.storage_root_base,
+                &host,
+                args.pod_security_standard
+            )
         );
         return Ok(());
     }
     common::telemetry::init(&args.log)?;
     args.check()?;
+    // PID 1 in its container: orphans of the tools it runs are re-parented to it, and reaped.
+    controller::reaper::become_subreaper()?;
+    tokio::spawn(controller::reaper::run());
     controller::chart::verify(
         &args.vcluster_chart,
         args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
@@ -344,10 +372,11 @@ async fn main() -> anyhow::Result<()> {
     });
     let election = args.election(&identity);
     readiness.set(true);
+    let mut renewed = tokio::time::Instant::now();
     if args.leader_elect {
         tracing::info!(%identity, "waiting for the leader lease");
         tokio::select! {
-            () = election.acquire(&client) => {},
+            sent = election.acquire(&client) => renewed = sent,
             () = shutdown_signal() => return Ok(()),
         }
         tracing::info!(%identity, "leading");
@@ -356,16 +385,27 @@ async fn main() -> anyhow::Result<()> {
 
     let hosts = Hosts::default();
     let settings = args.settings(chart_version);
-    let ctx = Arc::new(args.context(client.clone(), settings, &metrics, identity, hosts.clone()));
+    let ctx = Arc::new(args.context(
+        client.clone(),
+        settings,
+        &metrics,
+        identity.clone(),
+        hosts.clone(),
+    ));
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
     let controller = run(client.clone(), ctx, hosts, &registry);
 
     if args.leader_elect {
         tokio::select! {
             result = controller => result?,
-            () = election.hold(&client) => {
+            lost = election.hold(&client, renewed) => {
                 metrics.leader.set(0);
-                anyhow::bail!("lost the leader lease; stopping at once so that another replica can take over");
+                // Stop all work now, before the lease can expire for another replica: every
+                // tool process (helm, npm, pulumi and what they started) is killed, and the
+                // process exits without waiting for tasks or requests in flight.
+                let killed = controller::reaper::kill_descendants();
+                tracing::error!(%identity, reason = %lost, killed, "lost the leader lease; stopped all work and exiting so that another replica can take over");
+                std::process::exit(1);
             }
         }
     } else {
@@ -387,6 +427,11 @@ mod tests {
         args.check().expect("defaults are consistent");
         assert_eq!(args.leader_lease_duration, Duration::from_secs(15));
         assert_eq!(args.leader_renew_interval, Duration::from_secs(4));
+        assert_eq!(args.leader_renew_deadline, Duration::from_secs(10));
+        assert_eq!(
+            args.pod_security_standard,
+            controller::pod_security::Level::Baseline
+        );
         assert_eq!(args.policy_interval, Duration::from_secs(60));
         assert_eq!(args.vcluster_api_timeout, Duration::from_secs(5));
         assert_eq!(args.cleanup_backoff_limit, 3);
@@ -409,20 +454,39 @@ mod tests {
         assert_eq!(args.print_vcluster_values.as_deref(), Some("team-a/one"));
     }
 
-    #[test]
-    fn a_renewal_slower_than_the_lease_is_refused() {
-        let args = Args::try_parse_from([
-            "controller",
-            "--vcluster-chart-sha256",
-            "sha256:00",
-            "--leader-lease-duration",
-            "10s",
-            "--leader-renew-interval",
-            "10s",
-        ])
+    /// The check of leader flags `flags` fails naming `flag`.
+    fn refused(flags: &[&str], flag: &str) {
+        let args = Args::try_parse_from(
+            ["controller", "--vcluster-chart-sha256", "sha256:00"]
+                .iter()
+                .chain(flags),
+        )
         .expect("flags");
         let error = args.check().expect_err("refused").to_string();
-        assert!(error.contains("--leader-renew-interval"), "{error}");
+        assert!(error.contains(flag), "{error}");
+    }
+
+    #[test]
+    fn a_renewal_slower_than_the_lease_is_refused() {
+        refused(
+            &["--leader-lease-duration=10s", "--leader-renew-interval=10s"],
+            "--leader-renew-interval",
+        );
+        // The holder must give up before its lease can expire for another replica.
+        refused(
+            &["--leader-lease-duration=10s", "--leader-renew-deadline=10s"],
+            "--leader-renew-deadline",
+        );
+        assert!(
+            Args::try_parse_from([
+                "controller",
+                "--vcluster-chart-sha256",
+                "sha256:00",
+                "--pod-security-standard=lenient",
+            ])
+            .is_err(),
+            "only the three Pod Security levels are accepted"
+        );
         assert!(
             Args::try_parse_from([
                 "controller",

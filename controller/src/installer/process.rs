@@ -73,33 +73,6 @@ impl Drop for Running {
     }
 }
 
-/// The parent of every live process, from `/proc/<pid>/stat`.
-fn parents() -> Vec<(i32, i32)> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().nth(1)?.parse::<i32>().ok());
-        if let Some(ppid) = ppid {
-            out.push((pid, ppid));
-        }
-    }
-    out
-}
-
 /// Kills the process group `pgid` and every descendant of its leader, wherever they are:
 /// Pulumi starts its plugins (language host, providers) in process groups of their own. The
 /// tree is collected before anything is killed, while the parent links still hold.
@@ -107,24 +80,11 @@ fn kill_group(pgid: i32) {
     if pgid <= 1 {
         return;
     }
-    let links = parents();
-    let mut tree = vec![pgid];
-    let mut i = 0;
-    while i < tree.len() {
-        let parent = tree[i];
-        tree.extend(
-            links
-                .iter()
-                .filter(|(pid, ppid)| *ppid == parent && !tree.contains(pid))
-                .map(|(pid, _)| *pid)
-                .collect::<Vec<_>>(),
-        );
-        i += 1;
-    }
+    let tree = crate::reaper::descendants(&crate::reaper::processes(), pgid);
     // The state lock a killed pulumi leaves is cleared before the next run (only the leader
     // runs tools), so there is nothing to wait for.
     let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-    for pid in tree.into_iter().skip(1) {
+    for pid in tree {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
 }
@@ -183,7 +143,8 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let mut child = cmd.spawn()?;
+    // Registered, so that the controller's reaper leaves this child's exit status to `wait`.
+    let (mut child, _registered) = crate::reaper::spawn(&mut cmd)?;
     let pid = child.id().map(|p| p as i32);
     let pid_file = dir.join(PID_FILE);
     if let Some(pid) = pid

@@ -128,7 +128,7 @@ async fn remove_finalizer(t: &Target<'_>) -> Result<(), ReconcileError> {
 
 async fn apply_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let client = &t.ctx.client;
-    let mut namespace = objects::namespace(&key(t.pi), &t.host_ns);
+    let mut namespace = objects::namespace(&key(t.pi), &t.host_ns, t.ctx.settings.pod_security);
     let policy = objects::network_policy(&t.host_ns, &t.ctx.settings.operator_namespace);
     let applied = objects::namespace_hash(&namespace, &policy);
     namespace
@@ -319,7 +319,11 @@ fn chart_install(
         control_plane::stop(client, &namespace)
             .await
             .map_err(|e| TaskError::from(e.to_string()))?;
-        let values = objects::vcluster_values(&settings.storage_root_base, &namespace);
+        let values = objects::vcluster_values(
+            &settings.storage_root_base,
+            &namespace,
+            settings.pod_security,
+        );
         helm.upgrade_install(
             &namespace,
             &settings.chart,

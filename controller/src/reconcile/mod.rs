@@ -62,6 +62,8 @@ pub struct Settings {
     pub operator_user: String,
     /// Run the platform program (`--install-platform`).
     pub install_platform: bool,
+    /// The Pod Security level enforced inside each vCluster (`--pod-security-standard`).
+    pub pod_security: crate::pod_security::Level,
 }
 
 /// Shared by every reconcile.

@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use serde_json::json;
 
 use super::Settings;
+use crate::pod_security::{Level, host_namespace_labels};
 
 /// `app.kubernetes.io/managed-by: platform-operator`, and `extra`.
 fn labels<'a>(extra: impl IntoIterator<Item = (&'a str, &'a str)>) -> BTreeMap<String, String> {
@@ -35,12 +36,15 @@ fn one(key: &str, value: &str) -> BTreeMap<String, String> {
 }
 
 /// The host namespace `host_ns` of instance `instance` (`<namespace>/<name>`), labelled as a
-/// host namespace and annotated with its instance.
-pub fn namespace(instance: &str, host_ns: &str) -> Namespace {
+/// host namespace and with the Pod Security levels of a vCluster enforcing `pod_security`
+/// inside ([`crate::pod_security::host_namespace_labels`]), and annotated with its instance.
+pub fn namespace(instance: &str, host_ns: &str, pod_security: Level) -> Namespace {
+    let mut labels = labels([(HOST_NAMESPACE_LABEL, "true")]);
+    labels.extend(host_namespace_labels(pod_security));
     Namespace {
         metadata: ObjectMeta {
             name: Some(host_ns.to_string()),
-            labels: Some(labels([(HOST_NAMESPACE_LABEL, "true")])),
+            labels: Some(labels),
             annotations: Some(one(INSTANCE_ANNOTATION, instance)),
             ..ObjectMeta::default()
         },
@@ -184,9 +188,11 @@ pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str) -> Job {
 /// Service (a name its certificate carries), storage lives under
 /// `--storage-root-base/<host namespace>`, and the host's own NetworkPolicy engine is used
 /// (`networkPolicyEngine: existing`), with the NetworkPolicies written inside synced to the host.
+/// Pods created inside are held to `pod_security` (`policies.podSecurityStandard`: the syncer
+/// copies no pod that breaks it to the host).
 /// Only keys of the chart's `values.schema.json` (which refuses any other key, at the root and in
 /// every object).
-pub fn vcluster_values(storage_root_base: &str, host_ns: &str) -> String {
+pub fn vcluster_values(storage_root_base: &str, host_ns: &str, pod_security: Level) -> String {
     let values = json!({
         "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
         "controlPlane": {
@@ -199,7 +205,7 @@ pub fn vcluster_values(storage_root_base: &str, host_ns: &str) -> String {
                 "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{host_ns}", storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
             }}
         },
-        "policies": {"networkPolicy": {"enabled": false}},
+        "policies": {"networkPolicy": {"enabled": false}, "podSecurityStandard": pod_security.as_str()},
         // The platform writes its tenant isolation and egress policies inside the vCluster; the
         // host's CNI enforces only what vCluster syncs to the host namespace (off by default).
         "sync": {"toHost": {"networkPolicies": {"enabled": true}}}
@@ -249,6 +255,7 @@ mod tests {
             extra_values: None,
             operator_user: "op".into(),
             install_platform: true,
+            pod_security: Level::Baseline,
         }
     }
 
@@ -262,13 +269,21 @@ mod tests {
     fn typed_objects_serialize_as_the_literals_they_replace() {
         let host_ns = "pi-team-a-one-12345678";
         assert_eq!(
-            value(namespace("team-a/one", host_ns)),
+            value(namespace("team-a/one", host_ns, Level::Baseline)),
             json!({
                 "apiVersion": "v1",
                 "kind": "Namespace",
                 "metadata": {
                     "name": host_ns,
-                    "labels": {HOST_NAMESPACE_LABEL: "true", "app.kubernetes.io/managed-by": "platform-operator"},
+                    "labels": {
+                        HOST_NAMESPACE_LABEL: "true", "app.kubernetes.io/managed-by": "platform-operator",
+                        "pod-security.kubernetes.io/enforce": "privileged",
+                        "pod-security.kubernetes.io/enforce-version": "latest",
+                        "pod-security.kubernetes.io/warn": "baseline",
+                        "pod-security.kubernetes.io/warn-version": "latest",
+                        "pod-security.kubernetes.io/audit": "baseline",
+                        "pod-security.kubernetes.io/audit-version": "latest"
+                    },
                     "annotations": {INSTANCE_ANNOTATION: "team-a/one"}
                 }
             })
@@ -330,9 +345,12 @@ mod tests {
 
     #[test]
     fn the_values_carry_only_keys_of_the_chart() {
-        let values: serde_json::Value =
-            serde_saphyr::from_str(&vcluster_values("/srv/instances/", "pi-a-b-1234"))
-                .expect("yaml");
+        let values: serde_json::Value = serde_saphyr::from_str(&vcluster_values(
+            "/srv/instances/",
+            "pi-a-b-1234",
+            Level::Restricted,
+        ))
+        .expect("yaml");
         let mut roots: Vec<&str> = values
             .as_object()
             .expect("mapping")
@@ -353,6 +371,7 @@ mod tests {
             json!(["vcluster.pi-a-b-1234.svc"])
         );
         assert_eq!(values["sync"]["toHost"]["networkPolicies"]["enabled"], true);
+        assert_eq!(values["policies"]["podSecurityStandard"], "restricted");
         let persistence = &values["controlPlane"]["statefulSet"]["persistence"];
         assert_eq!(persistence["volumeClaim"]["enabled"], false);
         assert_eq!(

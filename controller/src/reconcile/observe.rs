@@ -141,7 +141,7 @@ async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Hos
         return Ok(Host::default());
     };
     let desired = objects::namespace_hash(
-        &objects::namespace(&key(pi), host_ns),
+        &objects::namespace(&key(pi), host_ns, ctx.settings.pod_security),
         &objects::network_policy(host_ns, &ctx.settings.operator_namespace),
     );
     let mut host = Host {

@@ -1,0 +1,84 @@
+//! Pod Security, on two layers: what an instance's users create **inside** the vCluster is held
+//! to the level of `--pod-security-standard` by vCluster itself (its `policies.podSecurityStandard`:
+//! the syncer refuses to copy a pod that breaks the level to the host), and each host namespace
+//! is labelled for the host's Pod Security admission with what vCluster's own control plane
+//! needs (it runs as root with a hostPath volume, which `baseline` forbids) while warning and
+//! auditing at the chosen level.
+
+use std::fmt;
+
+/// A Pod Security Standards level.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Level {
+    /// No restriction.
+    Privileged,
+    /// Prevents known privilege escalations (no privileged containers, host namespaces,
+    /// hostPath volumes, host ports or added capabilities beyond the default set).
+    #[default]
+    Baseline,
+    /// Baseline, and current hardening practice (non-root, no privilege escalation, seccomp,
+    /// all capabilities dropped).
+    Restricted,
+}
+
+impl Level {
+    /// The level's name as Kubernetes and vCluster spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Privileged => "privileged",
+            Level::Baseline => "baseline",
+            Level::Restricted => "restricted",
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The host's Pod Security admission label prefix.
+pub const LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
+
+/// The level the vCluster control plane needs in its host namespace: it mounts the instance's
+/// storage as a hostPath volume, which only `privileged` allows.
+pub const CONTROL_PLANE_LEVEL: Level = Level::Privileged;
+
+/// The Pod Security labels of a host namespace whose vCluster enforces `inside`: `enforce` at
+/// what the control plane needs, `warn` and `audit` at `inside` (a pod the syncer copies is
+/// already checked against it; the host's warnings and audit annotations show anything else
+/// that breaks it), each pinned to `latest`.
+pub fn host_namespace_labels(inside: Level) -> [(String, String); 6] {
+    let label = |mode: &str, value: &str| (format!("{LABEL_PREFIX}{mode}"), value.to_string());
+    [
+        label("enforce", CONTROL_PLANE_LEVEL.as_str()),
+        label("enforce-version", "latest"),
+        label("warn", inside.as_str()),
+        label("warn-version", "latest"),
+        label("audit", inside.as_str()),
+        label("audit-version", "latest"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_namespaces_admit_the_control_plane_and_warn_at_the_inside_level() {
+        let labels = host_namespace_labels(Level::Restricted);
+        let get = |key: &str| {
+            labels
+                .iter()
+                .find(|(k, _)| k == &format!("{LABEL_PREFIX}{key}"))
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("enforce"), Some("privileged"));
+        assert_eq!(get("warn"), Some("restricted"));
+        assert_eq!(get("audit"), Some("restricted"));
+        assert_eq!(get("enforce-version"), Some("latest"));
+        assert_eq!(Level::default(), Level::Baseline);
+        assert_eq!(Level::Baseline.to_string(), "baseline");
+    }
+}
