@@ -87,11 +87,17 @@ pub async fn version(helm: &str, path: &Path) -> Result<String, ChartError> {
         path: shown.clone(),
         reason,
     };
-    let out = tokio::process::Command::new(helm)
-        .arg("show")
+    let mut cmd = tokio::process::Command::new(helm);
+    cmd.arg("show")
         .arg("chart")
         .arg(path)
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // Registered, so that the controller's reaper leaves helm's exit status to this wait.
+    let (child, _registered) = crate::reaper::spawn(&mut cmd).map_err(|e| err(e.to_string()))?;
+    let out = child
+        .wait_with_output()
         .await
         .map_err(|e| err(e.to_string()))?;
     if !out.status.success() {

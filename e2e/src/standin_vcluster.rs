@@ -562,6 +562,9 @@ async fn pass(
     }
 }
 
+/// The values of `policies.podSecurityStandard` vCluster's syncer starts with (empty: none).
+pub const POD_SECURITY_LEVELS: [&str; 4] = ["", "privileged", "baseline", "restricted"];
+
 async fn one(
     host: &kube::Client,
     inner: &kube::Client,
@@ -571,6 +574,16 @@ async fn one(
     values: &Value,
     say: &mut impl FnMut(String),
 ) -> Result<(), String> {
+    // vCluster's config validation at start-up: the chart's schema takes any string for the
+    // level, the syncer refuses to start on any but these (and so exports nothing).
+    let level = values["policies"]["podSecurityStandard"]
+        .as_str()
+        .unwrap_or_default();
+    if !POD_SECURITY_LEVELS.contains(&level) {
+        return Err(format!(
+            "the syncer does not start: policies.podSecurityStandard {level:?} is none of privileged, baseline, restricted"
+        ));
+    }
     let pods = Api::<Pod>::namespaced(host.clone(), ns)
         .list(&ListParams::default().labels(&format!("app=vcluster,release={RELEASE}")))
         .await
