@@ -267,6 +267,7 @@ spec:
             - {{ printf "--cleanup-namespace=%v" . | quote }}
             {{- end }}
             - {{ printf "--npm-registry=%v" .Values.npmRegistry | quote }}
+            - {{ printf "--pod-security-standard=%v" .Values.podSecurityStandard | quote }}
             - --state-dir={{ include "platform-operator.stateDir" . }}
             - --passphrase-file={{ include "platform-operator.passphraseDir" . }}/passphrase
             - --metrics-bind-address=0.0.0.0:{{ include "platform-operator.opsPort" . }}
