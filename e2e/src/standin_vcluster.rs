@@ -565,6 +565,19 @@ async fn pass(
 /// The values of `policies.podSecurityStandard` vCluster's syncer starts with (empty: none).
 pub const POD_SECURITY_LEVELS: [&str; 4] = ["", "privileged", "baseline", "restricted"];
 
+/// vCluster's config validation at start-up: the chart's schema takes any string for the level,
+/// the syncer refuses to start on any but [`POD_SECURITY_LEVELS`] (and so exports nothing).
+pub fn check_pod_security(values: &Value) -> Result<(), String> {
+    let level = &values["policies"]["podSecurityStandard"];
+    match level.as_str() {
+        Some(l) if POD_SECURITY_LEVELS.contains(&l) => Ok(()),
+        None if level.is_null() => Ok(()),
+        _ => Err(format!(
+            "the syncer does not start: policies.podSecurityStandard {level} is none of privileged, baseline, restricted"
+        )),
+    }
+}
+
 async fn one(
     host: &kube::Client,
     inner: &kube::Client,
@@ -574,16 +587,7 @@ async fn one(
     values: &Value,
     say: &mut impl FnMut(String),
 ) -> Result<(), String> {
-    // vCluster's config validation at start-up: the chart's schema takes any string for the
-    // level, the syncer refuses to start on any but these (and so exports nothing).
-    let level = values["policies"]["podSecurityStandard"]
-        .as_str()
-        .unwrap_or_default();
-    if !POD_SECURITY_LEVELS.contains(&level) {
-        return Err(format!(
-            "the syncer does not start: policies.podSecurityStandard {level:?} is none of privileged, baseline, restricted"
-        ));
-    }
+    check_pod_security(values)?;
     let pods = Api::<Pod>::namespaced(host.clone(), ns)
         .list(&ListParams::default().labels(&format!("app=vcluster,release={RELEASE}")))
         .await
@@ -845,6 +849,21 @@ async fn sync_network_policies(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_syncer_starts_only_with_a_known_pod_security_level() {
+        for ok in [json!({}), json!({"policies": {"podSecurityStandard": ""}})] {
+            assert_eq!(check_pod_security(&ok), Ok(()));
+        }
+        for level in ["privileged", "baseline", "restricted"] {
+            let values = json!({"policies": {"podSecurityStandard": level}});
+            assert_eq!(check_pod_security(&values), Ok(()));
+        }
+        for bad in [json!("Baseline"), json!("lenient"), json!(1)] {
+            let values = json!({"policies": {"podSecurityStandard": bad}});
+            assert!(check_pod_security(&values).is_err(), "{values}");
+        }
+    }
 
     #[test]
     fn the_certificate_names_the_service_not_its_svc_name() {
