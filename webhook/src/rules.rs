@@ -387,6 +387,7 @@ mod tests {
                     gateway: Some(Gateway {
                         http_node_port: port,
                         http_endpoint: None,
+                        route_url_pattern: None,
                     }),
                     ..Default::default()
                 }),
@@ -520,6 +521,7 @@ mod tests {
             gateway: Some(Gateway {
                 http_node_port: 99,
                 http_endpoint: None,
+                route_url_pattern: None,
             }),
             ..Default::default()
         });
