@@ -15,6 +15,43 @@ use tokio::process::Command;
 /// The pid file's name in the instance's state directory.
 pub const PID_FILE: &str = "tool.pid";
 
+/// The only variables of the controller's environment a tool (npm, pulumi, and the language
+/// host and node program pulumi starts) inherits: the search path, the locale and home, the
+/// temporary folder, and the proxy and CA bundle settings needed to reach a registry. Nothing
+/// else passes: not the in-cluster service variables (`KUBERNETES_SERVICE_HOST`, ...), not
+/// `KUBECONFIG`, not the operator's own flags' variables.
+pub const INHERITED_ENV: [&str; 16] = [
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+];
+
+/// A command for a tool, with an environment of [`INHERITED_ENV`] only; each caller adds what
+/// its tool needs.
+pub fn command(binary: &str) -> Command {
+    let mut cmd = Command::new(binary);
+    cmd.env_clear();
+    for key in INHERITED_ENV {
+        if let Some(value) = std::env::var_os(key) {
+            cmd.env(key, value);
+        }
+    }
+    cmd
+}
+
 /// What a finished tool left.
 #[derive(Debug)]
 pub struct Output {
@@ -243,6 +280,43 @@ mod tests {
             .ok()
             .and_then(|s| s[s.rfind(')')? + 2..].chars().next())
             .is_some_and(|state| state != 'Z')
+    }
+
+    #[tokio::test]
+    async fn a_tool_inherits_no_in_cluster_environment() {
+        let d = dir("env");
+        // The test's own environment (cargo's CARGO_* and RUST_* variables, and in a pod the
+        // KUBERNETES_SERVICE_* ones) stands for the controller's: only INHERITED_ENV passes.
+        assert!(
+            std::env::var_os("CARGO_PKG_NAME").is_some() || std::env::var_os("CARGO").is_some()
+        );
+        let keys = [
+            "KUBERNETES_SERVICE_HOST",
+            "KUBERNETES_SERVICE_PORT",
+            "KUBECONFIG",
+            "NPM_REGISTRY",
+            "PULUMI_CONFIG_PASSPHRASE",
+        ];
+        let mut cmd = command("sh");
+        for key in keys {
+            cmd.env(key, "set-by-the-caller");
+        }
+        let mut scrubbed = command("sh");
+        scrubbed.arg("-c").arg("env");
+        let out = run(scrubbed, None, &d).await.expect("run");
+        assert!(out.success());
+        for line in out.stdout.lines() {
+            let key = line.split('=').next().unwrap_or_default();
+            assert!(
+                INHERITED_ENV.contains(&key) || key == "PWD" || key == "SHLVL" || key == "_",
+                "{key} passed to a tool"
+            );
+        }
+        assert!(out.stdout.lines().any(|l| l.starts_with("PATH=")));
+        // What a caller sets explicitly does reach the tool.
+        cmd.arg("-c").arg("echo $KUBECONFIG");
+        let out = run(cmd, None, &d).await.expect("run");
+        assert_eq!(out.stdout.trim(), "set-by-the-caller");
     }
 
     #[tokio::test]
