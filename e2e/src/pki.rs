@@ -187,6 +187,26 @@ pub fn serving_certificate(
     Ok((cert.pem(), key.serialize_pem()))
 }
 
+/// A client certificate (PEM) and its key (PEM) for the user `user` in the group `group`,
+/// issued by the CA whose key is `ca_key_pem`: an identity of its own for a person or a tool.
+pub fn client_certificate(
+    ca_key_pem: &str,
+    user: &str,
+    group: Option<&str>,
+) -> Result<(String, String), HarnessError> {
+    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(pki_err("CA key"))?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let key = KeyPair::generate().map_err(pki_err("client key"))?;
+    let mut params =
+        CertificateParams::new(Vec::<String>::new()).map_err(pki_err("client params"))?;
+    params.distinguished_name = name(user, group);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(pki_err("client certificate"))?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
 fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);
