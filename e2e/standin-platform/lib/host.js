@@ -65,18 +65,20 @@ function probeHost() {
       }
     }),
   );
-  pulumi.output(reached).apply((results) => {
-    pulumi.log.info(
+  // What the probe found is logged before the resource below is registered: the SDK sends a
+  // registration only once its inputs have resolved, and this input resolves after the log.
+  const report = pulumi.output(reached).apply((results) => {
+    const text =
       results.length === 0
         ? "stand-in host probe: the program's environment names no cluster"
-        : `stand-in host probe: tried ${results.join("; ")}`,
-    );
+        : `stand-in host probe: tried ${results.join("; ")}`;
+    return pulumi.log.info(text).then(() => text);
   });
   // A kubernetes resource with no explicit provider: only the default provider could serve it.
   new pulumi.CustomResource("kubernetes:core/v1:ConfigMap", "standin-reached-the-host", {
     apiVersion: "v1",
     kind: "ConfigMap",
-    metadata: { name: "standin-reached-the-host", namespace: "default" },
+    metadata: { name: "standin-reached-the-host", namespace: "default", annotations: { probe: report } },
   });
   return { httpEndpoint: undefined, routeUrlPattern: undefined, kubeconfigs: [] };
 }
