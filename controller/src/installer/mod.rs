@@ -704,6 +704,47 @@ mod tests {
     }
 
     #[test]
+    fn the_registry_comes_from_its_file_when_one_is_named() {
+        let dir = std::env::temp_dir().join(format!("installer-registry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let tool_seconds = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new("tool_seconds", "test"),
+            &["tool", "result"],
+        )
+        .expect("histogram");
+        let mut installer = Installer {
+            state_dir: dir.clone(),
+            passphrase_file: dir.join("passphrase"),
+            registry: "https://registry.npmjs.org/".into(),
+            registry_file: None,
+            allow_scripts: false,
+            sdk_version: DEFAULT_SDK_VERSION.into(),
+            npm_binary: "npm".into(),
+            pulumi_binary: "pulumi".into(),
+            timeout: Duration::from_secs(1),
+            tool_seconds,
+        };
+        assert_eq!(
+            installer.registry().as_deref(),
+            Ok("https://registry.npmjs.org/")
+        );
+        let file = dir.join("url");
+        installer.registry_file = Some(file.clone());
+        let missing = installer.registry().expect_err("no file yet");
+        assert!(missing.contains("npmRegistrySecret"), "{missing}");
+        std::fs::write(&file, "  \n").expect("write");
+        assert!(installer.registry().is_err(), "an empty file is refused");
+        std::fs::write(&file, "https://ci:s3cret@npm.example/\n").expect("write");
+        assert_eq!(
+            installer.registry().as_deref(),
+            Ok("https://ci:s3cret@npm.example/"),
+            "read at each install, so a rotated Secret is used at the next one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn writing_the_project_twice_changes_nothing() {
         let dir = std::env::temp_dir().join(format!("installer-project-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

@@ -366,14 +366,29 @@ mod tests {
             "import subprocess, time\np = subprocess.Popen(['sleep', '300'], start_new_session=True)\nopen('{}', 'w').write(str(p.pid))\ntime.sleep(300)",
             marker.display()
         ));
-        let run = run(cmd, None, &d);
-        let _ = tokio::time::timeout(Duration::from_millis(1500), run).await;
-        let escaped: i32 = std::fs::read_to_string(&marker)
-            .expect("grandchild started")
-            .trim()
-            .parse()
-            .expect("pid");
-        for _ in 0..50 {
+        let mut run = Box::pin(run(cmd, None, &d));
+        // The run is dropped once the grandchild has started (python may take seconds to start
+        // on a busy machine), as a timeout would drop it.
+        let started = async {
+            loop {
+                if let Some(pid) = std::fs::read_to_string(&marker)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<i32>().ok())
+                {
+                    return pid;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let escaped = tokio::select! {
+            out = &mut run => panic!("the run ended on its own: {out:?}"),
+            pid = tokio::time::timeout(Duration::from_secs(60), started) => {
+                pid.expect("the grandchild started within 60 s")
+            }
+        };
+        drop(run);
+        // A killed process still has to be scheduled to exit: allow for a busy machine.
+        for _ in 0..600 {
             if !alive(escaped) {
                 break;
             }
