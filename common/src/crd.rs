@@ -197,6 +197,19 @@ pub struct Gateway {
     #[schemars(length(max = 2048))]
     #[x_kube(validation = url_rule(&["http", "https"]))]
     pub http_endpoint: Option<String>,
+
+    /// The URL template of tenant routes, passed to the platform as its `routeUrlPattern`
+    /// setting: an absolute `http://` or `https://` URL holding both `{route}` and `{tenant}`,
+    /// such as `https://{route}.{tenant}.apps.example/`. The platform derives it from a loopback
+    /// `httpEndpoint`; set it when `httpEndpoint` is not a loopback URL. Reported in
+    /// `status.endpoints.routeUrlPattern`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^https?://[^/?#]+') && self.contains('{route}') && self.contains('{tenant}')"
+    )
+    .message("must be an absolute http:// or https:// URL holding {route} and {tenant}, such as https://{route}.{tenant}.apps.example/"))]
+    pub route_url_pattern: Option<String>,
 }
 
 /// A tenant of the platform.

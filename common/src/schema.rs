@@ -407,6 +407,7 @@ mod tests {
                     gateway: Some(Gateway {
                         http_node_port: 30080,
                         http_endpoint: Some("http://apps.example:30080".into()),
+                        route_url_pattern: None,
                     }),
                     tenants: Some(vec![Tenant {
                         name: "acme".into(),

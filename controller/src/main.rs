@@ -38,8 +38,16 @@ struct Args {
     #[command(flatten)]
     log: LogArgs,
 
-    /// Hold a coordination.k8s.io Lease so that only one replica reconciles.
-    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Hold a coordination.k8s.io Lease so that only one replica reconciles. Given bare
+    /// (`--leader-elect`) it means true, as Go operators accept it.
+    #[arg(
+        long,
+        env = "LEADER_ELECT",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     leader_elect: bool,
 
     /// Node-local root under which each instance's storage directory lives.
@@ -123,6 +131,21 @@ struct Args {
     )]
     npm_registry: String,
 
+    /// A file holding the npm registry URL (a mounted Secret), for a URL that carries
+    /// credentials: it overrides --npm-registry and is read before each install.
+    #[arg(long)]
+    npm_registry_file: Option<PathBuf>,
+
+    /// Let npm run the install scripts of the platform package and its dependencies (they run
+    /// with the operator's state volume); by default npm runs with --ignore-scripts.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    npm_allow_scripts: bool,
+
+    /// The @pulumi/pulumi version each instance's project declares (the program requires it and
+    /// the Pulumi language host loads it); it must be the one the platform package uses.
+    #[arg(long, default_value = controller::installer::DEFAULT_SDK_VERSION)]
+    pulumi_sdk_version: String,
+
     /// The npm executable.
     #[arg(long, default_value = "npm")]
     npm_binary: String,
@@ -179,12 +202,23 @@ struct Args {
     print_vcluster_values: Option<String>,
 }
 
+/// Whether a URL names a user or password (`scheme://user:secret@host/`).
+fn has_credentials(url: &str) -> bool {
+    url.split_once("://")
+        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or_default())
+        .is_some_and(|authority| authority.contains('@'))
+}
+
 /// Host namespace → instance (`namespace`, `name`).
 type Hosts = Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>>;
 
 impl Args {
     /// Flags that only make sense together.
     fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !has_credentials(&self.npm_registry),
+            "--npm-registry carries credentials, which would be visible in the process list: put the URL in a Secret and pass its file with --npm-registry-file (the chart's npmRegistrySecret)"
+        );
         anyhow::ensure!(
             self.leader_renew_interval < self.leader_lease_duration,
             "--leader-renew-interval ({:?}) must be shorter than --leader-lease-duration ({:?})",
@@ -253,6 +287,9 @@ impl Args {
                 state_dir: self.state_dir.clone(),
                 passphrase_file: self.passphrase_file.clone(),
                 registry: self.npm_registry.clone(),
+                registry_file: self.npm_registry_file.clone(),
+                allow_scripts: self.npm_allow_scripts,
+                sdk_version: self.pulumi_sdk_version.clone(),
                 npm_binary: self.npm_binary.clone(),
                 pulumi_binary: self.pulumi_binary.clone(),
                 timeout: self.install_timeout,
@@ -439,6 +476,44 @@ mod tests {
         let settings = args.settings("0.37.3".into());
         assert_eq!(settings.api_probe_timeout, Duration::from_secs(5));
         assert_eq!(settings.cleanup_backoff_limit, 3);
+    }
+
+    #[test]
+    fn registry_credentials_are_refused_in_argv() {
+        let parse = |flags: &[&str]| {
+            let mut argv = vec!["controller", "--vcluster-chart-sha256", "sha256:00"];
+            argv.extend_from_slice(flags);
+            Args::try_parse_from(argv).expect("flags")
+        };
+        let error = parse(&["--npm-registry=https://ci:s3cret@npm.example/"])
+            .check()
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("--npm-registry-file"), "{error}");
+        assert!(!error.contains("s3cret"), "{error}");
+        parse(&["--npm-registry=https://npm.example/a@b"])
+            .check()
+            .expect("an @ in the path is no credential");
+        let args = parse(&["--npm-registry-file=/etc/npm/url"]);
+        args.check().expect("a file");
+        assert!(!args.npm_allow_scripts, "scripts are off by default");
+        assert_eq!(args.pulumi_sdk_version, "3.248.0");
+    }
+
+    #[test]
+    fn leader_elect_given_bare_means_true() {
+        let parse = |flags: &[&str]| {
+            let mut argv = vec!["controller", "--vcluster-chart-sha256", "sha256:00"];
+            argv.extend_from_slice(flags);
+            Args::try_parse_from(argv).map(|a| a.leader_elect)
+        };
+        assert!(parse(&["--leader-elect"]).expect("bare"));
+        assert!(parse(&["--leader-elect", "--state-dir", "/s"]).expect("bare, then another flag"));
+        assert!(parse(&["--leader-elect=true"]).expect("=true"));
+        assert!(!parse(&["--leader-elect=false"]).expect("=false"));
+        assert!(!parse(&["--leader-elect", "false"]).expect("false"));
+        assert!(parse(&[]).expect("default"));
+        assert!(parse(&["--leader-elect=maybe"]).is_err());
     }
 
     #[test]

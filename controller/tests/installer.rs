@@ -26,7 +26,7 @@ spec:
   deletionPolicy: {policy}
   target: {{ type: vcluster }}
   platform:
-    gateway: {{ httpNodePort: 30080, httpEndpoint: "http://apps.example:30080" }}
+    gateway: {{ httpNodePort: 30080, httpEndpoint: "http://apps.example:30080", routeUrlPattern: "http://{{route}}.{{tenant}}.apps.example:30080/" }}
     tenants: [{{ name: acme }}]
     users: [{{ name: dev, memberships: [{{ tenant: acme, role: developer }}] }}]
     tenantAuth:
@@ -233,6 +233,32 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
             .is_some_and(|e| e.starts_with("https://"))
     );
     assert_eq!(settings["gateway"]["httpNodePort"], 30080);
+    assert_eq!(
+        settings["routeUrlPattern"], "http://{route}.{tenant}.apps.example:30080/",
+        "spec.platform.gateway.routeUrlPattern reaches the platform as its setting"
+    );
+    assert!(settings["gateway"].get("routeUrlPattern").is_none());
+    // The project declares every package its program requires, keeps no registry, and its
+    // stack refuses the default providers of cluster packages.
+    let project = instance_dir(&fx, &team, "one").join("platform");
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(project.join("package.json")).expect("package.json"),
+    )
+    .expect("json");
+    assert_eq!(manifest["dependencies"]["@pulumi/pulumi"], "3.248.0");
+    assert_eq!(manifest["dependencies"]["@di-framework/platform"], "6.0.21");
+    let npmrc = std::fs::read_to_string(project.join(".npmrc")).expect(".npmrc");
+    assert!(
+        !npmrc.contains("registry=") && !npmrc.contains("127.0.0.1"),
+        "{npmrc}"
+    );
+    let stack_config =
+        std::fs::read_to_string(project.join("Pulumi.dev.yaml")).expect("stack config");
+    assert!(
+        stack_config.contains("pulumi:disable-default-providers")
+            && stack_config.contains("- kubernetes"),
+        "{stack_config}"
+    );
     assert_eq!(settings["networkPolicyEngine"], "existing");
     assert_eq!(settings["tenantAuth"]["clientId"], "console");
     let auth = inner_get(
@@ -625,7 +651,8 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
         |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "VersionNotFound"),
     )
     .await;
-    assert_eq!(pi["status"]["phase"], "Installing");
+    // Stalled: kstatus computes it as Failed, and the phase agrees.
+    assert_eq!(pi["status"]["phase"], "Failed");
     assert_eq!(condition(&pi, "Stalled").map(|c| c.0), Some("True".into()));
     assert!(pi.to_string().contains("@di-framework/platform@6.0.99"));
 
@@ -657,4 +684,70 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
         |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "RegistryUnreachable"),
     )
     .await;
+
+    // A program that tries to reach the cluster the operator runs in (the stand-in's 6.0.25)
+    // finds nothing there: the controller's own KUBECONFIG (the host's admin) and in-cluster
+    // variables naming the host API server do not reach it, and a kubernetes resource with no
+    // provider gets the engine's error instead of the host's ambient credentials.
+    drop(controller);
+    let host_kubeconfig = std::fs::read_to_string(&cluster.kubeconfig).expect("kubeconfig");
+    let server = host_kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("server")
+        .trim()
+        .to_string();
+    let authority = server.trim_start_matches("https://");
+    let (host, port) = authority.rsplit_once(':').expect("host:port");
+    let controller = Controller::start_with_env(
+        &cluster,
+        &fx,
+        &args,
+        &[
+            ("KUBERNETES_SERVICE_HOST", host),
+            ("KUBERNETES_SERVICE_PORT", port),
+        ],
+    );
+    apply(&cluster, &instance(&team, "five", "6.0.25", "Retain", ""));
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "five",
+        "the host-probing program to fail",
+        Duration::from_secs(300),
+        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
+    )
+    .await;
+    let message = pi["status"]["lastInstall"]["message"].to_string();
+    assert!(
+        message.contains("Default provider for 'kubernetes' disabled"),
+        "{message}"
+    );
+    let events = std::fs::read_to_string(instance_dir(&fx, &team, "five").join("up-events.jsonl"))
+        .expect("event log");
+    assert!(
+        events.contains("stand-in host probe: the program's environment names no cluster"),
+        "the program found a cluster to reach: {}",
+        events
+            .lines()
+            .filter(|l| l.contains("host probe"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let reached = cluster
+        .kubectl()
+        .args([
+            "-n",
+            "default",
+            "get",
+            "configmap",
+            "standin-reached-the-host",
+        ])
+        .output()
+        .expect("kubectl");
+    assert!(
+        !reached.status.success(),
+        "the program wrote into the host cluster"
+    );
 }

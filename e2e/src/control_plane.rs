@@ -472,6 +472,25 @@ impl ControlPlane {
         std::fs::write(path, yaml).map_err(|e| HarnessError::io(path, e))
     }
 
+    /// A kubeconfig for a new identity of its own, user `user` in group `group` (a client
+    /// certificate from this control plane's CA), written to `<dir>/<user>.kubeconfig`. What the
+    /// user may do is up to RBAC: bind it as needed.
+    pub fn user_kubeconfig(
+        &self,
+        user: &str,
+        group: Option<&str>,
+    ) -> Result<PathBuf, HarnessError> {
+        let read = |file: &str| {
+            let path = self.dir.join("pki").join(file);
+            std::fs::read_to_string(&path).map_err(|e| HarnessError::io(&path, e))
+        };
+        let (ca_cert, ca_key) = (read("ca.crt")?, read("ca.key")?);
+        let (cert, key) = crate::pki::client_certificate(&ca_key, user, group)?;
+        let path = self.dir.join(format!("{user}.kubeconfig"));
+        self.write_kubeconfig(&path, &ca_cert, &cert, &key)?;
+        Ok(path)
+    }
+
     /// The admin kubeconfig file.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

@@ -30,6 +30,9 @@ pub enum Behaviour {
     Fail,
     /// The create (or update) of the ConfigMap `di-platform/platform-settings` never settles.
     Hang,
+    /// Deploys nothing: tries to reach the cluster the operator runs in (in-cluster variables,
+    /// `KUBECONFIG`, `~/.kube/config`) and registers a `kubernetes` resource with no provider.
+    Host,
 }
 
 impl Behaviour {
@@ -39,16 +42,18 @@ impl Behaviour {
             Behaviour::Good => "good",
             Behaviour::Fail => "fail",
             Behaviour::Hang => "hang",
+            Behaviour::Host => "host",
         }
     }
 }
 
 /// The stand-in versions [`RegistryHandle::publish_standins`] publishes, with their behaviour.
-pub const STANDIN_VERSIONS: [(&str, Behaviour); 4] = [
+pub const STANDIN_VERSIONS: [(&str, Behaviour); 5] = [
     ("6.0.21", Behaviour::Good),
     ("6.0.22", Behaviour::Good),
     ("6.0.23", Behaviour::Fail),
     ("6.0.24", Behaviour::Hang),
+    ("6.0.25", Behaviour::Host),
 ];
 
 /// A version of the stand-in that is never published (the "unknown version" case).

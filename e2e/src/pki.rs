@@ -103,19 +103,9 @@ impl Pki {
             .signed_by(&admin_key, &ca)
             .map_err(pki_err("admin certificate"))?;
 
-        let client = |cn: &str| -> Result<(String, String), HarnessError> {
-            let key = KeyPair::generate().map_err(pki_err("client key"))?;
-            let mut params =
-                CertificateParams::new(Vec::<String>::new()).map_err(pki_err("client params"))?;
-            params.distinguished_name = name(cn, None);
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            let cert = params
-                .signed_by(&key, &ca)
-                .map_err(pki_err("client certificate"))?;
-            Ok((cert.pem(), key.serialize_pem()))
-        };
-        let controller_manager = client("system:kube-controller-manager")?;
-        let scheduler = client("system:kube-scheduler")?;
+        let controller_manager =
+            client_certificate(&ca_key_pem, "system:kube-controller-manager", None)?;
+        let scheduler = client_certificate(&ca_key_pem, "system:kube-scheduler", None)?;
         let service_account_key = KeyPair::generate().map_err(pki_err("service-account key"))?;
         Ok(Self {
             ca_cert: ca.pem(),
@@ -184,6 +174,26 @@ pub fn serving_certificate(
     let cert = params
         .signed_by(&key, &issuer)
         .map_err(pki_err("serving certificate"))?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// A client certificate (PEM) and its key (PEM) for the user `user` in the group `group`,
+/// issued by the CA whose key is `ca_key_pem`: an identity of its own for a person or a tool.
+pub fn client_certificate(
+    ca_key_pem: &str,
+    user: &str,
+    group: Option<&str>,
+) -> Result<(String, String), HarnessError> {
+    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(pki_err("CA key"))?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let key = KeyPair::generate().map_err(pki_err("client key"))?;
+    let mut params =
+        CertificateParams::new(Vec::<String>::new()).map_err(pki_err("client params"))?;
+    params.distinguished_name = name(user, group);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(pki_err("client certificate"))?;
     Ok((cert.pem(), key.serialize_pem()))
 }
 

@@ -7,6 +7,8 @@ const stamp = require("./stamp.json");
 const { objectProvider, tokenProvider } = require("./lib/provider");
 const { connection, tenantKubeconfig } = require("./lib/kubeconfig");
 const { DEFAULT_HTTP_ENDPOINT, routeUrlPattern } = require("./lib/endpoints");
+const { checkSettings } = require("./lib/contract");
+const { probeHost } = require("./lib/host");
 
 /** The namespace that holds the platform's own objects. */
 const PLATFORM_NAMESPACE = "di-platform";
@@ -35,7 +37,7 @@ const LABELS = {
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 
-if (!["good", "fail", "hang"].includes(stamp.behaviour)) {
+if (!["good", "fail", "hang", "host"].includes(stamp.behaviour)) {
   throw new Error(`stand-in: unknown behaviour ${JSON.stringify(stamp.behaviour)} in stamp.json`);
 }
 
@@ -112,8 +114,10 @@ function sorted(value) {
  * `httpEndpoint`, `routeUrlPattern` and the secret `kubeconfigs` (one per membership).
  */
 function deploy(args) {
+  // Only the settings of the contract, each of its type: anything else fails here.
+  checkSettings(args);
+  if (stamp.behaviour === "host") return probeHost();
   const { kubeconfig, ...rest } = args;
-  if (kubeconfig === undefined) throw new Error("stand-in: deploy needs kubeconfig (the admin kubeconfig YAML)");
   const tenants = rest.tenants || [];
   const users = rest.users || [];
   validate(tenants, users);
@@ -130,7 +134,8 @@ function deploy(args) {
     clientSecret = secret;
   }
   const httpEndpoint = rest.httpEndpoint || DEFAULT_HTTP_ENDPOINT;
-  const pattern = routeUrlPattern(httpEndpoint);
+  // Given, or derived from a loopback endpoint; not derivable otherwise (seed 003).
+  const pattern = rest.routeUrlPattern || routeUrlPattern(httpEndpoint);
 
   const platformNs = new KubeObject(`Namespace/${PLATFORM_NAMESPACE}`, {
     cluster,
@@ -147,7 +152,7 @@ function deploy(args) {
         "settings.json": JSON.stringify(sorted(settings)),
         packageVersion: stamp.version,
         httpEndpoint,
-        routeUrlPattern: pattern,
+        ...(pattern ? { routeUrlPattern: pattern } : {}),
       },
     },
   }, { dependsOn: [platformNs] });

@@ -110,6 +110,8 @@ fn the_defaults_reach_their_flags() {
             "--target-poll=10s",
             "--max-concurrent-installs=2",
             "--npm-registry=https://registry.npmjs.org/",
+            "--npm-allow-scripts=false",
+            "--pulumi-sdk-version=3.248.0",
             "--pod-security-standard=baseline",
             "--state-dir=/var/lib/platform-operator/state",
             "--passphrase-file=/etc/platform-operator/passphrase/passphrase",
@@ -117,9 +119,15 @@ fn the_defaults_reach_their_flags() {
             "--metrics-secure=true",
             "--metrics-auth-cache-ttl=30s",
         ],
-        "no --cleanup-namespace unless set"
+        "no --cleanup-namespace or --npm-registry-file unless set"
     );
     let controller = r.container("platform-operator-controller");
+    assert!(
+        controller["volumeMounts"]
+            .as_array()
+            .is_some_and(|m| m.iter().all(|m| m["name"] != "npm-registry")),
+        "no registry Secret is mounted unless named"
+    );
     assert_eq!(
         controller["image"],
         "ghcr.io/di-framework/platform-operator@sha256:0000000000000000000000000000000000000000000000000000000000000000"
@@ -214,6 +222,10 @@ fn every_value_reaches_its_flag() {
         "maxConcurrentInstalls=4",
         "cleanupNamespace=storage-cleanup",
         "npmRegistry=http://npm.internal:4873/",
+        "npmRegistrySecret.name=npm-mirror",
+        "npmRegistrySecret.key=mirror-url",
+        "npmAllowScripts=true",
+        "pulumiSdkVersion=3.250.0",
         "podSecurityStandard=restricted",
         "extraArgs={--log-level=debug,--cleanup-image=busybox:1.36}",
         "state.size=25Gi",
@@ -240,6 +252,9 @@ fn every_value_reaches_its_flag() {
             "--max-concurrent-installs=4",
             "--cleanup-namespace=storage-cleanup",
             "--npm-registry=http://npm.internal:4873/",
+            "--npm-registry-file=/etc/platform-operator/npm-registry/url",
+            "--npm-allow-scripts=true",
+            "--pulumi-sdk-version=3.250.0",
             "--pod-security-standard=restricted",
             "--state-dir=/var/lib/platform-operator/state",
             "--passphrase-file=/etc/platform-operator/passphrase/passphrase",
@@ -266,6 +281,16 @@ fn every_value_reaches_its_flag() {
     assert_eq!(
         volume(&r, "platform-operator-controller", "home")["emptyDir"]["sizeLimit"],
         "8Gi"
+    );
+    let registry = volume(&r, "platform-operator-controller", "npm-registry");
+    assert_eq!(registry["secret"]["secretName"], "npm-mirror");
+    assert_eq!(
+        registry["secret"]["items"],
+        serde_json::json!([{"key": "mirror-url", "path": "url"}])
+    );
+    assert_eq!(
+        mount_path(controller, "npm-registry"),
+        "/etc/platform-operator/npm-registry"
     );
     assert_eq!(
         volume(&r, "platform-operator-controller", "tmp")["emptyDir"]["sizeLimit"],
@@ -616,6 +641,10 @@ fn the_schema_rejects_wrong_types_and_shapes() {
         (
             "podSecurityStandard=lenient",
             "at '/podSecurityStandard': value must be one of 'privileged', 'baseline', 'restricted'",
+        ),
+        (
+            "npmRegistry=https://ci:token@npm.example/",
+            "at '/npmRegistry'",
         ),
         ("extraArgs[0]=debug", "at '/extraArgs/0'"),
         (

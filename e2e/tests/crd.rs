@@ -167,7 +167,7 @@ async fn tenants_users_and_tenant_auth_are_accepted() {
     let cluster = cluster();
     let ns = namespace(&cluster, "tenants");
     let spec = format!(
-        "  version: 6.1.0-rc.1\n  target: {{ type: vcluster }}\n  platform:\n    tenants:\n      - name: acme\n      - name: beta\n    users:\n      - name: dev\n        memberships: [{{ tenant: acme, role: developer }}, {{ tenant: beta, role: viewer }}]\n    tenantAuth:\n      image: ghcr.io/di-framework/tenant-auth{DIGEST}\n      issuer: https://id.example\n      clientId: console\n      clientSecretRef: {{ name: tenant-auth-oauth, key: clientSecret }}\n      registry: {{ component: ghcr.io/di-framework/oci-registry{DIGEST} }}\n    tenantHostImage: ghcr.io/di-framework/wash:2.8.0-wasi-tls{DIGEST}\n    tenantHostImagePullPolicy: IfNotPresent\n    egressAllowedDestinations: [api.example:443]\n"
+        "  version: 6.1.0-rc.1\n  target: {{ type: vcluster }}\n  platform:\n    tenants:\n      - name: acme\n      - name: beta\n    users:\n      - name: dev\n        memberships: [{{ tenant: acme, role: developer }}, {{ tenant: beta, role: viewer }}]\n    tenantAuth:\n      image: ghcr.io/di-framework/tenant-auth{DIGEST}\n      issuer: https://id.example\n      clientId: console\n      clientSecretRef: {{ name: tenant-auth-oauth, key: clientSecret }}\n      registry: {{ component: ghcr.io/di-framework/oci-registry{DIGEST} }}\n    tenantHostImage: ghcr.io/di-framework/wash:2.8.0-wasi-tls{DIGEST}\n    tenantHostImagePullPolicy: IfNotPresent\n    egressAllowedDestinations: [api.example:443]\n    gateway:\n      httpEndpoint: https://apps.example\n      routeUrlPattern: \"https://{{route}}.{{tenant}}.apps.example/\"\n"
     );
     let out = apply(&cluster, &instance(&ns, "full", &spec));
     assert!(out.success, "{}", out.stderr);
@@ -179,6 +179,10 @@ async fn tenants_users_and_tenant_auth_are_accepted() {
     assert_eq!(
         got["spec"]["platform"]["tenantAuth"]["clientSecretRef"]["key"],
         "clientSecret"
+    );
+    assert_eq!(
+        got["spec"]["platform"]["gateway"]["routeUrlPattern"],
+        "https://{route}.{tenant}.apps.example/"
     );
 }
 
@@ -256,6 +260,18 @@ const REJECTED: &[(&str, &str, &str, &str)] = &[
         "  version: 6.0.22\n  platform:\n    gateway:\n      httpEndpoint: apps.example\n",
         "spec.platform.gateway.httpEndpoint",
         "absolute",
+    ),
+    (
+        "route-pattern-without-tenant",
+        "  version: 6.0.22\n  platform:\n    gateway:\n      routeUrlPattern: https://{route}.apps.example/\n",
+        "spec.platform.gateway.routeUrlPattern",
+        "holding {route} and {tenant}",
+    ),
+    (
+        "route-pattern-no-scheme",
+        "  version: 6.0.22\n  platform:\n    gateway:\n      routeUrlPattern: \"{route}.{tenant}.apps.example\"\n",
+        "spec.platform.gateway.routeUrlPattern",
+        "absolute http:// or https://",
     ),
     (
         "secret-ref-without-key",

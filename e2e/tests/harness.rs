@@ -95,6 +95,47 @@ spec:
 }
 
 #[tokio::test]
+async fn a_user_kubeconfig_is_an_identity_of_its_own() {
+    // The demo prints such a kubeconfig (user demo-admin, bound to cluster-admin), so that the
+    // person trying the operator is not the operator: the protection policy and the webhook
+    // treat them as they would on a cluster.
+    let cp = ControlPlane::start(Options::new("users").api_only())
+        .await
+        .expect("API server starts");
+    let kubeconfig = cp.user_kubeconfig("demo-admin", None).expect("kubeconfig");
+    let as_user = |args: &[&str]| {
+        let mut c = cp.kubectl();
+        c.env("KUBECONFIG", &kubeconfig).args(args);
+        run(c, None).expect("kubectl runs")
+    };
+    let who = as_user(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
+    assert!(who.success, "{}", who.stderr);
+    assert_eq!(who.stdout.trim(), "demo-admin");
+    assert_ne!(who.stdout.trim(), e2e::control_plane::ADMIN_USER);
+    let denied = as_user(&["create", "namespace", "demo-before-binding"]);
+    assert!(
+        !denied.success && denied.stderr.contains("forbidden"),
+        "a new identity has no rights until bound: {denied:?}"
+    );
+    let mut bind = cp.kubectl();
+    bind.args([
+        "create",
+        "clusterrolebinding",
+        "demo-admin",
+        "--clusterrole=cluster-admin",
+        "--user=demo-admin",
+    ]);
+    kubectl_ok(bind, "bind demo-admin");
+    let created = as_user(&["create", "namespace", "demo-after-binding"]);
+    assert!(created.success, "{}", created.stderr);
+}
+
+#[tokio::test]
 async fn a_second_api_server_is_independent() {
     let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
     let inner = ControlPlane::start(Options::new("inner").api_only())

@@ -82,10 +82,12 @@ impl Project {
     }
 
     fn set_version(&self, version: &str) {
+        // As the operator writes it: every package the program requires is declared, the Pulumi
+        // SDK at the operator's default `--pulumi-sdk-version`.
         let manifest = serde_json::json!({
             "name": "platform-instance",
             "private": true,
-            "dependencies": { STANDIN_PACKAGE: version },
+            "dependencies": { STANDIN_PACKAGE: version, "@pulumi/pulumi": "3.248.0" },
         });
         self.write(
             "package.json",
@@ -155,11 +157,7 @@ impl Project {
     /// Creates stack `dev` and sets its configuration; secrets go through standard input.
     fn init_stack(&self, settings: &serde_json::Value, kubeconfig: &str) {
         self.pulumi_ok(&["stack", "init", "dev"], None);
-        let settings = serde_json::to_string(settings).expect("json");
-        self.pulumi_ok(
-            &["config", "set", "--stack", "dev", "platform:settings"],
-            Some(&settings),
-        );
+        self.set_settings(settings);
         self.pulumi_ok(
             &[
                 "config",
@@ -181,6 +179,15 @@ impl Project {
                 "platform:tenantAuthClientSecret",
             ],
             Some(CLIENT_SECRET),
+        );
+    }
+
+    /// Sets the plaintext settings object `platform:settings`.
+    fn set_settings(&self, settings: &serde_json::Value) {
+        let settings = serde_json::to_string(settings).expect("json");
+        self.pulumi_ok(
+            &["config", "set", "--stack", "dev", "platform:settings"],
+            Some(&settings),
         );
     }
 
@@ -637,6 +644,53 @@ async fn failing_hanging_and_unknown_versions_behave_as_published() {
         out.stderr
     );
     lap(start, "unknown version refused by npm");
+
+    // The program contract: a setting outside it, or one of the wrong type, fails the program
+    // before anything is created, naming the setting, so an operator that drifts from the
+    // contract fails its tests.
+    let drift = Project::new(cp.dir().join("drift"), &registry, "6.0.22");
+    let out = drift.npm_install();
+    assert!(out.success, "npm install 6.0.22: {}", out.stderr);
+    drift.init_stack(&settings, &kubeconfig);
+    let cases = [
+        (
+            serde_json::json!({"tenantz": [{"name": "alpha"}]}),
+            "args.tenantz is not a setting of the platform",
+        ),
+        (
+            serde_json::json!({"gateway": {"httpNodePort": "30080"}}),
+            "args.gateway.httpNodePort must be 0 or an integer NodePort in 30000-32767",
+        ),
+        (
+            serde_json::json!({"gateway": {"httpNodePort": 30080, "httpEndpoint": "http://x"}}),
+            "args.gateway.httpEndpoint is not a setting of the platform",
+        ),
+        (
+            serde_json::json!({"networkPolicyEngine": "calico"}),
+            "args.networkPolicyEngine must be one of existing, kube-router",
+        ),
+        (
+            serde_json::json!({"users": [{"name": "alice", "memberships": [{"tenant": "alpha"}]}]}),
+            "args.users[0].memberships[0].role is required",
+        ),
+    ];
+    for (change, expected) in cases {
+        let mut wrong = settings.clone();
+        for (key, value) in change.as_object().expect("object") {
+            wrong[key] = value.clone();
+        }
+        drift.set_settings(&wrong);
+        let up = drift.up();
+        let text = format!("{}\n{}", up.stdout, up.stderr);
+        assert!(!up.success, "{change} must be refused:\n{text}");
+        assert!(
+            text.contains(expected),
+            "{change}: expected {expected:?} in\n{text}"
+        );
+    }
+    let ns = kubectl(&cp, &["get", "namespace", "di-platform"]);
+    assert!(!ns.success, "settings outside the contract create nothing");
+    lap(start, "settings outside the contract refused");
 
     // 6.0.23 fails with a clear error.
     let failing = Project::new(cp.dir().join("failing"), &registry, "6.0.23");

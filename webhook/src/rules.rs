@@ -112,6 +112,7 @@ pub fn check_local(
         Ok(warnings) => warnings,
         Err(denial) => return Verdict::deny(denial),
     };
+    warnings.extend(check_route_pattern(new));
     let policy_changed = old.is_none_or(|o| o.spec.deletion_policy != new.spec.deletion_policy);
     if new.spec.deletion_policy == common::crd::DeletionPolicy::Delete && policy_changed {
         warnings.push(Finding::new(
@@ -244,6 +245,42 @@ fn check_node_port(
         })
         .into_iter()
         .collect())
+}
+
+/// `spec.platform.gateway.routeUrlPattern`: the platform derives it only from a loopback
+/// `httpEndpoint` (seed 003), so a public endpoint without it gets a warning.
+fn check_route_pattern(new: &PlatformInstance) -> Option<Finding> {
+    let gateway = new.spec.platform.as_ref()?.gateway.as_ref()?;
+    let endpoint = gateway.http_endpoint.as_deref()?;
+    if gateway.route_url_pattern.is_some() || is_loopback(endpoint) {
+        return None;
+    }
+    Some(Finding::new(
+        "route-pattern",
+        format!(
+            "spec.platform.gateway.httpEndpoint {endpoint} is not a loopback URL, so the platform cannot derive tenant route URLs from it; set spec.platform.gateway.routeUrlPattern, such as http://{{route}}.{{tenant}}.apps.example/"
+        ),
+    ))
+}
+
+/// Whether an http(s) URL's host is this machine (127.0.0.0/8, `::1`, `localhost`).
+fn is_loopback(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let host = match host_port.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    }
+    .to_ascii_lowercase();
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host == "::1"
+        || host.strip_prefix("127.").is_some_and(|r| {
+            r.split('.').count() == 3 && r.split('.').all(|o| o.parse::<u8>().is_ok())
+        })
 }
 
 /// The port an http(s) URL names, explicitly or by its scheme.
@@ -387,6 +424,7 @@ mod tests {
                     gateway: Some(Gateway {
                         http_node_port: port,
                         http_endpoint: None,
+                        route_url_pattern: None,
                     }),
                     ..Default::default()
                 }),
@@ -520,6 +558,7 @@ mod tests {
             gateway: Some(Gateway {
                 http_node_port: 99,
                 http_endpoint: None,
+                route_url_pattern: None,
             }),
             ..Default::default()
         });
@@ -630,14 +669,46 @@ mod tests {
         }
         let v = check_local(&s, &index, &Operation::Create, &pi, None);
         let rules: Vec<&str> = v.warnings.iter().map(|w| w.rule).collect();
-        assert_eq!(rules, ["endpoint-port", "deletion-policy"]);
+        assert_eq!(rules, ["endpoint-port", "route-pattern", "deletion-policy"]);
         let again = check_local(&s, &index, &Operation::Update, &pi, Some(&pi));
         let rules: Vec<&str> = again.warnings.iter().map(|w| w.rule).collect();
         assert_eq!(
             rules,
-            ["endpoint-port"],
+            ["endpoint-port", "route-pattern"],
             "an unchanged Delete policy is not re-warned"
         );
+        if let Some(g) = pi.spec.platform.as_mut().and_then(|p| p.gateway.as_mut()) {
+            g.route_url_pattern = Some("http://{route}.{tenant}.apps.example:8080/".into());
+        }
+        let given = check_local(&s, &index, &Operation::Update, &pi, Some(&pi));
+        let rules: Vec<&str> = given.warnings.iter().map(|w| w.rule).collect();
+        assert_eq!(
+            rules,
+            ["endpoint-port"],
+            "a given pattern is not warned about"
+        );
+    }
+
+    #[test]
+    fn loopback_endpoints() {
+        for url in [
+            "http://127.0.0.1:28080",
+            "http://127.1.2.3/",
+            "http://localhost:8080",
+            "https://apps.localhost",
+            "http://[::1]:28080/",
+        ] {
+            assert!(is_loopback(url), "{url}");
+        }
+        for url in [
+            "http://apps.example:30080",
+            "http://127.example/",
+            "http://10.0.0.1",
+            "apps.example",
+            "http://u@localhost.example/",
+        ] {
+            assert!(!is_loopback(url), "{url}");
+        }
     }
 
     #[test]

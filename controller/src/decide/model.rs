@@ -412,7 +412,14 @@ impl PlanBuilder {
     }
 
     /// The plan: the conditions so far, then `Ready`, `Reconciling` and `Stalled` from `kstatus`.
+    /// The phase agrees with them: a stalled instance (it waits for a change, and kstatus
+    /// computes it as Failed) is `Failed`, unless it is being deleted.
     pub fn finish(self, phase: Phase, requeue: Requeue, kstatus: Kstatus) -> Plan {
+        let phase = if kstatus.stalled.is_some() && phase != Phase::Deleting {
+            Phase::Failed
+        } else {
+            phase
+        };
         let mut conditions = self.conditions;
         conditions.extend(kstatus.conditions());
         Plan {

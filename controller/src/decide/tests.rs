@@ -278,6 +278,24 @@ fn a_new_version_upgrades_and_a_failed_upgrade_keeps_the_old_one() {
 }
 
 #[test]
+fn an_upgrade_to_a_version_the_registry_lacks_is_failed_not_upgrading() {
+    // spec.version 6.0.99 is not in the registry: kstatus computes the instance as Failed
+    // (Stalled=True), and the phase says so too.
+    let plan = decide(&with_install(|i| {
+        i.requested = "6.0.99".into();
+        i.outcome = failed(
+            "6.0.99",
+            Failure::VersionNotFound,
+            "@di-framework/platform@6.0.99 is not in the npm registry",
+            true,
+        );
+    }));
+    assert_eq!(cond(&plan, c::STALLED), (true, "VersionNotFound"));
+    assert_eq!(cond(&plan, c::READY), (false, "VersionNotFound"));
+    assert_eq!(plan.phase, Phase::Failed);
+}
+
+#[test]
 fn failures_that_need_a_person_stall_and_timeouts_retry() {
     for (failure, stalled) in [
         (Failure::VersionNotFound, true),
@@ -290,6 +308,15 @@ fn failures_that_need_a_person_stall_and_timeouts_retry() {
         let plan = decide(&o);
         assert_eq!(cond(&plan, c::INSTALLED), (false, failure.reason()));
         assert_eq!(cond(&plan, c::STALLED).0, stalled, "{failure:?}");
+        assert_eq!(
+            plan.phase,
+            if stalled {
+                Phase::Failed
+            } else {
+                Phase::Installing
+            },
+            "the phase agrees with Stalled ({failure:?})"
+        );
         assert_eq!(plan.requeue, Requeue::Backoff);
         assert_eq!(
             plan.actions,

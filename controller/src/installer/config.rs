@@ -12,6 +12,8 @@ pub const SETTINGS_KEY: &str = "platform:settings";
 pub const KUBECONFIG_KEY: &str = "platform:kubeconfig";
 /// The stack config key of tenant auth's OAuth client secret (a secret).
 pub const CLIENT_SECRET_KEY: &str = "platform:tenantAuthClientSecret";
+/// The stack config key that lists the packages whose default providers are disabled.
+pub const DISABLE_DEFAULT_PROVIDERS_KEY: &str = "pulumi:disable-default-providers";
 
 /// What one install gives the program.
 #[derive(Clone, PartialEq, Eq)]
@@ -65,15 +67,15 @@ pub fn settings(inputs: &Inputs<'_>) -> Value {
     if let Some(Value::Object(auth)) = out.get_mut("tenantAuth") {
         auth.remove("clientSecretRef");
     }
-    let http_endpoint = out
-        .get("gateway")
-        .and_then(|g| g.get("httpEndpoint"))
-        .cloned();
-    if let Some(Value::Object(gateway)) = out.get_mut("gateway") {
-        gateway.remove("httpEndpoint");
-    }
-    if let Some(endpoint) = http_endpoint {
-        out.insert("httpEndpoint".into(), endpoint);
+    // The gateway's URLs are top-level settings of the platform (seed 003).
+    for key in ["httpEndpoint", "routeUrlPattern"] {
+        let value = match out.get_mut("gateway") {
+            Some(Value::Object(gateway)) => gateway.remove(key),
+            _ => None,
+        };
+        if let Some(value) = value {
+            out.insert(key.into(), value);
+        }
     }
     out.entry("tenants").or_insert_with(|| json!([]));
     out.entry("users").or_insert_with(|| json!([]));
@@ -169,7 +171,7 @@ mod tests {
         let p = platform(
             r#"
 networkPolicyEngine: kube-router
-gateway: { httpNodePort: 30080, httpEndpoint: "http://apps.example:30080" }
+gateway: { httpNodePort: 30080, httpEndpoint: "http://apps.example:30080", routeUrlPattern: "http://{route}.{tenant}.apps.example:30080/" }
 tenants: [{ name: acme }]
 users: [{ name: dev, memberships: [{ tenant: acme, role: developer }] }]
 tenantAuth:
@@ -188,6 +190,10 @@ egressAllowedDestinations: ["https://api.example"]
         assert_eq!(s["networkPolicyEngine"], "kube-router");
         assert_eq!(s["gateway"], json!({"httpNodePort": 30080}));
         assert_eq!(s["httpEndpoint"], "http://apps.example:30080");
+        assert_eq!(
+            s["routeUrlPattern"],
+            "http://{route}.{tenant}.apps.example:30080/"
+        );
         assert_eq!(s["tenants"], json!([{"name": "acme"}]));
         assert_eq!(
             s["users"][0]["memberships"][0],
@@ -233,6 +239,7 @@ egressAllowedDestinations: ["https://api.example"]
         assert_eq!(config.settings["networkPolicyEngine"], "existing");
         assert_eq!(config.settings["gateway"], json!({"httpNodePort": 0}));
         assert!(config.settings.get("httpEndpoint").is_none());
+        assert!(config.settings.get("routeUrlPattern").is_none());
         assert_eq!(config.secrets.len(), 1);
     }
 

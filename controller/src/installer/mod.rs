@@ -34,6 +34,29 @@ use record::{Failure, Preview, Record};
 
 /// The npm package of the platform.
 pub const PACKAGE: &str = "@di-framework/platform";
+/// The Pulumi Node.js SDK: the generated program requires it, and Pulumi's language host loads
+/// it from the project.
+pub const SDK_PACKAGE: &str = "@pulumi/pulumi";
+/// The `@pulumi/pulumi` version the generated project declares by default
+/// (`--pulumi-sdk-version`).
+pub const DEFAULT_SDK_VERSION: &str = "3.248.0";
+/// Packages whose default providers are disabled in every stack
+/// (`pulumi:disable-default-providers`): a resource of one of them without an explicit provider
+/// fails instead of picking up ambient credentials. Not `*`: that also disables
+/// `pulumi-nodejs`, the provider of dynamic resources.
+pub const DISABLED_DEFAULT_PROVIDERS: [&str; 11] = [
+    "kubernetes",
+    "kubernetes-cert-manager",
+    "kubernetes-coredns",
+    "kubernetes-ingress-nginx",
+    "helm",
+    "docker",
+    "aws",
+    "aws-native",
+    "azure-native",
+    "gcp",
+    "google-native",
+];
 /// Label on the per-membership kubeconfig Secrets naming their instance.
 pub const MEMBERSHIP_LABEL: &str = "platform.di-framework.dev/membership-of";
 
@@ -69,8 +92,15 @@ pub struct Installer {
     pub state_dir: PathBuf,
     /// The passphrase file (`--passphrase-file`).
     pub passphrase_file: PathBuf,
-    /// The npm registry (`--npm-registry`).
+    /// The npm registry (`--npm-registry`), unless `registry_file` names one.
     pub registry: String,
+    /// A file holding the registry URL, credentials and all (`--npm-registry-file`, a mounted
+    /// Secret); read before each install.
+    pub registry_file: Option<PathBuf>,
+    /// Let npm run the packages' install scripts (`--npm-allow-scripts`).
+    pub allow_scripts: bool,
+    /// The `@pulumi/pulumi` version the project declares (`--pulumi-sdk-version`).
+    pub sdk_version: String,
     /// The npm executable (`--npm-binary`).
     pub npm_binary: String,
     /// The pulumi executable (`--pulumi-binary`).
@@ -103,6 +133,28 @@ fn now() -> Time {
 }
 
 impl Installer {
+    /// The registry URL: the file's content (trimmed) when `--npm-registry-file` is set, else
+    /// `--npm-registry`.
+    pub fn registry(&self) -> Result<String, String> {
+        let Some(file) = &self.registry_file else {
+            return Ok(self.registry.clone());
+        };
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            format!(
+                "reading the npm registry URL from {} failed: {e}; check the Secret the chart's npmRegistrySecret names",
+                file.display()
+            )
+        })?;
+        let url = text.trim();
+        if url.is_empty() {
+            return Err(format!(
+                "{} holds no npm registry URL; put the URL in the Secret the chart's npmRegistrySecret names",
+                file.display()
+            ));
+        }
+        Ok(url.to_string())
+    }
+
     /// The directory of instance `namespace/name`.
     pub fn instance_dir(&self, namespace: &str, name: &str) -> PathBuf {
         self.state_dir.join(namespace).join(name)
@@ -214,13 +266,22 @@ impl Installer {
             TaskError::new(failure, e.to_string())
         })?;
         let stack = self.stack(dir);
-        write_project(&stack.project, &stack.backend, &job.version, &self.registry)
-            .map_err(|e| TaskError::new(Failure::StateUnavailable, e))?;
+        write_project(
+            &stack.project,
+            &stack.backend,
+            &job.version,
+            &self.sdk_version,
+        )
+        .map_err(|e| TaskError::new(Failure::StateUnavailable, e))?;
 
+        let registry = self
+            .registry()
+            .map_err(|e| TaskError::new(Failure::RegistryUnreachable, e))?;
         let npm = npm::Npm {
             binary: self.npm_binary.clone(),
-            registry: self.registry.clone(),
+            registry,
             cache: self.state_dir.join(".cache").join("npm"),
+            allow_scripts: self.allow_scripts,
         };
         let started = std::time::Instant::now();
         let installed = npm
@@ -232,7 +293,9 @@ impl Installer {
                 npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
                 npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
                 npm::NpmError::Spawn { .. } => Failure::ToolMissing,
-                npm::NpmError::Failed { .. } => Failure::PackageInstallFailed,
+                npm::NpmError::Failed { .. } | npm::NpmError::Contract { .. } => {
+                    Failure::PackageInstallFailed
+                }
             };
             TaskError::new(failure, e.to_string())
         })?;
@@ -255,16 +318,7 @@ impl Installer {
                 .store(dir)
                 .map_err(|e| TaskError::new(Failure::StateUnavailable, e.to_string()))?;
         }
-        let endpoints = Endpoints {
-            http: outputs
-                .get("httpEndpoint")
-                .and_then(Value::as_str)
-                .map(String::from),
-            route_url_pattern: outputs
-                .get("routeUrlPattern")
-                .and_then(Value::as_str)
-                .map(String::from),
-        };
+        let endpoints = endpoints(&outputs, &job.config.settings);
         let secrets = write_membership_secrets(client, job, &outputs, &previous.membership_secrets)
             .await
             .map_err(|e| TaskError::new(Failure::OutputsFailed, e))?;
@@ -287,6 +341,12 @@ impl Installer {
         }
         stack
             .set_config(config::SETTINGS_KEY, &config.settings.to_string(), false)
+            .await?;
+        stack
+            .set_config_path(
+                config::DISABLE_DEFAULT_PROVIDERS_KEY,
+                &DISABLED_DEFAULT_PROVIDERS,
+            )
             .await?;
         for (key, value) in &config.secrets {
             stack.set_config(key, value, true).await?;
@@ -356,6 +416,22 @@ impl Installer {
     }
 }
 
+/// The endpoints to report: the program's outputs `httpEndpoint` and `routeUrlPattern`, or,
+/// where it returns none, the settings it was given (`spec.platform.gateway.httpEndpoint` is the
+/// public base URL, reported in `status.endpoints.http` whether or not the program echoes it).
+pub fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
+    let pick = |key: &str| {
+        [outputs, settings]
+            .into_iter()
+            .find_map(|v| v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty()))
+            .map(String::from)
+    };
+    Endpoints {
+        http: pick("httpEndpoint"),
+        route_url_pattern: pick("routeUrlPattern"),
+    }
+}
+
 /// Records a successful install in `rec`; returns its message.
 fn succeeded(
     rec: &mut Record,
@@ -392,8 +468,13 @@ fn succeeded(
 /// settings and secrets.
 pub const PROGRAM: &str = include_str!("program.js");
 
-/// The project's files for `version`: (file name, content).
-pub fn project_files(backend: &Path, version: &str, registry: &str) -> Vec<(&'static str, String)> {
+/// The project's files for `version`, declaring `@pulumi/pulumi` at `sdk_version`: (file name,
+/// content).
+pub fn project_files(
+    backend: &Path,
+    version: &str,
+    sdk_version: &str,
+) -> Vec<(&'static str, String)> {
     let pulumi_yaml = format!(
         "# Generated by platform-operator.\nname: di-platform\nruntime:\n  name: nodejs\n  options:\n    typescript: false\ndescription: the di-framework platform (existing-cluster program)\nbackend:\n  url: {}\n",
         pulumi::backend_url(backend)
@@ -403,12 +484,12 @@ pub fn project_files(backend: &Path, version: &str, registry: &str) -> Vec<(&'st
         "version": "0.0.0",
         "private": true,
         "main": "index.js",
-        "dependencies": { PACKAGE: version },
+        "dependencies": { PACKAGE: version, SDK_PACKAGE: sdk_version },
     });
-    // The lockfile records no registry URL, so a mirror set later serves the same lockfile.
-    let npmrc = format!(
-        "registry={registry}\nsave-exact=true\nfund=false\naudit=false\nomit-lockfile-registry-resolved=true\n"
-    );
+    // The lockfile records no registry URL, so a mirror set later serves the same lockfile. The
+    // registry (which may carry credentials) is given to npm in its environment at each run,
+    // never written here.
+    let npmrc = "# Generated by platform-operator. The registry comes from the operator at each install.\nsave-exact=true\nfund=false\naudit=false\nomit-lockfile-registry-resolved=true\n".to_string();
     vec![
         ("Pulumi.yaml", pulumi_yaml),
         ("package.json", format!("{package:#}\n")),
@@ -422,7 +503,7 @@ pub fn write_project(
     project: &Path,
     backend: &Path,
     version: &str,
-    registry: &str,
+    sdk_version: &str,
 ) -> Result<(), String> {
     std::fs::create_dir_all(backend).map_err(|e| {
         format!(
@@ -430,7 +511,7 @@ pub fn write_project(
             backend.display()
         )
     })?;
-    for (name, content) in project_files(backend, version, registry) {
+    for (name, content) in project_files(backend, version, sdk_version) {
         let path = project.join(name);
         if std::fs::read(&path).ok().as_deref() == Some(content.as_bytes()) {
             continue;
@@ -576,7 +657,7 @@ mod tests {
         let files = project_files(
             Path::new("/state/ns/one/platform/state"),
             "6.0.22",
-            "http://registry.local/",
+            DEFAULT_SDK_VERSION,
         );
         let get = |n: &str| {
             files
@@ -588,14 +669,79 @@ mod tests {
         let package: Value = serde_json::from_str(&get("package.json")).expect("json");
         assert_eq!(
             package["dependencies"],
-            json!({"@di-framework/platform": "6.0.22"})
+            json!({"@di-framework/platform": "6.0.22", "@pulumi/pulumi": "3.248.0"})
         );
         assert!(get("Pulumi.yaml").contains("name: nodejs"));
         assert!(get("Pulumi.yaml").contains("typescript: false"));
         assert!(get("Pulumi.yaml").contains("url: file:///state/ns/one/platform/state"));
-        assert!(get(".npmrc").contains("registry=http://registry.local/"));
+        assert!(
+            !get(".npmrc").contains("registry="),
+            "the registry (and any credentials in it) never lands in the project"
+        );
         assert!(get(".npmrc").contains("save-exact=true"));
         assert!(get("index.js").contains("require(\"@di-framework/platform/existing\")"));
+        // Every package the program requires is declared.
+        let program = get("index.js");
+        let mut required = Vec::new();
+        for part in program.split("require(\"").skip(1) {
+            let name = part.split('"').next().unwrap_or_default();
+            let package = match name.strip_prefix('@') {
+                Some(scoped) => {
+                    let mut it = scoped.splitn(3, '/');
+                    format!("@{}/{}", it.next().unwrap_or(""), it.next().unwrap_or(""))
+                }
+                None => name.split('/').next().unwrap_or_default().to_string(),
+            };
+            required.push(package);
+        }
+        assert_eq!(required, ["@pulumi/pulumi", "@di-framework/platform"]);
+        for name in &required {
+            assert!(
+                package["dependencies"].get(name.as_str()).is_some(),
+                "{name} is required by the program but not declared"
+            );
+        }
+    }
+
+    #[test]
+    fn the_registry_comes_from_its_file_when_one_is_named() {
+        let dir = std::env::temp_dir().join(format!("installer-registry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let tool_seconds = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new("tool_seconds", "test"),
+            &["tool", "result"],
+        )
+        .expect("histogram");
+        let mut installer = Installer {
+            state_dir: dir.clone(),
+            passphrase_file: dir.join("passphrase"),
+            registry: "https://registry.npmjs.org/".into(),
+            registry_file: None,
+            allow_scripts: false,
+            sdk_version: DEFAULT_SDK_VERSION.into(),
+            npm_binary: "npm".into(),
+            pulumi_binary: "pulumi".into(),
+            timeout: Duration::from_secs(1),
+            tool_seconds,
+        };
+        assert_eq!(
+            installer.registry().as_deref(),
+            Ok("https://registry.npmjs.org/")
+        );
+        let file = dir.join("url");
+        installer.registry_file = Some(file.clone());
+        let missing = installer.registry().expect_err("no file yet");
+        assert!(missing.contains("npmRegistrySecret"), "{missing}");
+        std::fs::write(&file, "  \n").expect("write");
+        assert!(installer.registry().is_err(), "an empty file is refused");
+        std::fs::write(&file, "https://ci:s3cret@npm.example/\n").expect("write");
+        assert_eq!(
+            installer.registry().as_deref(),
+            Ok("https://ci:s3cret@npm.example/"),
+            "read at each install, so a rotated Secret is used at the next one"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -603,20 +749,46 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("installer-project-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let (project, backend) = (dir.join("platform"), dir.join("platform/state"));
-        write_project(&project, &backend, "6.0.21", "http://r/").expect("write");
+        write_project(&project, &backend, "6.0.21", "3.248.0").expect("write");
         let before = std::fs::metadata(project.join("package.json"))
             .and_then(|m| m.modified())
             .expect("mtime");
         std::thread::sleep(Duration::from_millis(20));
-        write_project(&project, &backend, "6.0.21", "http://r/").expect("write");
+        write_project(&project, &backend, "6.0.21", "3.248.0").expect("write");
         let after = std::fs::metadata(project.join("package.json"))
             .and_then(|m| m.modified())
             .expect("mtime");
         assert_eq!(before, after);
-        write_project(&project, &backend, "6.0.22", "http://r/").expect("write");
+        write_project(&project, &backend, "6.0.22", "3.248.0").expect("write");
         let package = std::fs::read_to_string(project.join("package.json")).expect("read");
         assert!(package.contains("\"6.0.22\""));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn endpoints_come_from_the_outputs_or_else_from_the_settings() {
+        let settings = json!({
+            "httpEndpoint": "http://apps.example:30080",
+            "routeUrlPattern": "http://{route}.{tenant}.apps.example:30080/",
+        });
+        let none = endpoints(&json!({}), &settings);
+        assert_eq!(none.http.as_deref(), Some("http://apps.example:30080"));
+        assert_eq!(
+            none.route_url_pattern.as_deref(),
+            Some("http://{route}.{tenant}.apps.example:30080/")
+        );
+        let returned = endpoints(
+            &json!({"httpEndpoint": "http://127.0.0.1:28080", "routeUrlPattern": "http://{route}.{tenant}.localhost:28080/"}),
+            &settings,
+        );
+        assert_eq!(returned.http.as_deref(), Some("http://127.0.0.1:28080"));
+        assert_eq!(
+            returned.route_url_pattern.as_deref(),
+            Some("http://{route}.{tenant}.localhost:28080/")
+        );
+        let empty = endpoints(&json!({"httpEndpoint": ""}), &json!({}));
+        assert_eq!(empty.http, None);
+        assert_eq!(empty.route_url_pattern, None);
     }
 
     #[test]

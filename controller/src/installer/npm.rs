@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::process::Command;
 
 use super::process;
 
@@ -20,6 +19,8 @@ pub struct Npm {
     pub registry: String,
     /// The shared npm cache folder.
     pub cache: PathBuf,
+    /// Let npm run install scripts (`--npm-allow-scripts`); otherwise `--ignore-scripts`.
+    pub allow_scripts: bool,
 }
 
 /// Errors of an npm install.
@@ -65,6 +66,56 @@ pub enum NpmError {
         /// npm's one-line summary.
         summary: String,
     },
+    /// The installed tree breaks the program contract (see `docs/controller.md`).
+    #[error("{detail}")]
+    Contract {
+        /// What is wrong and what to do.
+        detail: String,
+    },
+}
+
+/// Checks npm's lockfile of a project: the program's Pulumi SDK (`sdk`, declared by the
+/// project) must be the only copy in the tree, so that the program's config and the
+/// platform's resources share one SDK. A package that brings its own copy fails the install
+/// with the version it wants.
+pub fn check_single_sdk(lockfile: &str, sdk: &str) -> Result<(), NpmError> {
+    let lock: serde_json::Value =
+        serde_json::from_str(lockfile).map_err(|e| NpmError::Contract {
+            detail: format!("npm wrote a package-lock.json the operator cannot read: {e}"),
+        })?;
+    let packages = lock
+        .get("packages")
+        .and_then(serde_json::Value::as_object)
+        .ok_or_else(|| NpmError::Contract {
+            detail:
+                "npm's package-lock.json has no packages (lockfile version 2 or later is needed)"
+                    .into(),
+        })?;
+    let root = format!("node_modules/{sdk}");
+    let declared = packages
+        .get(&root)
+        .and_then(|p| p.get("version"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("none");
+    let suffix = format!("/node_modules/{sdk}");
+    if let Some((path, p)) = packages.iter().find(|(k, _)| k.ends_with(&suffix)) {
+        let wanted = p
+            .get("version")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("another version");
+        let owner = path.trim_end_matches(&suffix);
+        return Err(NpmError::Contract {
+            detail: format!(
+                "{owner} brings its own {sdk} {wanted} beside the project's {declared}: two Pulumi SDKs in one program; set --pulumi-sdk-version={wanted} (the chart's pulumiSdkVersion)"
+            ),
+        });
+    }
+    if declared == "none" {
+        return Err(NpmError::Contract {
+            detail: format!("npm installed no {sdk} into the project; the program needs it"),
+        });
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -140,7 +191,7 @@ impl Npm {
         version: &str,
         state: &Path,
     ) -> Result<Duration, NpmError> {
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = process::command(&self.binary);
         cmd.current_dir(project)
             .args([
                 "install",
@@ -158,6 +209,10 @@ impl Npm {
             .arg(format!("--cache={}", self.cache.display()))
             // In the environment, not argv: a mirror URL may carry credentials.
             .env("npm_config_registry", &self.registry);
+        if !self.allow_scripts {
+            // No package's install script runs with the operator's environment and volume.
+            cmd.arg("--ignore-scripts");
+        }
         let out = process::run(cmd, None, state)
             .await
             .map_err(|source| NpmError::Spawn {
@@ -165,6 +220,13 @@ impl Npm {
                 source,
             })?;
         if out.success() {
+            let lockfile =
+                std::fs::read_to_string(project.join("package-lock.json")).map_err(|e| {
+                    NpmError::Contract {
+                        detail: format!("npm wrote no readable package-lock.json: {e}"),
+                    }
+                })?;
+            check_single_sdk(&lockfile, super::SDK_PACKAGE)?;
             Ok(out.elapsed)
         } else {
             Err(classify(
@@ -188,6 +250,30 @@ mod tests {
             "https://***@npm.example/repo/"
         );
         assert_eq!(redact("https://npm.example/"), "https://npm.example/");
+    }
+
+    #[test]
+    fn the_tree_holds_one_pulumi_sdk() {
+        let one = r#"{"lockfileVersion":3,"packages":{"":{},
+            "node_modules/@di-framework/platform":{"version":"6.0.22"},
+            "node_modules/@pulumi/pulumi":{"version":"3.248.0"}}}"#;
+        check_single_sdk(one, "@pulumi/pulumi").expect("one SDK");
+        let two = r#"{"lockfileVersion":3,"packages":{"":{},
+            "node_modules/@di-framework/platform":{"version":"6.0.22"},
+            "node_modules/@di-framework/platform/node_modules/@pulumi/pulumi":{"version":"3.250.0"},
+            "node_modules/@pulumi/pulumi":{"version":"3.248.0"}}}"#;
+        let e = check_single_sdk(two, "@pulumi/pulumi").expect_err("two SDKs");
+        let text = e.to_string();
+        assert!(
+            text.contains(
+                "node_modules/@di-framework/platform brings its own @pulumi/pulumi 3.250.0"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("--pulumi-sdk-version=3.250.0"), "{text}");
+        let none = r#"{"lockfileVersion":3,"packages":{"":{}}}"#;
+        assert!(check_single_sdk(none, "@pulumi/pulumi").is_err());
+        assert!(check_single_sdk("not json", "@pulumi/pulumi").is_err());
     }
 
     #[test]

@@ -15,6 +15,43 @@ use tokio::process::Command;
 /// The pid file's name in the instance's state directory.
 pub const PID_FILE: &str = "tool.pid";
 
+/// The only variables of the controller's environment a tool (npm, pulumi, and the language
+/// host and node program pulumi starts) inherits: the search path, the locale and home, the
+/// temporary folder, and the proxy and CA bundle settings needed to reach a registry. Nothing
+/// else passes: not the in-cluster service variables (`KUBERNETES_SERVICE_HOST`, ...), not
+/// `KUBECONFIG`, not the operator's own flags' variables.
+pub const INHERITED_ENV: [&str; 16] = [
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+];
+
+/// A command for a tool, with an environment of [`INHERITED_ENV`] only; each caller adds what
+/// its tool needs.
+pub fn command(binary: &str) -> Command {
+    let mut cmd = Command::new(binary);
+    cmd.env_clear();
+    for key in INHERITED_ENV {
+        if let Some(value) = std::env::var_os(key) {
+            cmd.env(key, value);
+        }
+    }
+    cmd
+}
+
 /// What a finished tool left.
 #[derive(Debug)]
 pub struct Output {
@@ -207,6 +244,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_tool_inherits_no_in_cluster_environment() {
+        let d = dir("env");
+        // The test's own environment (cargo's CARGO_* and RUST_* variables, and in a pod the
+        // KUBERNETES_SERVICE_* ones) stands for the controller's: only INHERITED_ENV passes.
+        assert!(
+            std::env::var_os("CARGO_PKG_NAME").is_some() || std::env::var_os("CARGO").is_some()
+        );
+        let keys = [
+            "KUBERNETES_SERVICE_HOST",
+            "KUBERNETES_SERVICE_PORT",
+            "KUBECONFIG",
+            "NPM_REGISTRY",
+            "PULUMI_CONFIG_PASSPHRASE",
+        ];
+        let mut cmd = command("sh");
+        for key in keys {
+            cmd.env(key, "set-by-the-caller");
+        }
+        let mut scrubbed = command("sh");
+        scrubbed.arg("-c").arg("env");
+        let out = run(scrubbed, None, &d).await.expect("run");
+        assert!(out.success());
+        for line in out.stdout.lines() {
+            let key = line.split('=').next().unwrap_or_default();
+            assert!(
+                INHERITED_ENV.contains(&key) || key == "PWD" || key == "SHLVL" || key == "_",
+                "{key} passed to a tool"
+            );
+        }
+        assert!(out.stdout.lines().any(|l| l.starts_with("PATH=")));
+        // What a caller sets explicitly does reach the tool.
+        cmd.arg("-c").arg("echo $KUBECONFIG");
+        let out = run(cmd, None, &d).await.expect("run");
+        assert_eq!(out.stdout.trim(), "set-by-the-caller");
+    }
+
+    #[tokio::test]
     async fn feeds_stdin_and_captures_output() {
         let d = dir("stdin");
         let mut cmd = Command::new("sh");
@@ -253,14 +327,29 @@ mod tests {
             "import subprocess, time\np = subprocess.Popen(['sleep', '300'], start_new_session=True)\nopen('{}', 'w').write(str(p.pid))\ntime.sleep(300)",
             marker.display()
         ));
-        let run = run(cmd, None, &d);
-        let _ = tokio::time::timeout(Duration::from_millis(1500), run).await;
-        let escaped: i32 = std::fs::read_to_string(&marker)
-            .expect("grandchild started")
-            .trim()
-            .parse()
-            .expect("pid");
-        for _ in 0..50 {
+        let mut run = Box::pin(run(cmd, None, &d));
+        // The run is dropped once the grandchild has started (python may take seconds to start
+        // on a busy machine), as a timeout would drop it.
+        let started = async {
+            loop {
+                if let Some(pid) = std::fs::read_to_string(&marker)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<i32>().ok())
+                {
+                    return pid;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let escaped = tokio::select! {
+            out = &mut run => panic!("the run ended on its own: {out:?}"),
+            pid = tokio::time::timeout(Duration::from_secs(60), started) => {
+                pid.expect("the grandchild started within 60 s")
+            }
+        };
+        drop(run);
+        // A killed process still has to be scheduled to exit: allow for a busy machine.
+        for _ in 0..600 {
             if !alive(escaped) {
                 break;
             }

@@ -215,7 +215,7 @@ pub fn backend_url(backend: &Path) -> String {
 
 impl Stack {
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = process::command(&self.binary);
         cmd.current_dir(&self.project)
             .args(args)
             .args(["--non-interactive", "--color", "never"])
@@ -223,6 +223,9 @@ impl Stack {
             .env("PULUMI_CONFIG_PASSPHRASE_FILE", &self.passphrase_file)
             .env_remove("PULUMI_CONFIG_PASSPHRASE")
             .env("PULUMI_HOME", &self.home)
+            // The program's home is the instance's own folder: no `~/.kube/config` of the
+            // operator's user is found there.
+            .env("HOME", &self.state)
             .env("PULUMI_SKIP_UPDATE_CHECK", "true")
             // `--event-log` exists only with debug commands on (as the Automation API runs it).
             .env("PULUMI_DEBUG_COMMANDS", "true")
@@ -324,6 +327,21 @@ impl Stack {
         )
         .await
         .map(|_| ())
+    }
+
+    /// Sets the list config `key` to `values` in one run (`config set-all --path`); the values
+    /// are not secret and go in argv.
+    pub async fn set_config_path(&self, key: &str, values: &[&str]) -> Result<(), PulumiError> {
+        let pairs: Vec<String> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{key}[{i}]={v}"))
+            .collect();
+        let mut args = vec!["config", "set-all", "--path", "--stack", STACK];
+        for pair in &pairs {
+            args.extend(["--plaintext", pair.as_str()]);
+        }
+        self.ok("config set-all", &args, None).await.map(|_| ())
     }
 
     /// Resolves pending operations a killed run left in the checkpoint: the stack is exported,

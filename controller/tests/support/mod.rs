@@ -27,12 +27,38 @@ impl Controller {
         Self::start_with_chart(cluster, fixture, (&fixture.chart, &fixture.digest), extra)
     }
 
+    /// As [`Controller::start`], with more variables in the controller's environment.
+    pub fn start_with_env(
+        cluster: &Shared,
+        fixture: &Fixture,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn(
+            cluster,
+            fixture,
+            (&fixture.chart, &fixture.digest),
+            extra,
+            env,
+        )
+    }
+
     /// As [`Controller::start`], shipping `chart` (archive, `sha256:` digest) instead.
     pub fn start_with_chart(
         cluster: &Shared,
         fixture: &Fixture,
         chart: (&std::path::Path, &str),
         extra: &[&str],
+    ) -> Self {
+        Self::spawn(cluster, fixture, chart, extra, &[])
+    }
+
+    fn spawn(
+        cluster: &Shared,
+        fixture: &Fixture,
+        chart: (&std::path::Path, &str),
+        extra: &[&str],
+        env: &[(&str, &str)],
     ) -> Self {
         let ops_port = free_port().expect("port");
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
@@ -62,7 +88,8 @@ impl Controller {
             let registry = e2e::npm::shared().expect("npm registry");
             cmd.args(["--npm-registry", registry.url()]);
         }
-        cmd.env("KUBECONFIG", &cluster.kubeconfig)
+        cmd.envs(env.iter().copied())
+            .env("KUBECONFIG", &cluster.kubeconfig)
             .args(["--metrics-bind-address", &format!("127.0.0.1:{ops_port}")])
             // Plain HTTP: the tests read /metrics directly (e2e/tests/chart_install.rs tests
             // the secure port).

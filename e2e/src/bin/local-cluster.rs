@@ -15,6 +15,9 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use e2e::{ControlPlane, Options};
 
+/// The user the person trying the demo acts as: an admin of their own, not the operator.
+const DEMO_USER: &str = "demo-admin";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "local-cluster",
@@ -174,6 +177,21 @@ async fn main() -> anyhow::Result<()> {
     e2e::process::die_with_parent(&mut controller);
     let mut controller = controller.spawn().context("starting the controller")?;
 
+    // The person trying the demo gets an admin identity of their own (user demo-admin, bound to
+    // cluster-admin), not the operator's: the protection policy exempts the operator's user,
+    // so with the operator's kubeconfig `kubectl label svc vcluster` would be admitted.
+    let user_kubeconfig = cp.user_kubeconfig(DEMO_USER, None)?;
+    cluster.kubectl_ok(
+        &[
+            "create",
+            "clusterrolebinding",
+            DEMO_USER,
+            "--clusterrole=cluster-admin",
+            &format!("--user={DEMO_USER}"),
+        ],
+        None,
+    )?;
+
     // The example instance, in its own namespace (the webhook serves every namespace).
     let manifest = std::fs::read_to_string(&example)
         .with_context(|| format!("reading {}", example.display()))?;
@@ -243,7 +261,11 @@ async fn main() -> anyhow::Result<()> {
         cp.server(),
         inner.server()
     );
-    println!("  export KUBECONFIG={}", cp.kubeconfig().display());
+    println!(
+        "  export KUBECONFIG={}   # you, as {DEMO_USER} (cluster-admin); the operator runs as {}",
+        user_kubeconfig.display(),
+        e2e::control_plane::ADMIN_USER
+    );
     println!(
         "  export PATH={}:$PATH   # kubectl and helm built for the tests",
         cluster

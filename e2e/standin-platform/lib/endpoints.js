@@ -11,10 +11,11 @@ function isLoopback(hostname) {
 }
 
 /**
- * The route URL template for `httpEndpoint`: `<scheme>://{route}.{tenant}.<host>[:<port>]/`, where
- * <host> is `localhost` for a loopback endpoint (127.0.0.0/8, ::1, localhost) and the endpoint's
- * host name otherwise, and `:<port>` is present when the endpoint names a port (a URL's default
- * port, 80 or 443, is not named). The endpoint's path is not used.
+ * The route URL template derived from a loopback `httpEndpoint` (127.0.0.0/8, ::1, localhost):
+ * `<scheme>://{route}.{tenant}.localhost[:<port>]/`, where `:<port>` is present when the
+ * endpoint names a port (a URL's default port, 80 or 443, is not named). The endpoint's path is
+ * not used. A non-loopback endpoint gives none (undefined): as seed 003 says, the pattern can be
+ * derived only from a loopback endpoint, and must be given otherwise.
  */
 function routeUrlPattern(httpEndpoint) {
   let url;
@@ -26,7 +27,8 @@ function routeUrlPattern(httpEndpoint) {
   if (url.protocol !== "http:" && url.protocol !== "https:") {
     throw new Error(`stand-in: httpEndpoint ${JSON.stringify(httpEndpoint)} must be an http:// or https:// URL`);
   }
-  const host = isLoopback(url.hostname) ? "localhost" : url.hostname;
+  if (!isLoopback(url.hostname)) return undefined;
+  const host = "localhost";
   const port = url.port ? `:${url.port}` : "";
   return `${url.protocol}//{route}.{tenant}.${host}${port}/`;
 }

@@ -350,4 +350,4 @@ function tokenProvider() {
   };
 }
 
-module.exports = { objectProvider, tokenProvider, UNKNOWN };
+module.exports = { objectProvider, tokenProvider, kubeRequest, UNKNOWN };

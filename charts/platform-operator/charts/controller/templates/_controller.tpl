@@ -267,6 +267,11 @@ spec:
             - {{ printf "--cleanup-namespace=%v" . | quote }}
             {{- end }}
             - {{ printf "--npm-registry=%v" .Values.npmRegistry | quote }}
+            {{- if .Values.npmRegistrySecret.name }}
+            - --npm-registry-file=/etc/platform-operator/npm-registry/url
+            {{- end }}
+            - {{ printf "--npm-allow-scripts=%v" .Values.npmAllowScripts | quote }}
+            - {{ printf "--pulumi-sdk-version=%v" .Values.pulumiSdkVersion | quote }}
             - {{ printf "--pod-security-standard=%v" .Values.podSecurityStandard | quote }}
             - --state-dir={{ include "platform-operator.stateDir" . }}
             - --passphrase-file={{ include "platform-operator.passphraseDir" . }}/passphrase
@@ -300,6 +305,11 @@ spec:
               mountPath: {{ $home }}
             - name: tmp
               mountPath: /tmp
+            {{- if .Values.npmRegistrySecret.name }}
+            - name: npm-registry
+              mountPath: /etc/platform-operator/npm-registry
+              readOnly: true
+            {{- end }}
             {{- include "platform-operator.metricsCertMount" . | nindent 12 }}
       volumes:
         - name: state
@@ -318,5 +328,14 @@ spec:
         - name: tmp
           emptyDir:
             sizeLimit: {{ .Values.emptyDirSizeLimit.tmp }}
+        {{- with .Values.npmRegistrySecret.name }}
+        - name: npm-registry
+          secret:
+            secretName: {{ . }}
+            defaultMode: 0440
+            items:
+              - key: {{ $.Values.npmRegistrySecret.key }}
+                path: url
+        {{- end }}
         {{- include "platform-operator.metricsCertVolume" . | nindent 8 }}
 {{- end -}}
