@@ -90,8 +90,9 @@ const HELM_RELEASE_NAMESPACE_ANNOTATION: &str = "meta.helm.sh/release-namespace"
 /// Whom the host namespace belongs to, when not to instance `key` with UID `uid`: the instance
 /// its annotation names when that is another; with the same name, another UID in its mark (an
 /// earlier instance of the same name). An unmarked namespace (an earlier release created it; the
-/// next apply marks it) belongs to the instance its annotation names, one with neither to nobody
-/// the controller may act for.
+/// next apply marks it) belongs to the instance its annotation names; one with neither names
+/// nobody else, and the instance adopts it (as it always has: a crash before the first apply
+/// leaves such a namespace).
 pub fn foreign_owner(namespace: &Namespace, key: &str, uid: &str) -> Option<String> {
     let meta = &namespace.metadata;
     let named = meta
@@ -101,15 +102,15 @@ pub fn foreign_owner(namespace: &Namespace, key: &str, uid: &str) -> Option<Stri
     if let Some(other) = named.filter(|a| *a != key) {
         return Some(other.clone());
     }
-    match meta.labels.as_ref().and_then(|l| l.get(INSTANCE_UID_LABEL)) {
-        Some(mark) if mark == uid => None,
-        Some(mark) => Some(format!(
-            "{} (UID {mark})",
-            named.map_or("another instance", String::as_str)
-        )),
-        None if named.is_some() => None,
-        None => Some("no instance (it carries no instance annotation)".into()),
-    }
+    let mark = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(INSTANCE_UID_LABEL))
+        .filter(|mark| *mark != uid)?;
+    Some(format!(
+        "{} (UID {mark})",
+        named.map_or("another instance", String::as_str)
+    ))
 }
 
 /// Checks, right before helm or the controller changes what the chart rendered in `host_ns`,
@@ -263,8 +264,9 @@ mod tests {
         let legacy = namespace(json!({}), json!({INSTANCE_ANNOTATION: "a/b"}));
         assert_eq!(foreign_owner(&legacy, "a/b", "u-1"), None);
         assert_eq!(foreign_owner(&legacy, "a/c", "u-1").as_deref(), Some("a/b"));
+        // Neither: it names nobody else, and is adopted.
         let bare = namespace(json!({}), json!({}));
-        assert!(foreign_owner(&bare, "a/b", "u-1").is_some());
+        assert_eq!(foreign_owner(&bare, "a/b", "u-1"), None);
     }
 
     #[test]
