@@ -4,6 +4,12 @@
 pub const FINALIZER: &str = "platform.di-framework.dev/instance";
 /// Annotation on a host namespace naming its instance as `<namespace>/<name>`.
 pub const INSTANCE_ANNOTATION: &str = "platform.di-framework.dev/instance";
+/// Label on everything the controller creates or changes for an instance (the host namespace,
+/// its NetworkPolicy, the kubeconfig Secret, the storage cleanup Job), holding the instance's
+/// `metadata.uid`. The controller checks it before it changes, believes or deletes the object: two
+/// instances can map to one host namespace, and an instance deleted and created again under the
+/// same name has a new UID, so a name alone never proves ownership.
+pub const INSTANCE_UID_LABEL: &str = "platform.di-framework.dev/instance-uid";
 /// Label on every host namespace.
 pub const HOST_NAMESPACE_LABEL: &str = "platform.di-framework.dev/host-namespace";
 /// Annotation on an instance that allows `spec.version` to go below `status.installedVersion`.

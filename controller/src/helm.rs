@@ -61,6 +61,18 @@ pub enum HelmError {
         /// Helm's error output, trimmed.
         message: String,
     },
+    /// Helm ran past its wall-clock limit and was killed.
+    #[error(
+        "helm {action} in {namespace} ran longer than {limit:?} and was killed; look at the host namespace's pods and events, or raise --helm-timeout"
+    )]
+    TimedOut {
+        /// The helm subcommand.
+        action: &'static str,
+        /// The host namespace.
+        namespace: String,
+        /// The wall-clock limit.
+        limit: Duration,
+    },
     /// Writing the values file failed.
     #[error(
         "writing the helm values file {path} failed: {source}; check that the temporary folder is writable"
@@ -78,7 +90,8 @@ pub enum HelmError {
 pub struct Helm {
     /// The helm executable.
     pub binary: String,
-    /// The `--timeout` of helm operations.
+    /// The wall-clock limit of each helm run (`--helm-timeout`), also passed as helm's own
+    /// `--timeout`; a run past it is killed.
     pub timeout: Duration,
     /// Where values files are written.
     pub work_dir: PathBuf,
@@ -103,7 +116,16 @@ impl Helm {
         };
         // Registered, so that the controller's reaper leaves helm's exit status to this wait.
         let (child, _registered) = crate::reaper::spawn(&mut cmd).map_err(spawn_error)?;
-        let out = child.wait_with_output().await.map_err(spawn_error)?;
+        // Dropping the wait on timeout kills helm (`kill_on_drop`); once it is unregistered, the
+        // reaper reaps it.
+        let out = tokio::time::timeout(self.timeout, child.wait_with_output())
+            .await
+            .map_err(|_| HelmError::TimedOut {
+                action,
+                namespace: namespace.to_string(),
+                limit: self.timeout,
+            })?
+            .map_err(spawn_error)?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
@@ -212,5 +234,41 @@ impl Helm {
         ]
         .map(String::from);
         self.run("uninstall", namespace, &args).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A helm that hangs (a shell script standing in for a helm stuck on an API server that
+    /// never answers) is killed at the limit and reported as timed out.
+    #[tokio::test]
+    async fn a_hanging_helm_is_killed_at_the_limit() {
+        let dir = std::env::temp_dir().join(format!("helm-timeout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let marker = dir.join("still-running");
+        let script = dir.join("helm");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\nsleep 2\ntouch {}\nsleep 30\n", marker.display()),
+        )
+        .expect("script");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let helm = Helm {
+            binary: script.display().to_string(),
+            timeout: Duration::from_millis(500),
+            work_dir: dir.clone(),
+        };
+        let started = std::time::Instant::now();
+        let e = helm.uninstall("pi-a-b-1").await.expect_err("timed out");
+        assert!(matches!(e, HelmError::TimedOut { .. }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(e.to_string().contains("--helm-timeout"), "{e}");
+        // Killed, not left running: it never reaches the line after its first sleep.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!marker.exists(), "helm was left running past its limit");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

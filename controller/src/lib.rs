@@ -4,6 +4,7 @@
 //! `deletionPolicy`.
 
 pub mod api;
+pub mod backoff;
 pub mod chart;
 pub mod decide;
 pub mod helm;

@@ -86,6 +86,16 @@ struct Args {
     #[arg(long, default_value = "24h", value_parser = common::duration::parse)]
     cleanup_ttl: Duration,
 
+    /// How long a storage cleanup Job may run before it fails (its `activeDeadlineSeconds`);
+    /// a Job whose pod is never created (a quota, an admission policy) fails then too.
+    #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
+    cleanup_deadline: Duration,
+
+    /// How long one helm run (install, upgrade, rollback, uninstall) may take before it is
+    /// killed and reported as `HelmTimedOut`.
+    #[arg(long, default_value = "10m", value_parser = common::duration::parse)]
+    helm_timeout: Duration,
+
     /// How long the controller waits for a vCluster's API to answer before it reports
     /// `WaitingForAPI`.
     #[arg(long, default_value = "5s", value_parser = common::duration::parse)]
@@ -259,6 +269,7 @@ impl Args {
             cleanup_image: self.cleanup_image.clone(),
             cleanup_backoff_limit: self.cleanup_backoff_limit,
             cleanup_ttl: self.cleanup_ttl,
+            cleanup_deadline: self.cleanup_deadline,
             api_probe_timeout: self.vcluster_api_timeout,
             state_dir: self.state_dir.clone(),
             operator_namespace: self.namespace.clone(),
@@ -297,7 +308,7 @@ impl Args {
             },
             helm: Helm {
                 binary: self.helm_binary.clone(),
-                timeout: self.install_timeout,
+                timeout: self.helm_timeout,
                 work_dir: std::env::temp_dir().join("platform-operator-helm"),
             },
             settings,
@@ -314,6 +325,7 @@ impl Args {
             },
             phases: Mutex::new(Default::default()),
             hosts,
+            backoff: Default::default(),
         }
     }
 }

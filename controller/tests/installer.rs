@@ -751,3 +751,90 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
         "the program wrote into the host cluster"
     );
 }
+
+/// Issue 15, item 4: an instance deleted with `Retain` at 6.0.22 and created again at 6.0.21 is
+/// a CREATE, which the webhook cannot compare with an installed version; the controller reads the
+/// retained record and runs no older program over the newer state until the downgrade
+/// annotation allows it.
+#[tokio::test]
+async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "downgrade").await;
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &["--leader-elect=false", "--install-platform=true"],
+    );
+    let team = team_with_secret(&cluster, CLIENT_SECRET);
+    apply(&cluster, &instance(&team, "kept", "6.0.22", "Retain", ""));
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "kept",
+        "kept to be Ready at 6.0.22",
+        Duration::from_secs(420),
+        |pi| is_ready(pi, "6.0.22"),
+    )
+    .await;
+    cluster
+        .kubectl_ok(
+            &["-n", &team, "delete", "pi", "kept", "--timeout=180s"],
+            None,
+        )
+        .expect("delete");
+    assert!(
+        instance_dir(&fx, &team, "kept")
+            .join("install.json")
+            .exists(),
+        "Retain kept the state"
+    );
+    apply(&cluster, &instance(&team, "kept", "6.0.21", "Retain", ""));
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "kept",
+        "the re-created instance to refuse the downgrade",
+        Duration::from_secs(300),
+        |pi| condition(pi, "Stalled") == Some(("True".into(), "DowngradeRefused".into())),
+    )
+    .await;
+    assert_eq!(pi["status"]["phase"], "Failed");
+    assert_eq!(pi["status"]["installedVersion"], "6.0.22");
+    assert_eq!(
+        condition(&pi, "Installed"),
+        Some(("False".into(), "DowngradeRefused".into()))
+    );
+    // Nothing ran: the vCluster side still holds what 6.0.22 applied.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let cm = settings_configmap(&fx, &cluster).expect("settings ConfigMap");
+    assert_eq!(cm["data"]["packageVersion"], "6.0.22");
+    // Allowed on purpose: the older version is installed.
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "annotate",
+                "pi",
+                "kept",
+                "platform.di-framework.dev/allow-downgrade=true",
+            ],
+            None,
+        )
+        .expect("annotate");
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "kept",
+        "kept to be Ready at 6.0.21",
+        Duration::from_secs(420),
+        |pi| is_ready(pi, "6.0.21"),
+    )
+    .await;
+    let cm = settings_configmap(&fx, &cluster).expect("settings ConfigMap");
+    assert_eq!(cm["data"]["packageVersion"], "6.0.21");
+}

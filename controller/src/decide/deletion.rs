@@ -1,11 +1,15 @@
 //! Deletion, honouring `deletionPolicy`: stop the installer's tasks, uninstall the vCluster,
 //! delete the host namespace, then with `Delete` run the storage cleanup Job and remove the state
 //! and the kubeconfig Secret, and only then let the finalizer go. A failed step never drops it.
+//! Nothing whose ownership marks name someone else is ever uninstalled, deleted or cleaned: a
+//! host namespace of another instance, a kubeconfig Secret that is not this instance's, a cleanup
+//! Job of another UID (replaced, never believed).
 
 use common::crd::{DeletionPolicy, Phase};
 
 use super::model::{Action, Cleanup, Observed, Plan, PlanBuilder, Release, Requeue, TaskState};
 use super::status::{self, Kstatus, Reason};
+use crate::installer::record::Failure;
 
 /// Decides the next deletion step.
 pub fn decide(o: &Observed) -> Plan {
@@ -20,6 +24,9 @@ pub fn decide(o: &Observed) -> Plan {
     }
     if o.install.outcome.busy() || o.install.preview_task.busy() {
         plan.act(Action::CancelInstall);
+    }
+    if let Some(other) = &o.namespace_conflict {
+        return left_alone(o, plan, other);
     }
     // 1. Stop what runs: the vCluster release, then the host namespace.
     let mut plan = match uninstall(o, plan) {
@@ -45,16 +52,49 @@ pub fn decide(o: &Observed) -> Plan {
         if o.state_exists {
             plan.act(Action::RemoveState);
         }
-        if o.kubeconfig_current || o.exported_kubeconfig {
+        if (o.kubeconfig_current || o.exported_kubeconfig) && o.kubeconfig_conflict.is_none() {
             plan.act(Action::DeleteKubeconfig);
         }
+    }
+    plan.act(Action::RemoveFinalizer);
+    match &o.kubeconfig_conflict {
+        Some(secret) => step(
+            plan,
+            Requeue::Idle,
+            Reason::LeftAlone,
+            format!(
+                "everything of the instance is cleaned up; the Secret {secret} is not this instance's and was left untouched; removing the finalizer"
+            ),
+        ),
+        None => step(
+            plan,
+            Requeue::Idle,
+            Reason::Finalizing,
+            "everything is cleaned up; removing the finalizer".into(),
+        ),
+    }
+}
+
+/// The host namespace belongs to `other`: its vCluster, the namespace and its storage are left
+/// untouched (as is the instance's state, which a `Retain` of the same name may have kept), the
+/// instance's own kubeconfig Secret goes with `Delete`, and the finalizer is dropped with a
+/// `LeftAlone` Event saying what was left.
+fn left_alone(o: &Observed, mut plan: PlanBuilder, other: &str) -> Plan {
+    if o.deletion_policy == DeletionPolicy::Delete
+        && o.kubeconfig_current
+        && o.kubeconfig_conflict.is_none()
+    {
+        plan.act(Action::DeleteKubeconfig);
     }
     plan.act(Action::RemoveFinalizer);
     step(
         plan,
         Requeue::Idle,
-        Reason::Finalizing,
-        "everything is cleaned up; removing the finalizer".into(),
+        Reason::LeftAlone,
+        format!(
+            "host namespace {} belongs to {other}: it, its vCluster and its storage were left untouched; removing the finalizer",
+            o.host_namespace
+        ),
     )
 }
 
@@ -80,10 +120,15 @@ fn uninstall(o: &Observed, mut plan: PlanBuilder) -> Result<PlanBuilder, Plan> {
         )),
         TaskState::Failed(e) if !released => {
             plan.act(Action::UninstallVCluster);
+            let reason = if e.failure == Some(Failure::InstallTimedOut) {
+                Reason::HelmTimedOut
+            } else {
+                Reason::UninstallFailed
+            };
             Err(step(
                 plan,
                 Requeue::Backoff,
-                Reason::UninstallFailed,
+                reason,
                 format!("helm uninstall failed: {e}; retrying"),
             ))
         }
@@ -110,6 +155,34 @@ fn cleanup(o: &Observed, plan: &mut PlanBuilder) -> Option<(Requeue, Kstatus)> {
                 Kstatus::reconciling(Reason::CleaningStorage, "running the storage cleanup Job"),
             ))
         }
+        Cleanup::Stale => {
+            plan.act(Action::ReplaceCleanup);
+            Some((
+                Requeue::Poll,
+                Kstatus::reconciling(
+                    Reason::CleaningStorage,
+                    "a cleanup Job of that name was left by another instance (another UID); replacing it",
+                ),
+            ))
+        }
+        Cleanup::Blocked(e) => Some((
+            Requeue::Poll,
+            Kstatus::reconciling(
+                Reason::CleanupBlocked,
+                format!(
+                    "the storage cleanup Job cannot create its pod ({e}); fix the cause (a quota, an admission policy in the cleanup namespace) or the Job fails after --cleanup-deadline"
+                ),
+            ),
+        )),
+        Cleanup::TimedOut(e) => Some((
+            Requeue::Backoff,
+            Kstatus::stalled(
+                Reason::CleanupTimedOut,
+                format!(
+                    "the storage cleanup Job ran past --cleanup-deadline ({e}); the instance's storage directory is left; look at the Job's pods and events, fix the cause and delete the Job to retry"
+                ),
+            ),
+        )),
         Cleanup::Running => Some((
             Requeue::Poll,
             Kstatus::reconciling(

@@ -4,7 +4,7 @@
 
 use common::conditions as c;
 use common::crd::Phase;
-use common::names::RETRY_ANNOTATION;
+use common::names::{ALLOW_DOWNGRADE_ANNOTATION, RETRY_ANNOTATION};
 
 use super::model::{
     Action, InstallObserved, InstallOutcome, Plan, PlanBuilder, Requeue, TaskError,
@@ -164,6 +164,22 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
     if let Some(outcome) = busy(&x, plan) {
         return outcome;
     }
+    if let Some(installed) = downgrade_refused(i) {
+        let message = format!(
+            "{installed} is installed and spec.version asks for the older {}: the controller does not run an older program over newer state; set spec.version to {installed} or later, or set the annotation {ALLOW_DOWNGRADE_ANNOTATION}=true to downgrade on purpose",
+            i.requested
+        );
+        plan.condition(Cond::no(
+            c::INSTALLED,
+            Reason::DowngradeRefused,
+            message.clone(),
+        ));
+        return Outcome {
+            phase: Phase::Failed,
+            kstatus: Kstatus::stalled(Reason::DowngradeRefused, message),
+            requeue: Requeue::Idle,
+        };
+    }
     if let Some(e) = &i.config_error {
         let message = format!("{e}; the installer waits for it");
         plan.condition(Cond::no(
@@ -181,6 +197,21 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
         return run(&x, need, message, plan);
     }
     settled(&x, plan)
+}
+
+/// The installed version when it is newer than `spec.version` and no downgrade is allowed (the
+/// webhook warns at admission, but an instance deleted with `Retain` and created again at an
+/// older version is a CREATE it cannot compare: the record kept on the state volume can).
+fn downgrade_refused(i: &InstallObserved) -> Option<&str> {
+    let installed = i.installed.as_deref()?;
+    let older = match (
+        common::version::parse_exact(installed),
+        common::version::parse_exact(&i.requested),
+    ) {
+        (Ok(installed), Ok(requested)) => requested < installed,
+        _ => false,
+    };
+    (older && !i.downgrade_allowed).then_some(installed)
 }
 
 fn drift_condition(drift: &Option<String>) -> Cond {

@@ -100,12 +100,21 @@ pub enum Protection {
 pub enum Cleanup {
     /// Not created.
     Missing,
+    /// A Job of that name marked with another instance's UID (or with none): left by an earlier
+    /// instance of the same name. Its outcome says nothing about this instance's storage; it is
+    /// replaced.
+    Stale,
     /// Created, not finished.
     Running,
+    /// Created, but the Job controller cannot create its pod (a `FailedCreate` Event: a quota,
+    /// an admission policy); what it said.
+    Blocked(String),
     /// Completed.
     Complete,
     /// Failed.
     Failed(String),
+    /// Failed by running past `--cleanup-deadline` (`DeadlineExceeded`).
+    TimedOut(String),
 }
 
 /// `service/vcluster` compared with what the controller recorded after the vCluster came up.
@@ -256,6 +265,8 @@ pub struct InstallObserved {
     pub repair_due: bool,
     /// The installer is turned off (`--install-platform=false`).
     pub disabled: bool,
+    /// The instance carries `platform.di-framework.dev/allow-downgrade: "true"`.
+    pub downgrade_allowed: bool,
     /// A person asked for a retry (a new value of the retry annotation): repair at once.
     pub retry_requested: bool,
 }
@@ -265,6 +276,8 @@ pub struct InstallObserved {
 pub struct Observed {
     /// `metadata.generation`.
     pub generation: i64,
+    /// `metadata.uid`: the mark on everything the controller creates for the instance.
+    pub uid: String,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
     /// The instance carries the operator's finalizer.
@@ -295,8 +308,14 @@ pub struct Observed {
     pub exported_kubeconfig: bool,
     /// That kubeconfig reached the vCluster's API (`None`: not tried).
     pub api_serves: Option<bool>,
+    /// Why the kubeconfig the vCluster exported was refused (it asks for more than inline
+    /// server, CA, client certificate and key or token); when set, `exported_kubeconfig` is false.
+    pub kubeconfig_refused: Option<String>,
     /// The instance's kubeconfig Secret holds what the vCluster exported.
     pub kubeconfig_current: bool,
+    /// A Secret of the kubeconfig Secret's name exists and is not this instance's (its UID mark
+    /// and owner reference name nobody or someone else): its name. Left untouched.
+    pub kubeconfig_conflict: Option<String>,
     /// The cluster-wide policy.
     pub protection: Protection,
     /// The cleanup Job (deletion with `Delete` only).
@@ -348,6 +367,8 @@ pub enum Action {
     DeleteNamespace,
     /// Create the storage cleanup Job.
     StartCleanup,
+    /// Delete a cleanup Job of that name left by another instance (checked by its UID first).
+    ReplaceCleanup,
     /// Remove the instance's state directory.
     RemoveState,
     /// Delete the kubeconfig Secret.

@@ -11,6 +11,7 @@ use super::model::{
     Action, Observed, OwnerService, Plan, PlanBuilder, Release, Requeue, TaskState,
 };
 use super::status::{self, Cond, Kstatus, Reason};
+use crate::installer::record::Failure;
 
 /// Decides what to do for an instance that is not being deleted.
 pub fn decide(o: &Observed) -> Plan {
@@ -49,6 +50,9 @@ pub fn decide(o: &Observed) -> Plan {
     let vcluster_ready = vcluster.status;
     plan.condition(vcluster);
     if vcluster_ready {
+        if let Some(secret) = &o.kubeconfig_conflict {
+            return kubeconfig_conflict(o, plan, secret);
+        }
         kubeconfig_written(o, &mut plan);
         return install::decide(&o.install, plan, requeue);
     }
@@ -59,6 +63,10 @@ pub fn decide(o: &Observed) -> Plan {
     ));
     plan.condition(install::installed_while_waiting(&o.install));
     let (phase, reconciling) = match &o.task {
+        TaskState::Idle if o.kubeconfig_refused.is_some() && release_current(o) => (
+            Phase::Failed,
+            Kstatus::stalled(Reason::KubeconfigRefused, refused(o)),
+        ),
         TaskState::Queued(_) if !o.namespace_exists => (
             Phase::Pending,
             Kstatus::reconciling(Reason::Queued, "waiting for an install slot"),
@@ -178,8 +186,13 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
                 recover: matches!(o.release, Release::Pending(_)),
             });
             let message = format!("helm failed: {e}; retrying with backoff");
+            let reason = if e.failure == Some(Failure::InstallTimedOut) {
+                Reason::HelmTimedOut
+            } else {
+                Reason::HelmFailed
+            };
             (
-                Cond::no(c::VCLUSTER_READY, Reason::HelmFailed, message),
+                Cond::no(c::VCLUSTER_READY, reason, message),
                 Requeue::Backoff,
             )
         }
@@ -214,6 +227,11 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
             Reason::WaitingForControlPlane,
             "waiting for the vCluster control plane (deployment/vcluster) to be ready",
         )
+    } else if o.kubeconfig_refused.is_some() {
+        return (
+            Cond::no(c::VCLUSTER_READY, Reason::KubeconfigRefused, refused(o)),
+            Requeue::Poll,
+        );
     } else if !o.exported_kubeconfig {
         (
             Reason::WaitingForKubeconfig,
@@ -235,6 +253,37 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
         );
     };
     (Cond::no(c::VCLUSTER_READY, reason, message), Requeue::Poll)
+}
+
+/// What the status says about a refused exported kubeconfig.
+fn refused(o: &Observed) -> String {
+    format!(
+        "the kubeconfig the vCluster exported (Secret {} in {}) was refused: {}; the controller accepts only an inline server, CA, client certificate and key, and token; find who wrote that Secret and delete it so vCluster exports it again",
+        common::names::EXPORTED_KUBECONFIG_SECRET,
+        o.host_namespace,
+        o.kubeconfig_refused.as_deref().unwrap_or_default()
+    )
+}
+
+/// A Secret of the kubeconfig Secret's name is someone else's: it is left untouched and the
+/// instance waits, stalled, for it to go.
+fn kubeconfig_conflict(o: &Observed, mut plan: PlanBuilder, secret: &str) -> Plan {
+    let message = format!(
+        "the Secret {secret} exists and is not this instance's (it carries no {}={} mark and no owner reference to it); the controller leaves it untouched: delete or rename it to get the instance's kubeconfig",
+        common::names::INSTANCE_UID_LABEL,
+        o.uid
+    );
+    plan.condition(Cond::no(
+        c::KUBECONFIG_READY,
+        Reason::KubeconfigSecretConflict,
+        message.clone(),
+    ));
+    plan.condition(install::installed_while_waiting(&o.install));
+    plan.finish(
+        Phase::Failed,
+        Requeue::Poll,
+        Kstatus::stalled(Reason::KubeconfigSecretConflict, message),
+    )
 }
 
 /// The vCluster serves: write the kubeconfig when it differs, and record `service/vcluster`.

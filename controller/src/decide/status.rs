@@ -84,6 +84,23 @@ pub enum Reason {
     CleanupFailed,
     /// Deletion: removing the finalizer.
     Finalizing,
+    /// Deletion: the host namespace (or another object) carries another instance's marks; it
+    /// was left untouched and the finalizer dropped.
+    LeftAlone,
+    /// A Secret named like the instance's kubeconfig Secret is not this instance's.
+    KubeconfigSecretConflict,
+    /// The kubeconfig the vCluster exported asks for more than inline credentials.
+    KubeconfigRefused,
+    /// The installed version is newer than `spec.version` and no downgrade was allowed.
+    DowngradeRefused,
+    /// Deletion: the cleanup Job's pod cannot be created.
+    CleanupBlocked,
+    /// Deletion: the cleanup Job ran past `--cleanup-deadline`.
+    CleanupTimedOut,
+    /// A helm run took longer than `--helm-timeout` and was killed.
+    HelmTimedOut,
+    /// An action of the reconcile failed (an API write); it is retried with backoff.
+    ReconcileFailed,
     /// kstatus: nothing is reconciling.
     Idle,
     /// kstatus: working, or not stalled.
@@ -141,6 +158,14 @@ impl Reason {
             CleaningStorage => "CleaningStorage",
             CleanupFailed => "CleanupFailed",
             Finalizing => "Finalizing",
+            LeftAlone => "LeftAlone",
+            KubeconfigSecretConflict => "KubeconfigSecretConflict",
+            KubeconfigRefused => "KubeconfigRefused",
+            DowngradeRefused => "DowngradeRefused",
+            CleanupBlocked => "CleanupBlocked",
+            CleanupTimedOut => "CleanupTimedOut",
+            HelmTimedOut => "HelmTimedOut",
+            ReconcileFailed => "ReconcileFailed",
             Idle => "Idle",
             Progressing => "Progressing",
         }
@@ -157,6 +182,14 @@ impl Reason {
             | PolicyFailed
             | UninstallFailed
             | CleanupFailed
+            | LeftAlone
+            | KubeconfigSecretConflict
+            | KubeconfigRefused
+            | DowngradeRefused
+            | CleanupBlocked
+            | CleanupTimedOut
+            | HelmTimedOut
+            | ReconcileFailed
             | DriftDetected
             | ConfigUnavailable => true,
             Failed(f) => !matches!(f, Failure::StateUnavailable | Failure::ToolMissing),
@@ -300,6 +333,24 @@ impl Kstatus {
     }
 }
 
+/// The plan as reported when one of its actions failed (`error`): `Ready=False` and
+/// `Reconciling=True` with reason `ReconcileFailed` and the error, the detail conditions as
+/// decided; the reconcile is retried with backoff.
+pub fn act_failed(mut plan: super::Plan, error: &str) -> super::Plan {
+    let message = format!("{error} (retrying with backoff)");
+    for cond in &mut plan.conditions {
+        if cond.type_ == c::READY || cond.type_ == c::RECONCILING {
+            *cond = Cond {
+                type_: cond.type_,
+                status: cond.type_ == c::RECONCILING,
+                reason: Reason::ReconcileFailed,
+                message: message.clone(),
+            };
+        }
+    }
+    plan
+}
+
 /// The `OwnerServiceProtected` condition.
 pub fn protection(p: &Protection) -> Cond {
     match p {
@@ -370,6 +421,14 @@ mod tests {
             CleaningStorage,
             CleanupFailed,
             Finalizing,
+            LeftAlone,
+            KubeconfigSecretConflict,
+            KubeconfigRefused,
+            DowngradeRefused,
+            CleanupBlocked,
+            CleanupTimedOut,
+            HelmTimedOut,
+            ReconcileFailed,
             Idle,
             Progressing,
         ];
@@ -394,7 +453,13 @@ mod tests {
 
     /// The rule Events followed when severity was read from reason strings.
     fn string_rule(type_: &str, status: bool, reason: &str) -> Severity {
-        const WARNINGS: [&str; 7] = [
+        const WARNINGS: [&str; 13] = [
+            "LeftAlone",
+            "KubeconfigRefused",
+            "DowngradeRefused",
+            "CleanupBlocked",
+            "CleanupTimedOut",
+            "HelmTimedOut",
             "DriftDetected",
             "InstallTimedOut",
             "VersionNotFound",

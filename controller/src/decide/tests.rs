@@ -11,6 +11,7 @@ use crate::installer::record::Failure;
 fn base() -> Observed {
     Observed {
         generation: 1,
+        uid: "u-1".into(),
         deleting: false,
         has_finalizer: true,
         deletion_policy: DeletionPolicy::Retain,
@@ -28,7 +29,9 @@ fn base() -> Observed {
         statefulset_ready: true,
         exported_kubeconfig: true,
         api_serves: Some(true),
+        kubeconfig_refused: None,
         kubeconfig_current: true,
+        kubeconfig_conflict: None,
         protection: Protection::Protected,
         cleanup: Cleanup::Missing,
         state_exists: true,
@@ -82,6 +85,14 @@ fn cond(plan: &Plan, type_: &str) -> (bool, &'static str) {
         .find(|w| w.type_ == type_)
         .unwrap_or_else(|| panic!("no {type_}"));
     (w.status, w.reason.as_str())
+}
+
+/// The condition `type_` the plan wants (for its message and severity).
+fn want<'a>(plan: &'a Plan, type_: &str) -> &'a super::status::Cond {
+    plan.conditions
+        .iter()
+        .find(|w| w.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_}"))
 }
 
 #[test]
@@ -662,4 +673,266 @@ fn a_failure_the_record_missed_is_reported_from_the_task() {
     assert_eq!(cond(&plan, c::INSTALLED), (false, "StateUnavailable"));
     assert_eq!(cond(&plan, c::STALLED), (true, "StateUnavailable"));
     assert_eq!(plan.requeue, Requeue::Backoff);
+}
+
+// Issue 15: ownership and fault safety.
+
+/// Deleting with `Delete`, the vCluster and the host namespace gone: the cleanup's turn.
+fn cleaning() -> Observed {
+    Observed {
+        release: Release::Missing,
+        namespace_exists: false,
+        ..deleting(DeletionPolicy::Delete)
+    }
+}
+
+/// Every action that removes, uninstalls or cleans something.
+fn destructive(plan: &Plan) -> Vec<&Action> {
+    plan.actions
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::UninstallVCluster
+                    | Action::DeleteNamespace
+                    | Action::StartCleanup
+                    | Action::ReplaceCleanup
+                    | Action::RemoveState
+                    | Action::DeleteKubeconfig
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn deletion_leaves_a_host_namespace_of_another_instance_alone() {
+    // Another instance maps to the same host namespace (its annotation names it): with either
+    // policy, at any step, nothing of it is uninstalled, deleted or cleaned.
+    for policy in [DeletionPolicy::Retain, DeletionPolicy::Delete] {
+        for release in [
+            Release::Missing,
+            Release::Deployed {
+                chart_version: "0.37.3".into(),
+            },
+        ] {
+            for cleanup in [Cleanup::Missing, Cleanup::Complete, Cleanup::Stale] {
+                let o = Observed {
+                    namespace_conflict: Some("team-b/other".into()),
+                    kubeconfig_current: false,
+                    release: release.clone(),
+                    cleanup: cleanup.clone(),
+                    ..deleting(policy)
+                };
+                let plan = decide(&o);
+                assert_eq!(
+                    plan.actions,
+                    [Action::RemoveFinalizer],
+                    "{policy:?} {release:?} {cleanup:?}"
+                );
+                let (status, reason) = cond(&plan, c::READY);
+                assert_eq!((status, reason), (false, "LeftAlone"));
+                let message = &want(&plan, c::READY).message;
+                assert!(
+                    message.contains("team-b/other") && message.contains("pi-team-a-one-12345678"),
+                    "the Event says what was left alone: {message}"
+                );
+            }
+        }
+    }
+    // Its own kubeconfig Secret still goes with Delete; never one that is not its own.
+    let own = decide(&Observed {
+        namespace_conflict: Some("team-b/other".into()),
+        ..deleting(DeletionPolicy::Delete)
+    });
+    assert_eq!(
+        own.actions,
+        [Action::DeleteKubeconfig, Action::RemoveFinalizer]
+    );
+    let foreign = decide(&Observed {
+        namespace_conflict: Some("team-b/other".into()),
+        kubeconfig_conflict: Some("one-kubeconfig".into()),
+        ..deleting(DeletionPolicy::Delete)
+    });
+    assert!(destructive(&foreign).is_empty(), "{:?}", foreign.actions);
+}
+
+#[test]
+fn a_cleanup_job_of_another_uid_is_replaced_not_believed() {
+    let gone = cleaning();
+    let plan = decide(&Observed {
+        cleanup: Cleanup::Stale,
+        ..gone.clone()
+    });
+    assert_eq!(plan.actions, [Action::ReplaceCleanup]);
+    assert_eq!(plan.requeue, Requeue::Poll);
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "CleaningStorage"));
+}
+
+#[test]
+fn a_blocked_or_timed_out_cleanup_says_why_and_keeps_the_finalizer() {
+    let gone = cleaning();
+    let blocked = decide(&Observed {
+        cleanup: Cleanup::Blocked("pods \"x\" is forbidden: exceeded quota".into()),
+        ..gone.clone()
+    });
+    assert!(blocked.actions.is_empty());
+    assert_eq!(blocked.requeue, Requeue::Poll);
+    assert_eq!(cond(&blocked, c::READY), (false, "CleanupBlocked"));
+    let ready = want(&blocked, c::READY);
+    assert!(
+        ready.message.contains("exceeded quota"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(ready.severity(), super::status::Severity::Warning);
+    let late = decide(&Observed {
+        cleanup: Cleanup::TimedOut("Job was active longer than specified deadline".into()),
+        ..gone
+    });
+    assert!(
+        late.actions.is_empty(),
+        "a timed-out cleanup never drops the finalizer"
+    );
+    assert_eq!(cond(&late, c::STALLED), (true, "CleanupTimedOut"));
+}
+
+#[test]
+fn a_kubeconfig_secret_of_someone_else_is_never_written_or_deleted() {
+    let conflict = Observed {
+        kubeconfig_current: false,
+        kubeconfig_conflict: Some("one-kubeconfig".into()),
+        ..fresh()
+    };
+    let plan = decide(&conflict);
+    assert!(
+        !plan.actions.contains(&Action::WriteKubeconfig),
+        "{:?}",
+        plan.actions
+    );
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Install { .. })),
+        "{:?}",
+        plan.actions
+    );
+    assert_eq!(
+        cond(&plan, c::KUBECONFIG_READY),
+        (false, "KubeconfigSecretConflict")
+    );
+    assert_eq!(cond(&plan, c::STALLED), (true, "KubeconfigSecretConflict"));
+    let message = &want(&plan, c::KUBECONFIG_READY).message;
+    assert!(
+        message.contains("one-kubeconfig") && message.contains("u-1"),
+        "{message}"
+    );
+    // Deleting with Delete: everything else goes, that Secret stays.
+    let done = decide(&Observed {
+        cleanup: Cleanup::Complete,
+        kubeconfig_current: false,
+        kubeconfig_conflict: Some("one-kubeconfig".into()),
+        ..cleaning()
+    });
+    assert_eq!(done.actions, [Action::RemoveState, Action::RemoveFinalizer]);
+    assert_eq!(cond(&done, c::READY), (false, "LeftAlone"));
+}
+
+#[test]
+fn an_installed_version_newer_than_the_requested_one_is_not_run_over() {
+    // Deleted with Retain at 6.0.22 and created again at 6.0.10: the record says 6.0.22.
+    let o = with_install(|i| i.requested = "6.0.10".into());
+    let plan = decide(&o);
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Install { .. })),
+        "{:?}",
+        plan.actions
+    );
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "DowngradeRefused"));
+    assert_eq!(cond(&plan, c::STALLED), (true, "DowngradeRefused"));
+    assert_eq!(plan.phase, Phase::Failed);
+    // Pre-releases order below their release.
+    let pre = decide(&with_install(|i| i.requested = "6.0.22-rc.1".into()));
+    assert_eq!(cond(&pre, c::STALLED), (true, "DowngradeRefused"));
+    // The annotation allows it on purpose.
+    let allowed = decide(&with_install(|i| {
+        i.requested = "6.0.10".into();
+        i.downgrade_allowed = true;
+    }));
+    assert_eq!(
+        allowed.actions,
+        [Action::Install {
+            mode: Mode::Upgrade
+        }]
+    );
+    // An upgrade is not a downgrade.
+    let up = decide(&with_install(|i| i.requested = "6.1.0".into()));
+    assert_eq!(
+        up.actions,
+        [Action::Install {
+            mode: Mode::Upgrade
+        }]
+    );
+}
+
+#[test]
+fn a_refused_exported_kubeconfig_stops_provisioning() {
+    let o = Observed {
+        exported_kubeconfig: false,
+        kubeconfig_refused: Some("user \"x\" sets exec".into()),
+        api_serves: None,
+        kubeconfig_current: false,
+        ..fresh()
+    };
+    let plan = decide(&o);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "KubeconfigRefused"));
+    assert_eq!(cond(&plan, c::STALLED), (true, "KubeconfigRefused"));
+    let message = &want(&plan, c::STALLED).message;
+    assert!(
+        message.contains("sets exec") && message.contains("vc-vcluster"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_helm_run_killed_at_its_limit_says_so() {
+    let timed_out = TaskError::new(
+        Failure::InstallTimedOut,
+        "helm upgrade --install ran longer",
+    );
+    let plan = decide(&Observed {
+        release: Release::Missing,
+        task: TaskState::Failed(timed_out.clone()),
+        ..fresh()
+    });
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "HelmTimedOut"));
+    assert_eq!(plan.requeue, Requeue::Backoff);
+    let plan = decide(&Observed {
+        task: TaskState::Failed(timed_out),
+        ..deleting(DeletionPolicy::Delete)
+    });
+    assert_eq!(plan.actions, [Action::UninstallVCluster]);
+    assert_eq!(cond(&plan, c::READY), (false, "HelmTimedOut"));
+}
+
+#[test]
+fn a_failed_action_reaches_status() {
+    let plan = super::status::act_failed(
+        decide(&base()),
+        "writing the kubeconfig Secret failed: forbidden",
+    );
+    assert_eq!(cond(&plan, c::READY), (false, "ReconcileFailed"));
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "ReconcileFailed"));
+    assert_eq!(
+        cond(&plan, c::INSTALLED),
+        (true, "Installed"),
+        "details stay"
+    );
+    let ready = want(&plan, c::READY);
+    assert!(ready.message.contains("forbidden"), "{}", ready.message);
+    assert_eq!(ready.severity(), super::status::Severity::Warning);
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use common::crd::PlatformInstance;
 use common::names::{
-    APPLIED_HASH_ANNOTATION, FINALIZER, OWNER_SERVICE_ANNOTATION, VCLUSTER,
+    APPLIED_HASH_ANNOTATION, FINALIZER, INSTANCE_UID_LABEL, OWNER_SERVICE_ANNOTATION, VCLUSTER,
     VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
 use futures::FutureExt;
@@ -15,7 +15,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -26,7 +28,8 @@ use super::{control_plane, objects};
 use crate::api::{apply, delete_ignoring_404, manager, not_found};
 use crate::decide::Action;
 use crate::decide::model::{Plan, Release, TaskError};
-use crate::helm::{Helm, RELEASE, release_from_secrets};
+use crate::helm::{Helm, HelmError, RELEASE, release_from_secrets};
+use crate::installer::record::Failure;
 use crate::installer::{self, Mode};
 
 /// One instance being acted on.
@@ -37,6 +40,7 @@ struct Target<'a> {
     ns: String,
     name: String,
     host_ns: String,
+    uid: String,
 }
 
 /// Carries out the plan's actions, in order.
@@ -56,6 +60,7 @@ pub async fn act(
         ns,
         name,
         host_ns,
+        uid: pi.uid().unwrap_or_default(),
     };
     for action in &plan.actions {
         match action {
@@ -75,6 +80,7 @@ pub async fn act(
             Action::UninstallVCluster => uninstall_vcluster(&t),
             Action::DeleteNamespace => delete_namespace(&t).await?,
             Action::StartCleanup => start_cleanup(&t).await?,
+            Action::ReplaceCleanup => replace_cleanup(&t).await?,
             Action::RemoveState => remove_state(&t)?,
             Action::DeleteKubeconfig => delete_kubeconfig(&t).await?,
             Action::RemoveFinalizer => remove_finalizer(&t).await?,
@@ -128,8 +134,9 @@ async fn remove_finalizer(t: &Target<'_>) -> Result<(), ReconcileError> {
 
 async fn apply_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let client = &t.ctx.client;
-    let mut namespace = objects::namespace(&key(t.pi), &t.host_ns, t.ctx.settings.pod_security);
-    let policy = objects::network_policy(&t.host_ns, &t.ctx.settings.operator_namespace);
+    let mut namespace =
+        objects::namespace(&key(t.pi), &t.uid, &t.host_ns, t.ctx.settings.pod_security);
+    let policy = objects::network_policy(&t.host_ns, &t.uid, &t.ctx.settings.operator_namespace);
     let applied = objects::namespace_hash(&namespace, &policy);
     namespace
         .metadata
@@ -160,7 +167,8 @@ async fn apply_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
 
 fn install_vcluster(t: &Target<'_>, recover: bool) {
     let (client, namespace) = (t.ctx.client.clone(), t.host_ns.clone());
-    let (helm, install) = chart_install(t.ctx, &t.host_ns);
+    let guard = owner_check(t);
+    let (helm, install) = chart_install(t);
     let work = async move {
         if recover {
             let secrets: Api<Secret> = Api::namespaced(client, &namespace);
@@ -170,9 +178,10 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
                 .map_err(|e| TaskError::from(e.to_string()))?;
             if let Release::Pending(status) = release_from_secrets(&releases.items) {
                 tracing::info!(%namespace, %status, "recovering an interrupted helm release");
+                guard.await?;
                 helm.recover(&namespace, &status)
                     .await
-                    .map_err(|e| TaskError::from(e.to_string()))?;
+                    .map_err(helm_error)?;
             }
         }
         install.await
@@ -186,7 +195,7 @@ async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
         return Ok(());
     };
     let owner: Option<OwnerReference> = t.pi.controller_owner_ref(&());
-    let secret = objects::kubeconfig_secret_object(&t.ns, &t.name, owner, kubeconfig);
+    let secret = objects::kubeconfig_secret_object(&t.ns, &t.name, &t.uid, owner, kubeconfig);
     let secrets = Api::<Secret>::namespaced(t.ctx.client.clone(), &t.ns);
     apply(&secrets, &kubeconfig_secret(&t.name), &secret)
         .await
@@ -198,8 +207,10 @@ async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
 fn restore_owner_service(t: &Target<'_>) {
     tracing::warn!(instance = %key(t.pi), "service/vcluster was changed or deleted; recreating it from the chart");
     let services: Api<Service> = Api::namespaced(t.ctx.client.clone(), &t.host_ns);
-    let (_, install) = chart_install(t.ctx, &t.host_ns);
+    let (_, install) = chart_install(t);
+    let guard = owner_check(t);
     let work = async move {
+        guard.await?;
         // A three-way merge cannot always undo an edit (a changed port duplicates its name), so
         // a changed Service is deleted and the chart creates it afresh; the owner references
         // that named the old UID are relinked afterwards.
@@ -261,10 +272,10 @@ fn cancel_install(t: &Target<'_>) {
 
 fn uninstall_vcluster(t: &Target<'_>) {
     let (helm, namespace) = (t.ctx.helm.clone(), t.host_ns.clone());
+    let guard = owner_check(t);
     let work = async move {
-        helm.uninstall(&namespace)
-            .await
-            .map_err(|e| TaskError::from(e.to_string()))
+        guard.await?;
+        helm.uninstall(&namespace).await.map_err(helm_error)
     };
     let work = timed(&t.ctx.metrics.helm_duration, "uninstall", work);
     t.ctx.tasks.submit(&key(t.pi), false, work);
@@ -280,11 +291,41 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
 
 async fn start_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let settings = &t.ctx.settings;
-    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi));
+    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), &t.uid);
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &settings.cleanup_namespace);
     apply(&jobs, &t.host_ns, &job)
         .await
         .map_err(|source| ReconcileError::StartCleanup { source })?;
+    wrote(t.ctx, "job");
+    Ok(())
+}
+
+/// Deletes the cleanup Job of this name that another instance left (checked again here, and
+/// deleted only with that Job's UID as a precondition); the next reconcile creates this
+/// instance's own.
+async fn replace_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
+    let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &t.ctx.settings.cleanup_namespace);
+    let replacing = |source| ReconcileError::ReplaceCleanup { source };
+    let Some(job) = jobs.get_opt(&t.host_ns).await.map_err(replacing)? else {
+        return Ok(());
+    };
+    if job.labels().get(INSTANCE_UID_LABEL) == Some(&t.uid) {
+        return Ok(());
+    }
+    tracing::info!(job = %t.host_ns, instance = %key(t.pi), "replacing a cleanup Job another instance left");
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: job.uid(),
+            resource_version: None,
+        }),
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    match jobs.delete(&t.host_ns, &params).await {
+        Ok(_) => {}
+        Err(e) if not_found(&e) => {}
+        Err(source) => return Err(replacing(source)),
+    }
     wrote(t.ctx, "job");
     Ok(())
 }
@@ -306,16 +347,42 @@ async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
         .map_err(|source| ReconcileError::DeleteKubeconfig { source })
 }
 
-/// The helm driver and a future that installs or upgrades the vCluster of `host_ns` from the
-/// verified chart with the controller's values, its control plane stopped first
-/// ([`control_plane::stop`]).
-fn chart_install(
-    ctx: &Context,
-    host_ns: &str,
-) -> (Helm, BoxFuture<'static, Result<(), TaskError>>) {
-    let (helm, settings, namespace) = (ctx.helm.clone(), ctx.settings.clone(), host_ns.to_string());
+/// A future that checks, when a helm task runs, that the host namespace is still the instance's
+/// ([`control_plane::check_owner`]).
+fn owner_check(t: &Target<'_>) -> BoxFuture<'static, Result<(), TaskError>> {
+    let (client, namespace, instance, uid) = (
+        t.ctx.client.clone(),
+        t.host_ns.clone(),
+        key(t.pi),
+        t.uid.clone(),
+    );
+    async move {
+        control_plane::check_owner(client, &namespace, &instance, &uid)
+            .await
+            .map_err(|e| TaskError::from(e.to_string()))
+    }
+    .boxed()
+}
+
+/// A helm error as a task's: a timeout keeps its reason ([`Failure::InstallTimedOut`], reported
+/// as `HelmTimedOut`).
+fn helm_error(e: HelmError) -> TaskError {
+    match e {
+        HelmError::TimedOut { .. } => TaskError::new(Failure::InstallTimedOut, e.to_string()),
+        e => TaskError::from(e.to_string()),
+    }
+}
+
+/// The helm driver and a future that installs or upgrades the vCluster of the target's host
+/// namespace from the verified chart with the controller's values, after checking the namespace
+/// is the instance's and stopping its control plane ([`control_plane::stop`]).
+fn chart_install(t: &Target<'_>) -> (Helm, BoxFuture<'static, Result<(), TaskError>>) {
+    let ctx = t.ctx;
+    let (helm, settings, namespace) = (ctx.helm.clone(), ctx.settings.clone(), t.host_ns.clone());
     let (driver, client) = (helm.clone(), ctx.client.clone());
+    let guard = owner_check(t);
     let work = async move {
+        guard.await?;
         control_plane::stop(client, &namespace)
             .await
             .map_err(|e| TaskError::from(e.to_string()))?;
@@ -332,7 +399,7 @@ fn chart_install(
             settings.extra_values.as_deref(),
         )
         .await
-        .map_err(|e| TaskError::from(e.to_string()))
+        .map_err(helm_error)
     };
     (driver, work.boxed())
 }

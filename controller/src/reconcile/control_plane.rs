@@ -1,13 +1,17 @@
 //! The vCluster control plane: the chart renders it as the Deployment `vcluster` (no volume
 //! claim, the default embedded database). When it has rolled out ([`ready`]), and stopping it
 //! before helm changes the release ([`stop`]) so that an upgrade never runs two pods on one
-//! hostPath database.
+//! hostPath database. What the chart renders carries no UID mark of the instance, so before helm
+//! or the controller touches it, [`check_owner`] checks the host namespace's own mark: the
+//! namespace is the instance's, and the object is the Helm release's in that namespace.
 
 use std::time::{Duration, Instant};
 
-use common::names::{HELM_RELEASE_ANNOTATION, VCLUSTER_APP};
+use common::names::{
+    HELM_RELEASE_ANNOTATION, INSTANCE_ANNOTATION, INSTANCE_UID_LABEL, VCLUSTER_APP,
+};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch};
 use serde_json::json;
@@ -28,6 +32,16 @@ pub enum StopError {
         what: &'static str,
         /// Why.
         source: kube::Error,
+    },
+    /// The host namespace is not the instance's (its marks name someone else, or it is gone).
+    #[error(
+        "host namespace {namespace} belongs to {owner}, not this instance; the controller leaves it and its vCluster untouched"
+    )]
+    NotOwned {
+        /// The host namespace.
+        namespace: String,
+        /// Whom its marks name.
+        owner: String,
     },
     /// `deployment/vcluster` is not the Helm release's.
     #[error(
@@ -70,6 +84,63 @@ pub fn ready(d: &Deployment) -> bool {
         && status.replicas.unwrap_or(0) == want
 }
 
+/// Helm's annotation naming the namespace of the release an object belongs to.
+const HELM_RELEASE_NAMESPACE_ANNOTATION: &str = "meta.helm.sh/release-namespace";
+
+/// Whom the host namespace belongs to, when not to instance `key` with UID `uid`: the instance
+/// its annotation names when that is another; with the same name, another UID in its mark (an
+/// earlier instance of the same name). An unmarked namespace (an earlier release created it; the
+/// next apply marks it) belongs to the instance its annotation names; one with neither names
+/// nobody else, and the instance adopts it (as it always has: a crash before the first apply
+/// leaves such a namespace).
+pub fn foreign_owner(namespace: &Namespace, key: &str, uid: &str) -> Option<String> {
+    let meta = &namespace.metadata;
+    let named = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INSTANCE_ANNOTATION));
+    if let Some(other) = named.filter(|a| *a != key) {
+        return Some(other.clone());
+    }
+    let mark = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(INSTANCE_UID_LABEL))
+        .filter(|mark| *mark != uid)?;
+    Some(format!(
+        "{} (UID {mark})",
+        named.map_or("another instance", String::as_str)
+    ))
+}
+
+/// Checks, right before helm or the controller changes what the chart rendered in `host_ns`,
+/// that the namespace is instance `key`'s (UID `uid`).
+pub async fn check_owner(
+    client: kube::Client,
+    host_ns: &str,
+    key: &str,
+    uid: &str,
+) -> Result<(), StopError> {
+    let namespace = Api::<Namespace>::all(client)
+        .get_opt(host_ns)
+        .await
+        .map_err(|source| StopError::Read {
+            what: "the host namespace",
+            source,
+        })?;
+    let owner = match &namespace {
+        None => Some("nobody: it does not exist".to_string()),
+        Some(n) => foreign_owner(n, key, uid),
+    };
+    match owner {
+        None => Ok(()),
+        Some(owner) => Err(StopError::NotOwned {
+            namespace: host_ns.to_string(),
+            owner,
+        }),
+    }
+}
+
 /// Stops the control plane of `host_ns` before helm changes its release. The chart's Deployment
 /// rolls with `maxSurge: 1`, which would run a second pod on the same hostPath database; scaling
 /// the Deployment (the release's own, checked by its Helm annotation) to zero and waiting for
@@ -87,10 +158,9 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
     else {
         return Ok(());
     };
-    if d.annotations()
-        .get(HELM_RELEASE_ANNOTATION)
-        .map(String::as_str)
-        != Some(RELEASE)
+    let annotation = |name: &str| d.annotations().get(name).map(String::as_str);
+    if annotation(HELM_RELEASE_ANNOTATION) != Some(RELEASE)
+        || annotation(HELM_RELEASE_NAMESPACE_ANNOTATION) != Some(host_ns)
     {
         return Err(StopError::Foreign {
             namespace: host_ns.to_string(),
@@ -167,6 +237,36 @@ mod tests {
         let mut no_status = deployment(1, json!({}));
         no_status.status = None;
         assert!(!ready(&no_status));
+    }
+
+    fn namespace(labels: serde_json::Value, annotations: serde_json::Value) -> Namespace {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pi-a-b-1", "labels": labels, "annotations": annotations}
+        }))
+        .expect("namespace")
+    }
+
+    #[test]
+    fn only_a_namespace_marked_with_the_instance_uid_is_its_own() {
+        let ours = namespace(
+            json!({INSTANCE_UID_LABEL: "u-1"}),
+            json!({INSTANCE_ANNOTATION: "a/b"}),
+        );
+        assert_eq!(foreign_owner(&ours, "a/b", "u-1"), None);
+        // The same name, an earlier instance (deleted and created again).
+        assert_eq!(
+            foreign_owner(&ours, "a/b", "u-2").as_deref(),
+            Some("a/b (UID u-1)")
+        );
+        // Another instance that maps to the same host namespace.
+        assert_eq!(foreign_owner(&ours, "a/c", "u-3").as_deref(), Some("a/b"));
+        // Unmarked (an earlier release made it): the annotation decides.
+        let legacy = namespace(json!({}), json!({INSTANCE_ANNOTATION: "a/b"}));
+        assert_eq!(foreign_owner(&legacy, "a/b", "u-1"), None);
+        assert_eq!(foreign_owner(&legacy, "a/c", "u-1").as_deref(), Some("a/b"));
+        // Neither: it names nobody else, and is adopted.
+        let bare = namespace(json!({}), json!({}));
+        assert_eq!(foreign_owner(&bare, "a/b", "u-1"), None);
     }
 
     #[test]

@@ -64,6 +64,14 @@ pub enum ReconcileError {
         /// Why.
         source: kube::Error,
     },
+    /// Deleting a cleanup Job another instance left failed.
+    #[error(
+        "replacing the cleanup Job another instance left failed: {source}; check the controller's RBAC for Jobs in --cleanup-namespace"
+    )]
+    ReplaceCleanup {
+        /// Why.
+        source: kube::Error,
+    },
     /// Removing the state directory failed.
     #[error("removing the state directory {path} failed: {source}; check the state volume")]
     RemoveState {
@@ -104,6 +112,7 @@ impl ReconcileError {
             ReconcileError::RelinkOwnerService { .. } => "relink_owner_service",
             ReconcileError::DeleteNamespace { .. } => "delete_namespace",
             ReconcileError::StartCleanup { .. } => "start_cleanup",
+            ReconcileError::ReplaceCleanup { .. } => "replace_cleanup",
             ReconcileError::RemoveState { .. } => "remove_state",
             ReconcileError::DeleteKubeconfig { .. } => "delete_kubeconfig",
             ReconcileError::RemoveFinalizer { .. } => "remove_finalizer",
@@ -150,6 +159,7 @@ mod tests {
             },
             ReconcileError::DeleteNamespace { source: api(500) },
             ReconcileError::StartCleanup { source: api(403) },
+            ReconcileError::ReplaceCleanup { source: api(409) },
             ReconcileError::RemoveState {
                 path: "/state/a/b".into(),
                 source: std::io::Error::other("read-only file system"),
@@ -176,6 +186,6 @@ mod tests {
             "{message}"
         );
         assert!(errors[7].to_string().contains("--cleanup-namespace"));
-        assert!(errors[8].to_string().contains("/state/a/b"));
+        assert!(errors[9].to_string().contains("/state/a/b"));
     }
 }

@@ -6,6 +6,7 @@
 pub mod act;
 pub mod control_plane;
 pub mod error;
+pub mod kubeconfig;
 pub mod objects;
 pub mod observe;
 pub mod report;
@@ -46,6 +47,8 @@ pub struct Settings {
     pub cleanup_backoff_limit: i32,
     /// How long a finished cleanup Job is kept (`--cleanup-ttl`).
     pub cleanup_ttl: Duration,
+    /// How long a cleanup Job may run before it fails (`--cleanup-deadline`).
+    pub cleanup_deadline: Duration,
     /// How long the probe of a vCluster's API may take (`--vcluster-api-timeout`).
     pub api_probe_timeout: Duration,
     /// The operator's state root (`--state-dir`); each instance has `<namespace>/<name>` under it.
@@ -89,6 +92,8 @@ pub struct Context {
     /// Host namespace → instance (`namespace`, `name`), so a change to `service/vcluster` wakes
     /// the instance that owns it.
     pub hosts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
+    /// Failed reconciles in a row, by instance: how long [`error_policy`] waits.
+    pub backoff: crate::backoff::Backoff,
 }
 
 /// The instance's key, `<namespace>/<name>`: its helm task's key too.
@@ -143,8 +148,18 @@ pub async fn reconcile(
     let (observed, found) = observe::observe(&ctx, &pi).await?;
     let plan = decide::decide(&observed);
     tracing::debug!(instance = %key, phase = ?plan.phase, actions = ?plan.actions, "decided");
-    act::act(&ctx, &pi, &plan, &found).await?;
+    if let Err(e) = act::act(&ctx, &pi, &plan, &found).await {
+        // The status and an Event say what failed, not only the log and the metric.
+        let failed = decide::status::act_failed(plan, &e.to_string());
+        if let Err(r) = report::report(&ctx, &pi, &failed, None, &found.record).await {
+            tracing::warn!(instance = %key, error = %r, "reporting a failed action failed");
+        }
+        return Err(e);
+    }
+    ctx.backoff.succeeded(&key);
     if plan.actions.contains(&Action::RemoveFinalizer) {
+        // The instance goes: its last word (what was left alone) is an Event.
+        report::farewell(&ctx, &pi, &plan).await;
         report::forget(&ctx, &key);
     } else {
         let retry = if retry_requested { retry } else { None };
@@ -170,9 +185,9 @@ pub async fn reconcile(
     })
 }
 
-/// What to do after a failed reconcile: count it by the failed step and retry after a short,
-/// fixed delay (the API server or a transient error; invalid specs are not errors, they wait in
-/// `decide`).
+/// What to do after a failed reconcile: count it by the failed step and retry after the
+/// instance's exponential backoff with jitter ([`crate::backoff`]; reset by a successful
+/// reconcile). Invalid specs are not errors, they wait in `decide`.
 pub fn error_policy(
     pi: Arc<PlatformInstance>,
     error: &ReconcileError,
@@ -183,7 +198,5 @@ pub fn error_policy(
         .reconciles
         .with_label_values(&["error", error.category()])
         .inc();
-    Requeue::requeue(
-        Duration::from_secs(5).min(ctx.settings.target_poll.max(Duration::from_secs(1))),
-    )
+    Requeue::requeue(ctx.backoff.failed(&key(&pi)))
 }

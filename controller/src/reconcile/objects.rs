@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use common::names::{
-    HOST_NAMESPACE_LABEL, INSTANCE_ANNOTATION, KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL,
-    VCLUSTER_APP, VCLUSTER_NETWORK_POLICY, kubeconfig_secret,
+    HOST_NAMESPACE_LABEL, INSTANCE_ANNOTATION, INSTANCE_UID_LABEL, KUBECONFIG_KEY, MANAGED_BY,
+    MANAGED_BY_LABEL, VCLUSTER_APP, VCLUSTER_NETWORK_POLICY, kubeconfig_secret,
 };
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -35,11 +35,12 @@ fn one(key: &str, value: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(key.to_string(), value.to_string())])
 }
 
-/// The host namespace `host_ns` of instance `instance` (`<namespace>/<name>`), labelled as a
-/// host namespace and with the Pod Security levels of a vCluster enforcing `pod_security`
-/// inside ([`crate::pod_security::host_namespace_labels`]), and annotated with its instance.
-pub fn namespace(instance: &str, host_ns: &str, pod_security: Level) -> Namespace {
-    let mut labels = labels([(HOST_NAMESPACE_LABEL, "true")]);
+/// The host namespace `host_ns` of instance `instance` (`<namespace>/<name>`, UID `uid`),
+/// labelled as a host namespace with the instance's UID and with the Pod Security levels of a
+/// vCluster enforcing `pod_security` inside ([`crate::pod_security::host_namespace_labels`]), and
+/// annotated with its instance.
+pub fn namespace(instance: &str, uid: &str, host_ns: &str, pod_security: Level) -> Namespace {
+    let mut labels = labels([(HOST_NAMESPACE_LABEL, "true"), (INSTANCE_UID_LABEL, uid)]);
     labels.extend(host_namespace_labels(pod_security));
     Namespace {
         metadata: ObjectMeta {
@@ -53,8 +54,8 @@ pub fn namespace(instance: &str, host_ns: &str, pod_security: Level) -> Namespac
 }
 
 /// The NetworkPolicy `vcluster-api`: the vCluster's pods take traffic from the operator's
-/// namespace and from their own namespace only.
-pub fn network_policy(host_ns: &str, operator_ns: &str) -> NetworkPolicy {
+/// namespace and from their own namespace only; marked with the instance's UID.
+pub fn network_policy(host_ns: &str, uid: &str, operator_ns: &str) -> NetworkPolicy {
     let from = |peer: NetworkPolicyPeer| NetworkPolicyIngressRule {
         from: Some(vec![peer]),
         ports: None,
@@ -63,7 +64,7 @@ pub fn network_policy(host_ns: &str, operator_ns: &str) -> NetworkPolicy {
         metadata: ObjectMeta {
             name: Some(VCLUSTER_NETWORK_POLICY.to_string()),
             namespace: Some(host_ns.to_string()),
-            labels: Some(labels([])),
+            labels: Some(labels([(INSTANCE_UID_LABEL, uid)])),
             ..ObjectMeta::default()
         },
         spec: Some(NetworkPolicySpec {
@@ -96,10 +97,12 @@ pub fn namespace_hash(namespace: &Namespace, policy: &NetworkPolicy) -> String {
     hash(&json!([namespace, policy]))
 }
 
-/// The instance's kubeconfig Secret `<name>-kubeconfig` in `namespace`, owned by the instance.
+/// The instance's kubeconfig Secret `<name>-kubeconfig` in `namespace`, owned by the instance
+/// and marked with its UID.
 pub fn kubeconfig_secret_object(
     namespace: &str,
     name: &str,
+    uid: &str,
     owner: Option<OwnerReference>,
     kubeconfig: &str,
 ) -> Secret {
@@ -108,7 +111,7 @@ pub fn kubeconfig_secret_object(
             name: Some(kubeconfig_secret(name)),
             namespace: Some(namespace.to_string()),
             owner_references: Some(owner.into_iter().collect()),
-            labels: Some(labels([])),
+            labels: Some(labels([(INSTANCE_UID_LABEL, uid)])),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_string()),
@@ -121,8 +124,11 @@ pub fn kubeconfig_secret_object(
 }
 
 /// The storage cleanup Job: mounts `--storage-root-base` and removes only this instance's
-/// directory under it (a DNS label, so it cannot name anything outside).
-pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str) -> Job {
+/// directory under it (a DNS label, so it cannot name anything outside). Marked with the
+/// instance's UID (a Job of another UID, left by an earlier instance of the same name, is never
+/// believed), and bounded by `--cleanup-deadline` (`activeDeadlineSeconds`), so a pod that is
+/// never created or never ends fails the Job instead of leaving the deletion waiting.
+pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str, uid: &str) -> Job {
     let container = Container {
         name: "cleanup".to_string(),
         image: Some(settings.cleanup_image.clone()),
@@ -160,11 +166,12 @@ pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str) -> Job {
         metadata: ObjectMeta {
             name: Some(host_ns.to_string()),
             namespace: Some(settings.cleanup_namespace.clone()),
-            labels: Some(labels([])),
+            labels: Some(labels([(INSTANCE_UID_LABEL, uid)])),
             annotations: Some(one(INSTANCE_ANNOTATION, instance)),
             ..ObjectMeta::default()
         },
         spec: Some(JobSpec {
+            active_deadline_seconds: Some(settings.cleanup_deadline.as_secs().max(1) as i64),
             backoff_limit: Some(settings.cleanup_backoff_limit),
             ttl_seconds_after_finished: Some(
                 settings.cleanup_ttl.as_secs().min(i32::MAX as u64) as i32
@@ -247,6 +254,7 @@ mod tests {
             cleanup_image: "busybox:1.37".into(),
             cleanup_backoff_limit: 3,
             cleanup_ttl: Duration::from_secs(86400),
+            cleanup_deadline: Duration::from_secs(1800),
             api_probe_timeout: Duration::from_secs(5),
             state_dir: PathBuf::from("/state"),
             operator_namespace: "platform-operator".into(),
@@ -269,14 +277,14 @@ mod tests {
     fn typed_objects_serialize_as_the_literals_they_replace() {
         let host_ns = "pi-team-a-one-12345678";
         assert_eq!(
-            value(namespace("team-a/one", host_ns, Level::Baseline)),
+            value(namespace("team-a/one", "u-1", host_ns, Level::Baseline)),
             json!({
                 "apiVersion": "v1",
                 "kind": "Namespace",
                 "metadata": {
                     "name": host_ns,
                     "labels": {
-                        HOST_NAMESPACE_LABEL: "true", "app.kubernetes.io/managed-by": "platform-operator",
+                        HOST_NAMESPACE_LABEL: "true", INSTANCE_UID_LABEL: "u-1", "app.kubernetes.io/managed-by": "platform-operator",
                         "pod-security.kubernetes.io/enforce": "privileged",
                         "pod-security.kubernetes.io/enforce-version": "latest",
                         "pod-security.kubernetes.io/warn": "baseline",
@@ -289,11 +297,11 @@ mod tests {
             })
         );
         assert_eq!(
-            value(network_policy(host_ns, "platform-operator")),
+            value(network_policy(host_ns, "u-1", "platform-operator")),
             json!({
                 "apiVersion": "networking.k8s.io/v1",
                 "kind": "NetworkPolicy",
-                "metadata": {"name": "vcluster-api", "namespace": host_ns, "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
+                "metadata": {"name": "vcluster-api", "namespace": host_ns, "labels": {INSTANCE_UID_LABEL: "u-1", "app.kubernetes.io/managed-by": "platform-operator"}},
                 "spec": {
                     "podSelector": {"matchLabels": {"app": "vcluster"}},
                     "policyTypes": ["Ingress"],
@@ -306,14 +314,15 @@ mod tests {
         );
         let settings = settings();
         assert_eq!(
-            value(cleanup_job(&settings, host_ns, "team-a/one")),
+            value(cleanup_job(&settings, host_ns, "team-a/one", "u-1")),
             json!({
                 "apiVersion": "batch/v1",
                 "kind": "Job",
                 "metadata": {"name": host_ns, "namespace": settings.cleanup_namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "platform-operator"},
+                             "labels": {INSTANCE_UID_LABEL: "u-1", "app.kubernetes.io/managed-by": "platform-operator"},
                              "annotations": {INSTANCE_ANNOTATION: "team-a/one"}},
                 "spec": {
+                    "activeDeadlineSeconds": 1800,
                     "backoffLimit": 3,
                     "ttlSecondsAfterFinished": 86400,
                     "template": {"spec": {
@@ -331,12 +340,12 @@ mod tests {
             })
         );
         assert_eq!(
-            value(kubeconfig_secret_object("team-a", "one", None, "kc")),
+            value(kubeconfig_secret_object("team-a", "one", "u-1", None, "kc")),
             json!({
                 "apiVersion": "v1",
                 "kind": "Secret",
                 "metadata": {"name": "one-kubeconfig", "namespace": "team-a", "ownerReferences": [],
-                             "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
+                             "labels": {INSTANCE_UID_LABEL: "u-1", "app.kubernetes.io/managed-by": "platform-operator"}},
                 "type": "Opaque",
                 "data": {"kubeconfig": ByteString(b"kc".to_vec())}
             })
@@ -387,8 +396,10 @@ mod tests {
             cleanup_ttl: Duration::from_secs(600),
             ..settings()
         };
-        let job = value(cleanup_job(&settings, "pi-x", "a/b"));
+        let job = value(cleanup_job(&settings, "pi-x", "a/b", "u-2"));
         assert_eq!(job["spec"]["backoffLimit"], 0);
         assert_eq!(job["spec"]["ttlSecondsAfterFinished"], 600);
+        assert_eq!(job["spec"]["activeDeadlineSeconds"], 1800);
+        assert_eq!(job["metadata"]["labels"][INSTANCE_UID_LABEL], "u-2");
     }
 }

@@ -7,21 +7,23 @@ use std::time::Duration;
 
 use common::crd::{DeletionPolicy, PlatformInstance};
 use common::names::{
-    APPLIED_HASH_ANNOTATION, EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, FINALIZER,
-    INSTANCE_ANNOTATION, KUBECONFIG_KEY, OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, VCLUSTER,
-    VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
+    ALLOW_DOWNGRADE_ANNOTATION, APPLIED_HASH_ANNOTATION, EXPORTED_KUBECONFIG_KEY,
+    EXPORTED_KUBECONFIG_SECRET, FINALIZER, INSTANCE_UID_LABEL, KUBECONFIG_KEY,
+    OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, VCLUSTER, VCLUSTER_NETWORK_POLICY, host_namespace,
+    kubeconfig_secret,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
 use super::control_plane;
 use super::error::{ReconcileError, observing};
-use super::objects;
 use super::{Context, install_key, key, preview_key, state_path};
+use super::{kubeconfig, objects};
 use crate::decide::model::{
     Cleanup, InstallObserved, InstallOutcome, Observed, OwnerService, Protection, Release,
     TaskState,
@@ -51,6 +53,16 @@ struct Host {
     owner: Option<OwnerService>,
     statefulset_ready: bool,
     exported: Option<String>,
+    refused: Option<String>,
+}
+
+/// Whether `meta` carries the UID mark of instance `uid`: `Some(true)` marked with it,
+/// `Some(false)` marked with another, `None` unmarked.
+fn marked(meta: &ObjectMeta, uid: &str) -> Option<bool> {
+    meta.labels
+        .as_ref()?
+        .get(INSTANCE_UID_LABEL)
+        .map(|mark| mark == uid)
 }
 
 /// Observes one instance.
@@ -70,7 +82,8 @@ pub async fn observe(
         (Some(k), true) => Some(api_serves(k, ctx.settings.api_probe_timeout).await),
         _ => None,
     };
-    let kubeconfig_current = kubeconfig_current(ctx, pi, host.exported.as_deref()).await?;
+    let (kubeconfig_current, kubeconfig_conflict) =
+        kubeconfig_secret_state(ctx, pi, host.exported.as_deref()).await?;
     let cleanup = cleanup(ctx, pi, &host_ns).await?;
     // The tasks' states before the record (see `InstallOutcome::fold`).
     let tasks = (
@@ -84,6 +97,7 @@ pub async fn observe(
     };
     let observed = Observed {
         generation: pi.meta().generation.unwrap_or(0),
+        uid: pi.uid().unwrap_or_default(),
         deleting,
         has_finalizer: pi.finalizers().iter().any(|f| f == FINALIZER),
         deletion_policy: pi.spec.deletion_policy,
@@ -99,7 +113,9 @@ pub async fn observe(
         statefulset_ready: host.statefulset_ready,
         exported_kubeconfig: host.exported.is_some(),
         api_serves: api,
+        kubeconfig_refused: host.refused,
         kubeconfig_current,
+        kubeconfig_conflict,
         protection: ctx
             .protection
             .read()
@@ -140,17 +156,14 @@ async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Hos
     else {
         return Ok(Host::default());
     };
+    let uid = pi.uid().unwrap_or_default();
     let desired = objects::namespace_hash(
-        &objects::namespace(&key(pi), host_ns, ctx.settings.pod_security),
-        &objects::network_policy(host_ns, &ctx.settings.operator_namespace),
+        &objects::namespace(&key(pi), &uid, host_ns, ctx.settings.pod_security),
+        &objects::network_policy(host_ns, &uid, &ctx.settings.operator_namespace),
     );
     let mut host = Host {
         exists: true,
-        conflict: namespace
-            .annotations()
-            .get(INSTANCE_ANNOTATION)
-            .filter(|o| **o != key(pi))
-            .cloned(),
+        conflict: control_plane::foreign_owner(&namespace, &key(pi), &uid),
         terminating: namespace.metadata.deletion_timestamp.is_some(),
         current: namespace.annotations().get(APPLIED_HASH_ANNOTATION) == Some(&desired),
         ..Host::default()
@@ -191,6 +204,11 @@ async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Hos
                 .get(EXPORTED_KUBECONFIG_KEY)
                 .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         });
+    if let Some(Err(refused)) = host.exported.as_deref().map(kubeconfig::vet) {
+        tracing::warn!(namespace = %host_ns, reason = %refused, "refusing the exported kubeconfig");
+        host.refused = Some(refused.to_string());
+        host.exported = None;
+    }
     Ok(host)
 }
 
@@ -231,26 +249,44 @@ async fn api_serves(kubeconfig: &str, timeout: Duration) -> bool {
     )
 }
 
-/// The instance's kubeconfig Secret holds what the vCluster exported (or, when nothing is
-/// exported, exists at all).
-async fn kubeconfig_current(
+/// The instance's kubeconfig Secret: whether it holds what the vCluster exported (or, when
+/// nothing is exported, exists at all), and its name when it is not this instance's.
+async fn kubeconfig_secret_state(
     ctx: &Context,
     pi: &PlatformInstance,
     exported: Option<&str>,
-) -> Result<bool, ReconcileError> {
+) -> Result<(bool, Option<String>), ReconcileError> {
     let secrets: Api<Secret> =
         Api::namespaced(ctx.client.clone(), &pi.namespace().unwrap_or_default());
+    let name = kubeconfig_secret(&pi.name_any());
     let current = secrets
-        .get_opt(&kubeconfig_secret(&pi.name_any()))
+        .get_opt(&name)
         .await
         .map_err(observing("the kubeconfig Secret"))?;
+    let uid = pi.uid().unwrap_or_default();
+    if current
+        .as_ref()
+        .is_some_and(|s| !secret_is_instances(&s.metadata, &uid))
+    {
+        return Ok((false, Some(name)));
+    }
     let data = current
         .as_ref()
         .and_then(|s| s.data.as_ref()?.get(KUBECONFIG_KEY).map(|b| b.0.clone()));
-    Ok(match exported {
-        Some(k) => data.as_deref() == Some(k.as_bytes()),
-        None => current.is_some(),
-    })
+    Ok((
+        match exported {
+            Some(k) => data.as_deref() == Some(k.as_bytes()),
+            None => current.is_some(),
+        },
+        None,
+    ))
+}
+
+/// A kubeconfig Secret is the instance's (UID `uid`) when it carries its UID mark, or, unmarked
+/// (written by an earlier release), when it has an owner reference to it.
+fn secret_is_instances(meta: &ObjectMeta, uid: &str) -> bool {
+    marked(meta, uid)
+        .unwrap_or_else(|| meta.owner_references.iter().flatten().any(|r| r.uid == uid))
 }
 
 /// The storage cleanup Job (only looked at while deleting with `Delete`).
@@ -270,19 +306,54 @@ async fn cleanup(
     else {
         return Ok(Cleanup::Missing);
     };
-    let conditions = job.status.and_then(|s| s.conditions).unwrap_or_default();
+    if marked(&job.metadata, &pi.uid().unwrap_or_default()) != Some(true) {
+        return Ok(Cleanup::Stale);
+    }
+    let outcome = job_outcome(&job);
+    if outcome != Cleanup::Running || job.status.as_ref().and_then(|s| s.active).unwrap_or(0) > 0 {
+        return Ok(outcome);
+    }
+    // No pod runs: say why when the Job controller could not create one.
+    let selector = format!(
+        "involvedObject.kind=Job,involvedObject.name={host_ns},involvedObject.uid={},reason=FailedCreate",
+        job.uid().unwrap_or_default()
+    );
+    let events = Api::<Event>::namespaced(ctx.client.clone(), &ctx.settings.cleanup_namespace)
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .map_err(observing("the cleanup Job's events"))?;
+    Ok(events
+        .items
+        .iter()
+        .filter_map(|e| e.message.clone())
+        .next_back()
+        .map_or(Cleanup::Running, Cleanup::Blocked))
+}
+
+/// What a cleanup Job's conditions say: complete, failed (past its deadline or not), or running.
+fn job_outcome(job: &Job) -> Cleanup {
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
     let holds = |type_: &str| {
         conditions
             .iter()
             .find(|c| c.type_ == type_ && c.status == "True")
     };
-    Ok(if holds("Complete").is_some() {
+    if holds("Complete").is_some() {
         Cleanup::Complete
     } else if let Some(f) = holds("Failed") {
-        Cleanup::Failed(f.message.clone().unwrap_or_else(|| "the Job failed".into()))
+        let message = f.message.clone().unwrap_or_else(|| "the Job failed".into());
+        if f.reason.as_deref() == Some("DeadlineExceeded") {
+            Cleanup::TimedOut(message)
+        } else {
+            Cleanup::Failed(message)
+        }
     } else {
         Cleanup::Running
-    })
+    }
 }
 
 /// Puts together what the program gets: settings, the vCluster's kubeconfig and endpoint, and
@@ -380,6 +451,10 @@ fn install_observed(
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
         disabled: !ctx.settings.install_platform,
+        downgrade_allowed: pi
+            .annotations()
+            .get(ALLOW_DOWNGRADE_ANNOTATION)
+            .is_some_and(|v| v == "true"),
         retry_requested: retry_requested(pi),
     }
 }

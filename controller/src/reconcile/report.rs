@@ -127,6 +127,13 @@ async fn publish_events(
     }
 }
 
+/// The Events of an instance whose finalizer was just removed: its status is not written any
+/// more, so what its last plan says (such as `LeftAlone`) reaches the user as Events only.
+pub async fn farewell(ctx: &Context, pi: &PlatformInstance, plan: &Plan) {
+    let old = pi.status.clone().unwrap_or_default();
+    publish_events(ctx, pi, plan, &old).await;
+}
+
 /// Forgets an instance that is gone: its phase and its host namespace.
 pub fn forget(ctx: &Context, key: &str) {
     if let Ok(mut phases) = ctx.phases.lock() {

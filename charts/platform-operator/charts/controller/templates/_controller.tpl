@@ -79,7 +79,9 @@ subjects:
     name: {{ $sa }}
     namespace: {{ .Release.Namespace }}
 ---
-# The storage cleanup Jobs, in the cleanup namespace only.
+# The storage cleanup Jobs, in the cleanup namespace only: created, read, and deleted only when
+# another instance (another UID) left one of the same name; their FailedCreate events are read
+# with the ClusterRole's core events rule.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata:
@@ -90,7 +92,7 @@ metadata:
 rules:
   - apiGroups: [batch]
     resources: [jobs]
-    verbs: [get, create, patch]
+    verbs: [get, create, patch, delete]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

@@ -1,0 +1,256 @@
+//! Vetting the kubeconfig a vCluster exports into its host namespace before the controller uses
+//! it (to probe the vCluster's API, to write the instance's kubeconfig Secret, to hand it to the
+//! platform program). Anyone who can write that Secret chooses what a client built from it does,
+//! so only inline material is accepted: a server, a CA, a client certificate and key, a token.
+//! `exec`, auth providers, `tokenFile`, file paths, proxies, impersonation and anything unknown
+//! are refused, with what was refused in the error.
+
+use serde_json::Value;
+
+/// Why an exported kubeconfig was refused; the message names the entry and the key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KubeconfigRefused {
+    /// It is not a YAML mapping.
+    #[error("it is not a kubeconfig (a YAML mapping): {0}")]
+    Unreadable(String),
+    /// A key outside the accepted inline material.
+    #[error("{section} {entry:?} sets {key}, which the controller does not accept")]
+    Key {
+        /// `cluster`, `user`, `context` or `kubeconfig`.
+        section: &'static str,
+        /// The entry's name.
+        entry: String,
+        /// The refused key.
+        key: String,
+    },
+    /// A cluster's server is not an `https://` URL.
+    #[error("cluster {entry:?} has server {server:?}; only https:// servers are accepted")]
+    Server {
+        /// The cluster's name.
+        entry: String,
+        /// Its server.
+        server: String,
+    },
+}
+
+/// Top-level keys a kubeconfig may have.
+const ROOT: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "clusters",
+    "contexts",
+    "users",
+    "current-context",
+    "preferences",
+];
+/// Keys a cluster may have: the server, its CA inline, and the name its certificate carries.
+const CLUSTER: &[&str] = &["server", "certificate-authority-data", "tls-server-name"];
+/// Keys a user may have: an inline client certificate and key, or a token.
+const USER: &[&str] = &["client-certificate-data", "client-key-data", "token"];
+/// Keys a context may have.
+const CONTEXT: &[&str] = &["cluster", "user", "namespace"];
+
+/// Accepts `kubeconfig` only if every cluster, user and context carries inline material alone.
+pub fn vet(kubeconfig: &str) -> Result<(), KubeconfigRefused> {
+    let root: Value = serde_saphyr::from_str(kubeconfig)
+        .map_err(|e| KubeconfigRefused::Unreadable(e.to_string()))?;
+    let Value::Object(root) = root else {
+        return Err(KubeconfigRefused::Unreadable("not a mapping".into()));
+    };
+    only("kubeconfig", "", root.keys(), ROOT)?;
+    for (list, inner, section, allowed) in [
+        ("clusters", "cluster", "cluster", CLUSTER),
+        ("users", "user", "user", USER),
+        ("contexts", "context", "context", CONTEXT),
+    ] {
+        let entries = match root.get(list) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(entries)) => entries,
+            Some(_) => {
+                return Err(KubeconfigRefused::Unreadable(format!(
+                    "{list} is not a list"
+                )));
+            }
+        };
+        for entry in entries {
+            let Value::Object(entry) = entry else {
+                return Err(KubeconfigRefused::Unreadable(format!(
+                    "an entry of {list} is not a mapping"
+                )));
+            };
+            let name = entry
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            only(section, &name, entry.keys(), &["name", inner])?;
+            let body = match entry.get(inner) {
+                None | Some(Value::Null) => continue,
+                Some(Value::Object(body)) => body,
+                Some(_) => {
+                    return Err(KubeconfigRefused::Unreadable(format!(
+                        "{section} {name:?} is not a mapping"
+                    )));
+                }
+            };
+            only(section, &name, body.keys(), allowed)?;
+            if section == "cluster" {
+                let server = body.get("server").and_then(Value::as_str).unwrap_or("");
+                if !server.starts_with("https://") {
+                    return Err(KubeconfigRefused::Server {
+                        entry: name,
+                        server: server.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every key is one of `allowed`.
+fn only<'a>(
+    section: &'static str,
+    entry: &str,
+    keys: impl IntoIterator<Item = &'a String>,
+    allowed: &[&str],
+) -> Result<(), KubeconfigRefused> {
+    match keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(key) => Err(KubeconfigRefused::Key {
+            section,
+            entry: entry.to_string(),
+            key: key.clone(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What vCluster exports: inline CA, client certificate and key.
+    const EXPORTED: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: my-vcluster
+  cluster:
+    server: https://vcluster.pi-a-b-1234.svc:443
+    certificate-authority-data: Q0E=
+contexts:
+- name: my-vcluster
+  context:
+    cluster: my-vcluster
+    user: my-vcluster
+current-context: my-vcluster
+preferences: {}
+users:
+- name: my-vcluster
+  user:
+    client-certificate-data: Q0VSVA==
+    client-key-data: S0VZ
+";
+
+    #[test]
+    fn what_vcluster_exports_is_accepted() {
+        assert_eq!(vet(EXPORTED), Ok(()));
+        let token = EXPORTED.replace(
+            "    client-certificate-data: Q0VSVA==\n    client-key-data: S0VZ\n",
+            "    token: abc\n",
+        );
+        assert_eq!(vet(&token), Ok(()));
+    }
+
+    #[test]
+    fn exec_auth_providers_files_and_proxies_are_refused() {
+        let user = "    client-certificate-data: Q0VSVA==\n    client-key-data: S0VZ\n";
+        for (replacement, key) in [
+            (
+                "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh\n      args: [-c, 'curl evil']\n",
+                "exec",
+            ),
+            (
+                "    auth-provider:\n      name: oidc\n      config: {idp-issuer-url: https://evil}\n",
+                "auth-provider",
+            ),
+            (
+                "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+                "tokenFile",
+            ),
+            (
+                "    client-certificate: /etc/cert\n    client-key: /etc/key\n",
+                "client-certificate",
+            ),
+            ("    username: a\n    password: b\n", "password"),
+            ("    as: system:admin\n", "as"),
+        ] {
+            let refused = vet(&EXPORTED.replace(user, replacement));
+            assert!(
+                matches!(&refused, Err(KubeconfigRefused::Key { section: "user", key: k, .. }) if k == key),
+                "{key}: {refused:?}"
+            );
+        }
+        for (line, key) in [
+            ("    proxy-url: http://evil:3128\n", "proxy-url"),
+            (
+                "    certificate-authority: /etc/ca\n",
+                "certificate-authority",
+            ),
+            (
+                "    insecure-skip-tls-verify: true\n",
+                "insecure-skip-tls-verify",
+            ),
+        ] {
+            let with = EXPORTED.replace(
+                "    certificate-authority-data: Q0E=\n",
+                &format!("    certificate-authority-data: Q0E=\n{line}"),
+            );
+            assert!(
+                matches!(vet(&with), Err(KubeconfigRefused::Key { section: "cluster", key: k, .. }) if k == key),
+                "{key}"
+            );
+        }
+        let plain = EXPORTED.replace("https://vcluster", "http://vcluster");
+        assert!(matches!(vet(&plain), Err(KubeconfigRefused::Server { .. })));
+        let unknown_root = format!("{EXPORTED}extensions: []\n");
+        assert!(matches!(
+            vet(&unknown_root),
+            Err(KubeconfigRefused::Key {
+                section: "kubeconfig",
+                ..
+            })
+        ));
+        assert!(matches!(
+            vet("- a\n- b\n"),
+            Err(KubeconfigRefused::Unreadable(_))
+        ));
+        let message = vet(&EXPORTED.replace(user, "    exec: {command: sh}\n"))
+            .expect_err("refused")
+            .to_string();
+        assert_eq!(
+            message,
+            "user \"my-vcluster\" sets exec, which the controller does not accept"
+        );
+    }
+
+    proptest::proptest! {
+        /// Any text at all: an answer, never a panic; and a refusal for anything that is not a
+        /// mapping of accepted keys.
+        #[test]
+        fn any_text_gets_an_answer(text in "\\PC{0,400}") {
+            let _ = vet(&text);
+        }
+
+        /// Any extra user key outside the accepted three is refused.
+        #[test]
+        fn any_other_user_key_is_refused(key in "[a-zA-Z-]{1,20}") {
+            proptest::prop_assume!(!USER.contains(&key.as_str()));
+            let with = EXPORTED.replace(
+                "    client-key-data: S0VZ\n",
+                &format!("    client-key-data: S0VZ\n    {key}: x\n"),
+            );
+            let refused = matches!(vet(&with), Err(KubeconfigRefused::Key { .. }));
+            proptest::prop_assert!(refused);
+        }
+    }
+}
