@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod chart;
+pub mod cleanup;
 pub mod decide;
 pub mod helm;
 pub mod installer;

@@ -18,7 +18,8 @@ pub fn chart_dir() -> PathBuf {
     crate::repo_root().join("charts/platform-operator")
 }
 
-/// A digest for the operator image in tests: KWOK runs no containers, so nothing pulls it.
+/// A digest for the operator image in tests: nothing pulls it (the stand-in kubelet (Jobs) runs
+/// this workspace's binaries for it).
 pub const TEST_DIGEST: &str =
     "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 

@@ -386,6 +386,8 @@ mod tests {
                 Failure::ToolMissing,
                 Failure::OutputsFailed,
                 Failure::PreviewFailed,
+                Failure::ProgramOutOfMemory,
+                Failure::StateVolumeFull,
             ]
             .map(Failed),
         );
@@ -394,8 +396,10 @@ mod tests {
 
     /// The rule Events followed when severity was read from reason strings.
     fn string_rule(type_: &str, status: bool, reason: &str) -> Severity {
-        const WARNINGS: [&str; 7] = [
+        const WARNINGS: [&str; 9] = [
             "DriftDetected",
+            "ProgramOutOfMemory",
+            "StateVolumeFull",
             "InstallTimedOut",
             "VersionNotFound",
             "RegistryUnreachable",

@@ -280,7 +280,8 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
 
 async fn start_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let settings = &t.ctx.settings;
-    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi));
+    // Not yet pinned: the controller does not record which node holds a vCluster's data.
+    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), None);
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &settings.cleanup_namespace);
     apply(&jobs, &t.host_ns, &job)
         .await

@@ -266,6 +266,7 @@ spec:
             {{- with .Values.cleanupNamespace }}
             - {{ printf "--cleanup-namespace=%v" . | quote }}
             {{- end }}
+            - {{ printf "--cleanup-image=%v" (.Values.cleanupImage | default (include "platform-operator.image" .)) | quote }}
             - {{ printf "--npm-registry=%v" .Values.npmRegistry | quote }}
             - --state-dir={{ include "platform-operator.stateDir" . }}
             - --passphrase-file={{ include "platform-operator.passphraseDir" . }}/passphrase
@@ -280,6 +281,9 @@ spec:
               value: {{ $home }}
             - name: TMPDIR
               value: /tmp
+            {{- with .Values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           ports:
             - name: metrics
               containerPort: {{ include "platform-operator.opsPort" . }}
