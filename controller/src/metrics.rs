@@ -342,10 +342,12 @@ mod tests {
     }
 }
 
-/// Bytes used and bytes in all on the filesystem holding `dir` (`statvfs`; used counts what
-/// even root can no longer have, as `df` does).
+/// Bytes used and bytes in all on the filesystem holding `dir`, or that will hold it (its
+/// nearest existing ancestor) (`statvfs`; used counts what even root can no longer have, as `df`
+/// does).
 pub fn volume_usage(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    let v = rustix::fs::statvfs(dir)?;
+    let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
+    let v = rustix::fs::statvfs(existing)?;
     let capacity = v.f_blocks.saturating_mul(v.f_frsize);
     let free = v.f_bfree.saturating_mul(v.f_frsize);
     Ok((capacity.saturating_sub(free), capacity))
@@ -361,8 +363,14 @@ mod volume_tests {
             .expect("statvfs");
         assert!(capacity > 0 && used <= capacity, "{used} of {capacity}");
         assert_eq!(m.state_capacity.get(), capacity as f64);
+        // A state directory not created yet: the filesystem that will hold it.
+        let later = std::env::temp_dir().join("not-yet/created");
+        assert_eq!(
+            m.observe_state_volume(&later).expect("its parent's").1,
+            capacity
+        );
         assert!(
-            m.observe_state_volume(std::path::Path::new("/no/such/dir"))
+            m.observe_state_volume(std::path::Path::new("relative"))
                 .is_err()
         );
     }

@@ -386,6 +386,11 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         false
     );
     assert_eq!(
+        job["spec"]["template"]["spec"]["nodeName"],
+        e2e::control_plane::NODE_NAME,
+        "pinned to the node the vCluster ran on"
+    );
+    assert_eq!(
         job_pod_exit(&cluster, &fx.operator_ns, &gone_host),
         Some((0, "Completed".into()))
     );

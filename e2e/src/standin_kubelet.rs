@@ -15,9 +15,9 @@
 //!
 //! It is at least as strict as a kubelet with a real image: it runs only images it knows
 //! ([`KNOWN_IMAGE`], the operator image, whose `/usr/local/bin/controller` is the controller
-//! binary of this workspace) and only the binaries it knows in them; any other image, binary or
-//! an environment it cannot provide fails the container with `StartError` (exit code 128), never
-//! a success. Its one liberty: the process sees the host folder of each hostPath mount, so an
+//! binary of this workspace, used when built after its sources, else built first) and only the
+//! binaries it knows in them; any other image, binary or an environment it cannot provide fails
+//! the container with `StartError` (exit code 128), never a success. Its one liberty: the process sees the host folder of each hostPath mount, so an
 //! argument naming a mount path (or a path under it) is rewritten to the mapped host folder.
 //! Its log is `logs/standin-kubelet.log` in the control plane's folder, each container's output
 //! `logs/standin-kubelet/<namespace>_<pod>_<container>.log`.
@@ -343,14 +343,17 @@ fn resolve(node: &Node, image: &str, program: &str) -> Result<PathBuf, String> {
                 IMAGE_BINARIES.map(|b| format!("{IMAGE_BIN_DIR}/{b}")).join(", ")
             )
         })?;
-    let dir = match &node.bin_dir {
-        Some(d) => d.clone(),
-        None => crate::chart::operator_binaries()?
-            .0
-            .parent()
-            .map(Path::to_path_buf)
-            .ok_or("the controller binary has no folder")?,
-    };
+    if let Some(dir) = &node.bin_dir {
+        return Ok(dir.join(bin));
+    }
+    if let Some(fresh) = crate::chart::fresh_operator_binary(bin) {
+        return Ok(fresh);
+    }
+    let dir = crate::chart::operator_binaries()?
+        .0
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or("the controller binary has no folder")?;
     Ok(dir.join(bin))
 }
 
