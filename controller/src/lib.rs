@@ -6,6 +6,7 @@
 pub mod api;
 pub mod backoff;
 pub mod chart;
+pub mod cleanup;
 pub mod decide;
 pub mod helm;
 pub mod installer;

@@ -30,9 +30,14 @@ use kube::runtime::{Controller, watcher};
 #[command(
     name = "controller",
     version,
-    about = "Reconciles PlatformInstances into vClusters running the di-framework platform."
+    about = "Reconciles PlatformInstances into vClusters running the di-framework platform.",
+    subcommand_negates_reqs = true
 )]
 struct Args {
+    /// Run one task instead of the controller (the storage cleanup Jobs run `cleanup`).
+    #[command(subcommand)]
+    task: Option<Task>,
+
     #[command(flatten)]
     ops: OpsArgs,
     #[command(flatten)]
@@ -74,9 +79,14 @@ struct Args {
     #[arg(long)]
     cleanup_namespace: Option<String>,
 
-    /// Image of the storage cleanup Jobs (needs `rm`).
-    #[arg(long, env = "CLEANUP_IMAGE", default_value = "busybox:1.37")]
-    cleanup_image: String,
+    /// Image of the storage cleanup Jobs: the operator's own image, pinned by digest (the chart
+    /// passes its own); the Jobs run its `/usr/local/bin/controller cleanup`.
+    #[arg(
+        long,
+        env = "CLEANUP_IMAGE",
+        required_unless_present = "print_vcluster_values"
+    )]
+    cleanup_image: Option<String>,
 
     /// How often a storage cleanup Job's pod is retried before the Job fails.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..))]
@@ -165,6 +175,22 @@ struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     install_platform: bool,
 
+    /// The node heap limit, in MiB, of each Pulumi run of the platform program (its
+    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
+    /// that a runaway program fails alone (`ProgramOutOfMemory`) instead of the whole container.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(64..))]
+    program_heap_limit: u32,
+
+    /// How many update records Pulumi's history and backups keep per stack; older ones are
+    /// removed after each update.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pulumi_history_keep: u16,
+
+    /// How full, in percent, the state volume may be for an install to start; above it installs
+    /// wait with `StateVolumeFull` (retrying with backoff) instead of failing halfway.
+    #[arg(long, default_value_t = 95, value_parser = clap::value_parser!(u8).range(1..=100))]
+    state_volume_full_percent: u8,
+
     /// The Pulumi CLI executable (its language host `pulumi-language-nodejs` on PATH beside it).
     #[arg(long, default_value = "pulumi")]
     pulumi_binary: String,
@@ -219,6 +245,40 @@ fn has_credentials(url: &str) -> bool {
         .is_some_and(|authority| authority.contains('@'))
 }
 
+/// Tasks the controller binary runs instead of the controller.
+#[derive(Debug, clap::Subcommand)]
+enum Task {
+    /// Remove one instance's storage directory `<root>/<dir>` (what a storage cleanup Job runs):
+    /// never following a symbolic link, never crossing into another filesystem.
+    Cleanup {
+        /// The storage root as mounted in the Job (`--storage-root-base` on the node).
+        #[arg(long)]
+        root: PathBuf,
+        /// The instance's directory under it: its host namespace's name.
+        #[arg(long)]
+        dir: String,
+    },
+}
+
+/// Runs `controller cleanup`, printing what it removed.
+fn cleanup(root: &std::path::Path, dir: &str) -> anyhow::Result<()> {
+    let removed = controller::cleanup::remove_instance_dir(root, dir)?;
+    if removed.absent {
+        println!(
+            "{} does not exist; nothing to remove",
+            root.join(dir).display()
+        );
+    } else {
+        println!(
+            "removed {}: {} directories, {} other entries",
+            root.join(dir).display(),
+            removed.directories,
+            removed.entries
+        );
+    }
+    Ok(())
+}
+
 /// Host namespace → instance (`namespace`, `name`).
 type Hosts = Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>>;
 
@@ -266,7 +326,7 @@ impl Args {
                 .cleanup_namespace
                 .clone()
                 .unwrap_or_else(|| self.namespace.clone()),
-            cleanup_image: self.cleanup_image.clone(),
+            cleanup_image: self.cleanup_image.clone().unwrap_or_default(),
             cleanup_backoff_limit: self.cleanup_backoff_limit,
             cleanup_ttl: self.cleanup_ttl,
             cleanup_deadline: self.cleanup_deadline,
@@ -305,6 +365,9 @@ impl Args {
                 pulumi_binary: self.pulumi_binary.clone(),
                 timeout: self.install_timeout,
                 tool_seconds: metrics.tool_seconds.clone(),
+                heap_limit_mib: self.program_heap_limit,
+                history_keep: self.pulumi_history_keep.into(),
+                state_full_percent: self.state_volume_full_percent,
             },
             helm: Helm {
                 binary: self.helm_binary.clone(),
@@ -370,6 +433,9 @@ async fn run(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Task::Cleanup { root, dir }) = &args.task {
+        return cleanup(root, dir);
+    }
     if let Some(instance) = &args.print_vcluster_values {
         let (namespace, name) = instance
             .split_once('/')
@@ -402,6 +468,19 @@ async fn main() -> anyhow::Result<()> {
     metrics
         .install_timeout
         .set(args.install_timeout.as_secs_f64());
+    // The state volume's usage, now and every 30 s (docs/operations.md: what to do near full).
+    {
+        let (metrics, dir) = (metrics.clone(), args.state_dir.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(30));
+            loop {
+                every.tick().await;
+                if let Err(e) = metrics.observe_state_volume(&dir) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "measuring the state volume failed");
+                }
+            }
+        });
+    }
     let readiness = Readiness::default();
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
     let client = kube::Client::try_default()
@@ -471,8 +550,14 @@ mod tests {
 
     #[test]
     fn the_tunables_default_to_the_values_they_had_as_constants() {
-        let args = Args::try_parse_from(["controller", "--vcluster-chart-sha256", "sha256:00"])
-            .expect("flags");
+        let args = Args::try_parse_from([
+            "controller",
+            "--vcluster-chart-sha256",
+            "sha256:00",
+            "--cleanup-image",
+            "ghcr.io/di-framework/platform-operator@sha256:00",
+        ])
+        .expect("flags");
         args.check().expect("defaults are consistent");
         assert_eq!(args.leader_lease_duration, Duration::from_secs(15));
         assert_eq!(args.leader_renew_interval, Duration::from_secs(4));
@@ -541,12 +626,31 @@ mod tests {
         assert_eq!(args.print_vcluster_values.as_deref(), Some("team-a/one"));
     }
 
+    #[test]
+    fn the_cleanup_task_needs_no_chart_digest() {
+        let args = Args::try_parse_from([
+            "controller",
+            "cleanup",
+            "--root",
+            "/storage",
+            "--dir",
+            "pi-a-b-1",
+        ])
+        .expect("flags");
+        assert!(matches!(args.task, Some(Task::Cleanup { ref dir, .. }) if dir == "pi-a-b-1"));
+    }
+
     /// The check of leader flags `flags` fails naming `flag`.
     fn refused(flags: &[&str], flag: &str) {
         let args = Args::try_parse_from(
-            ["controller", "--vcluster-chart-sha256", "sha256:00"]
-                .iter()
-                .chain(flags),
+            [
+                "controller",
+                "--vcluster-chart-sha256",
+                "sha256:00",
+                "--cleanup-image=x@sha256:00",
+            ]
+            .iter()
+            .chain(flags),
         )
         .expect("flags");
         let error = args.check().expect_err("refused").to_string();
@@ -579,6 +683,7 @@ mod tests {
                 "controller",
                 "--vcluster-chart-sha256",
                 "sha256:00",
+                "--cleanup-image=x@sha256:00",
                 "--cleanup-backoff-limit=-1",
             ])
             .is_err_and(|e| e.to_string().contains("--cleanup-backoff-limit")),

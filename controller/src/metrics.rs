@@ -37,6 +37,10 @@ pub struct Metrics {
     pub writes: IntCounterVec,
     /// `--install-timeout` in seconds, for alerts on work stuck past it.
     pub install_timeout: Gauge,
+    /// Bytes used on the state volume (`--state-dir`'s filesystem).
+    pub state_used: Gauge,
+    /// Bytes the state volume holds in all.
+    pub state_capacity: Gauge,
 }
 
 /// A histogram family with `buckets` (seconds).
@@ -134,6 +138,14 @@ impl Metrics {
                 "platform_operator_controller_install_timeout_seconds",
                 "The --install-timeout: how long one install may run.",
             )?,
+            state_used: Gauge::new(
+                "platform_operator_controller_state_volume_used_bytes",
+                "Bytes used on the filesystem of the state volume (--state-dir).",
+            )?,
+            state_capacity: Gauge::new(
+                "platform_operator_controller_state_volume_capacity_bytes",
+                "Size of the filesystem of the state volume (--state-dir).",
+            )?,
         })
     }
 
@@ -151,7 +163,18 @@ impl Metrics {
             Box::new(self.leader.clone()),
             Box::new(self.writes.clone()),
             Box::new(self.install_timeout.clone()),
+            Box::new(self.state_used.clone()),
+            Box::new(self.state_capacity.clone()),
         ]
+    }
+
+    /// Measures the filesystem holding `dir` into the state volume gauges; returns (used,
+    /// capacity) in bytes.
+    pub fn observe_state_volume(&self, dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
+        let (used, capacity) = volume_usage(dir)?;
+        self.state_used.set(used as f64);
+        self.state_capacity.set(capacity as f64);
+        Ok((used, capacity))
     }
 }
 
@@ -229,7 +252,7 @@ mod tests {
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
                 .expect("docs/metrics.md");
         let described = common::metrics::describe(&collectors);
-        assert_eq!(described.len(), 13);
+        assert_eq!(described.len(), 15);
         common::metrics::check_doc(&doc, "Controller", &described)
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -316,5 +339,39 @@ mod tests {
         )
         .expect("age");
         assert!((600.0..660.0).contains(&age), "{age}");
+    }
+}
+
+/// Bytes used and bytes in all on the filesystem holding `dir`, or that will hold it (its
+/// nearest existing ancestor) (`statvfs`; used counts what even root can no longer have, as `df`
+/// does).
+pub fn volume_usage(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
+    let v = rustix::fs::statvfs(existing)?;
+    let capacity = v.f_blocks.saturating_mul(v.f_frsize);
+    let free = v.f_bfree.saturating_mul(v.f_frsize);
+    Ok((capacity.saturating_sub(free), capacity))
+}
+
+#[cfg(test)]
+mod volume_tests {
+    #[test]
+    fn the_state_volume_is_measured() {
+        let m = super::Metrics::new().expect("metrics");
+        let (used, capacity) = m
+            .observe_state_volume(&std::env::temp_dir())
+            .expect("statvfs");
+        assert!(capacity > 0 && used <= capacity, "{used} of {capacity}");
+        assert_eq!(m.state_capacity.get(), capacity as f64);
+        // A state directory not created yet: the filesystem that will hold it.
+        let later = std::env::temp_dir().join("not-yet/created");
+        assert_eq!(
+            m.observe_state_volume(&later).expect("its parent's").1,
+            capacity
+        );
+        assert!(
+            m.observe_state_volume(std::path::Path::new("relative"))
+                .is_err()
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! vCluster chart (`e2e/standin-vcluster`, named a stand-in: the real chart cannot be fetched
 //! here) and the harness's stand-in syncer, which exports a kubeconfig for a second, real API
 //! server serving exactly the certificate names vCluster would. KWOK makes the control plane
-//! Deployment Ready and the cleanup Job complete.
+//! Deployment Ready; the harness's stand-in kubelet (Jobs) runs the cleanup Job's command.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -299,7 +299,8 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         "Events on every transition"
     );
 
-    // Retain keeps the storage and state directories; Delete removes them with a cleanup Job.
+    // Retain keeps the storage and state directories; Delete removes them with a cleanup Job
+    // that the stand-in kubelet (Jobs) really runs: `controller cleanup` from the operator image.
     let state = fx.dir.join("state").join(&team);
     for name in ["kept", "gone"] {
         std::fs::create_dir_all(state.join(name)).expect("state dir");
@@ -310,6 +311,16 @@ async fn instances_provision_and_delete_as_their_policy_says() {
             .as_str()
             .expect("host")
             .to_string();
+    let storage = Storage::new(&cluster, &fx);
+    // The kubelet created each vCluster's hostPath (DirectoryOrCreate) on the node; the data
+    // vCluster would write there, a link out of it and the Retain instance's directory beside.
+    let gone_dir = storage.instance(&gone_host);
+    let kept_dir = storage.instance(&host);
+    for dir in [&gone_dir, &kept_dir] {
+        assert!(dir.is_dir(), "the node holds {}", dir.display());
+    }
+    storage.fill(&gone_dir);
+    std::fs::write(kept_dir.join("data.db"), "kept").expect("neighbour data");
     cluster
         .kubectl_ok(
             &["-n", &team, "delete", "pi", "kept", "gone", "--wait=false"],
@@ -344,18 +355,194 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         get(&cluster, &["-n", &team, "get", "secret", "gone-kubeconfig"]).is_none(),
         "Delete removes the kubeconfig Secret"
     );
+    assert!(
+        !gone_dir.exists(),
+        "Delete removes the instance's storage directory"
+    );
+    storage.assert_untouched();
+    assert_eq!(
+        std::fs::read_to_string(kept_dir.join("data.db")).expect("Retain keeps its storage"),
+        "kept"
+    );
     let job = get(&cluster, &["-n", &fx.operator_ns, "get", "job", &gone_host])
         .expect("the cleanup Job ran in the cleanup namespace");
     assert_eq!(job["status"]["succeeded"], 1, "{job}");
-    let command = job["spec"]["template"]["spec"]["containers"][0]["command"].to_string();
-    assert!(
-        command.contains(&format!("/storage/{gone_host}")),
-        "it removes only the instance's directory: {command}"
+    assert_eq!(job_condition(&job), Some("Complete".into()), "{job}");
+    let command = job["spec"]["template"]["spec"]["containers"][0]["command"].clone();
+    assert_eq!(
+        command,
+        serde_json::json!([
+            "/usr/local/bin/controller",
+            "cleanup",
+            "--root",
+            "/storage",
+            "--dir",
+            gone_host
+        ]),
+        "it removes only the instance's directory"
+    );
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"],
+        false
+    );
+    assert_eq!(
+        job["spec"]["template"]["spec"]["nodeName"],
+        e2e::control_plane::NODE_NAME,
+        "pinned to the node the vCluster ran on"
+    );
+    assert_eq!(
+        job_pod_exit(&cluster, &fx.operator_ns, &gone_host),
+        Some((0, "Completed".into()))
     );
     assert!(
         get(&cluster, &["-n", &fx.operator_ns, "get", "job", &host]).is_none(),
         "Retain runs no cleanup"
     );
+    drop(controller);
+
+    // A cleanup image that cannot run the command (BusyBox's rm has no --one-file-system; the
+    // stand-in kubelet runs no image but the operator's) fails the Job: the instance stalls with
+    // CleanupFailed, keeps its finalizer and its storage.
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--cleanup-image=busybox:1.37",
+            "--cleanup-backoff-limit=0",
+        ],
+    );
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "stuck", "Delete")),
+        )
+        .expect("apply");
+    let stuck_host = wait_for(
+        "stuck to reach Installing",
+        Duration::from_secs(120),
+        &controller,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "stuck"])?;
+            (pi["status"]["phase"] == "Installing")
+                .then(|| pi["status"]["hostNamespace"].as_str().map(String::from))?
+        },
+    )
+    .await;
+    let stuck_dir = storage.instance(&stuck_host);
+    assert!(stuck_dir.is_dir(), "{}", stuck_dir.display());
+    std::fs::write(stuck_dir.join("data.db"), "still here").expect("data");
+    cluster
+        .kubectl_ok(
+            &["-n", &team, "delete", "pi", "stuck", "--wait=false"],
+            None,
+        )
+        .expect("delete");
+    wait_for(
+        "stuck to stall with CleanupFailed",
+        Duration::from_secs(120),
+        &controller,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "stuck"])?;
+            (condition(&pi, "Stalled") == Some(("True".into(), "CleanupFailed".into())))
+                .then_some(())
+        },
+    )
+    .await;
+    let job = get(
+        &cluster,
+        &["-n", &fx.operator_ns, "get", "job", &stuck_host],
+    )
+    .expect("job");
+    assert_eq!(job_condition(&job), Some("Failed".into()), "{job}");
+    assert_eq!(
+        job_pod_exit(&cluster, &fx.operator_ns, &stuck_host),
+        Some((128, "StartError".into()))
+    );
+    assert!(
+        stuck_dir.join("data.db").exists(),
+        "a failed cleanup leaves the storage"
+    );
+    assert!(
+        get(&cluster, &["-n", &team, "get", "pi", "stuck"]).is_some(),
+        "the finalizer holds"
+    );
+    // Let it go, so the shared control plane keeps no instance stuck in deletion.
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "patch",
+                "pi",
+                "stuck",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ],
+            None,
+        )
+        .expect("release the finalizer");
+}
+
+/// The node's storage root as the stand-in kubelet (Jobs) maps it, with a link out of an
+/// instance's directory and a file outside that the cleanup must not touch.
+struct Storage {
+    root: std::path::PathBuf,
+    outside: std::path::PathBuf,
+}
+
+impl Storage {
+    fn new(cluster: &Shared, fx: &support::Fixture) -> Self {
+        let base = fx.dir.join("storage");
+        let root = cluster
+            .host_path(&base.display().to_string())
+            .expect("the control plane has a node");
+        let outside = fx.dir.join("outside-storage");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::fs::write(outside.join("precious"), "keep").expect("precious");
+        Storage { root, outside }
+    }
+
+    fn instance(&self, host: &str) -> std::path::PathBuf {
+        self.root.join(host)
+    }
+
+    /// Data, a nested tree, a link to a folder outside and a link to a file outside.
+    fn fill(&self, dir: &Path) {
+        std::fs::create_dir_all(dir.join("data/member/snap")).expect("tree");
+        std::fs::write(dir.join("data/member/snap/db"), "x").expect("db");
+        std::os::unix::fs::symlink(&self.outside, dir.join("data/escape")).expect("link");
+        std::os::unix::fs::symlink(self.outside.join("precious"), dir.join("precious-link"))
+            .expect("link");
+    }
+
+    fn assert_untouched(&self) {
+        assert_eq!(
+            std::fs::read_to_string(self.outside.join("precious")).expect("the link target stays"),
+            "keep"
+        );
+    }
+}
+
+/// The type of a Job's finishing condition (`Complete` or `Failed`) that is `True`.
+fn job_condition(job: &Value) -> Option<String> {
+    job["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+        .and_then(|c| c["type"].as_str().map(String::from))
+}
+
+/// The exit code and reason of the cleanup container of the Job's (last) pod.
+fn job_pod_exit(cluster: &Shared, ns: &str, job: &str) -> Option<(i64, String)> {
+    let pods = get(
+        cluster,
+        &["-n", ns, "get", "pods", "-l", &format!("job-name={job}")],
+    )?;
+    let pod = pods["items"].as_array()?.last()?.clone();
+    let t = &pod["status"]["containerStatuses"][0]["state"]["terminated"];
+    Some((t["exitCode"].as_i64()?, t["reason"].as_str()?.to_string()))
 }
 
 #[tokio::test]

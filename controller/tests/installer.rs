@@ -838,3 +838,62 @@ async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded
     let cm = settings_configmap(&fx, &cluster).expect("settings ConfigMap");
     assert_eq!(cm["data"]["packageVersion"], "6.0.21");
 }
+
+#[tokio::test]
+async fn a_full_state_volume_stops_installs_before_they_start_and_is_measured() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "installer-full").await;
+    let (used, capacity) =
+        controller::metrics::volume_usage(&fx.dir).expect("the state volume is measurable");
+    let percent = u128::from(used) * 100 / u128::from(capacity);
+    assert!(percent >= 1, "the test needs a volume at least 1% full");
+    // Any volume at least 1% full is "full" for this controller.
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--install-platform=true",
+            "--state-volume-full-percent=1",
+        ],
+    );
+    let team = team_with_secret(&cluster, "s");
+    apply(&cluster, &instance(&team, "full", "6.0.22", "Retain", ""));
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "full",
+        "full to report StateVolumeFull",
+        Duration::from_secs(180),
+        |pi| condition(pi, "Installed") == Some(("False".into(), "StateVolumeFull".into())),
+    )
+    .await;
+    let message = pi["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Installed"))
+        .map(|c| c["message"].to_string())
+        .unwrap_or_default();
+    assert!(
+        message.contains("--state-volume-full-percent (1%)"),
+        "{message}"
+    );
+    assert!(
+        !instance_dir(&fx, &team, "full").join("platform").exists(),
+        "nothing was written: the install did not start"
+    );
+    // The volume's usage is exported.
+    assert!(
+        controller
+            .metric("platform_operator_controller_state_volume_capacity_bytes")
+            .await
+            > 0.0
+    );
+    assert!(
+        controller
+            .metric("platform_operator_controller_state_volume_used_bytes")
+            .await
+            > 0.0
+    );
+}

@@ -18,7 +18,8 @@ pub fn chart_dir() -> PathBuf {
     crate::repo_root().join("charts/platform-operator")
 }
 
-/// A digest for the operator image in tests: KWOK runs no containers, so nothing pulls it.
+/// A digest for the operator image in tests: nothing pulls it (the stand-in kubelet (Jobs) runs
+/// this workspace's binaries for it).
 pub const TEST_DIGEST: &str =
     "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 
@@ -248,6 +249,25 @@ pub fn operator_binaries() -> Result<(PathBuf, PathBuf), String> {
             Ok((controller, webhook))
         })
         .clone()
+}
+
+/// `name` (`controller` or `webhook`) in this workspace's target folder (beside the running
+/// test's), if it was built after every source it is built from (`common`, its own crate,
+/// `Cargo.lock`); `None` when missing or older ([`operator_binaries`] builds it then).
+pub fn fresh_operator_binary(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let root = crate::repo_root();
+    let built = [exe.parent()?, exe.parent()?.parent()?]
+        .into_iter()
+        .map(|d| d.join(name))
+        .find(|b| b.is_file())?;
+    let modified = std::fs::metadata(&built).and_then(|m| m.modified()).ok()?;
+    let newest_source = ["common", name]
+        .iter()
+        .filter_map(|c| newest(&root.join(c).join("src")))
+        .chain(newest(&root.join("Cargo.lock")))
+        .max()?;
+    (modified >= newest_source).then_some(built)
 }
 
 /// The newest modification time of any file under `path`.

@@ -34,6 +34,9 @@ pub struct Options {
     /// API server reloads when they change) are filled by the stand-in syncer, one per vCluster
     /// it starts, with exactly the names vCluster would serve.
     pub sni_slots: usize,
+    /// Where the stand-in kubelet (Jobs) finds the operator image's binaries
+    /// ([`crate::standin_kubelet`]); `None`: this workspace's, built when stale.
+    pub operator_bin_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -45,6 +48,7 @@ impl Options {
             apiserver_args: Vec::new(),
             timeout: Duration::from_secs(180),
             sni_slots: 0,
+            operator_bin_dir: None,
         }
     }
 
@@ -65,6 +69,12 @@ impl Options {
     /// Sets the number of SNI certificate slots: one per stand-in vCluster served at once.
     pub fn sni_slots(mut self, slots: usize) -> Self {
         self.sni_slots = slots;
+        self
+    }
+
+    /// Sets the folder of the binaries the stand-in kubelet (Jobs) runs for the operator image.
+    pub fn operator_bin_dir(mut self, dir: PathBuf) -> Self {
+        self.operator_bin_dir = Some(dir);
         self
     }
 
@@ -93,6 +103,7 @@ pub struct ControlPlane {
     server: String,
     tools: Tools,
     processes: Vec<Process>,
+    kubelet: Option<crate::standin_kubelet::StandInKubelet>,
     keep: bool,
 }
 
@@ -161,6 +172,7 @@ impl ControlPlane {
             server: String::new(),
             tools,
             processes: Vec::new(),
+            kubelet: None,
             keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
         };
         let mut options = options;
@@ -268,6 +280,11 @@ impl ControlPlane {
 
         if options.workloads {
             self.start_workloads(files, &client, deadline).await?;
+            self.kubelet = Some(crate::standin_kubelet::StandInKubelet::start(
+                &self.kubeconfig,
+                &self.dir,
+                options.operator_bin_dir.clone(),
+            )?);
         }
         Ok(())
     }
@@ -528,8 +545,16 @@ impl ControlPlane {
         self.keep = true;
     }
 
-    /// Stops every process, newest first: SIGTERM, then SIGKILL after five seconds.
+    /// Where the node's hostPath `path` lives on this machine (the stand-in kubelet's node
+    /// root; `None` without workloads).
+    pub fn host_path(&self, path: &str) -> Option<PathBuf> {
+        self.kubelet.as_ref().map(|k| k.host_path(path))
+    }
+
+    /// Stops the stand-in kubelet, then every process, newest first: SIGTERM, then SIGKILL after
+    /// five seconds.
     pub fn stop(&mut self) {
+        self.kubelet.take();
         while let Some(mut p) = self.processes.pop() {
             crate::process::terminate(&mut p.child, Duration::from_secs(5));
         }

@@ -10,6 +10,7 @@ pub mod pki;
 pub mod process;
 pub mod prometheus;
 pub mod shared;
+pub mod standin_kubelet;
 pub mod standin_vcluster;
 pub mod tools;
 pub mod webhook;

@@ -100,3 +100,26 @@ where
         Err(e) => Err(e.to_string()),
     }
 }
+
+/// Runs the future `make` builds on a new thread named `name`, with a current-thread runtime of
+/// its own, so that a test blocking on kubectl does not stall it.
+pub fn spawn_on_own_runtime<F, Fut>(
+    name: &str,
+    make: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(make());
+        })
+}

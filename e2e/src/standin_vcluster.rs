@@ -364,23 +364,13 @@ impl StandInSyncer {
         }));
         let host_kubeconfig = host_kubeconfig.to_path_buf();
         let (stop2, state2) = (stop.clone(), state.clone());
-        let thread = std::thread::Builder::new()
-            .name("standin-syncer".into())
-            .spawn(move || {
-                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                else {
-                    return;
-                };
-                runtime.block_on(async move {
-                    if let Ok(host) = client_for(&host_kubeconfig, None).await {
-                        tokio::spawn(count_pods(host, state2.clone(), stop2.clone()));
-                    }
-                    run(host_kubeconfig, inside, stop2, state2, file).await;
-                });
-            })
-            .map_err(|e| HarnessError::io(Path::new("standin-syncer thread"), e))?;
+        let thread = crate::process::spawn_on_own_runtime("standin-syncer", move || async move {
+            if let Ok(host) = client_for(&host_kubeconfig, None).await {
+                tokio::spawn(count_pods(host, state2.clone(), stop2.clone()));
+            }
+            run(host_kubeconfig, inside, stop2, state2, file).await;
+        })
+        .map_err(|e| HarnessError::io(Path::new("standin-syncer thread"), e))?;
         Ok(Self {
             stop,
             state,

@@ -82,7 +82,9 @@ impl Tools {
     }
 
     /// KWOK's stage files: fast node initialisation, node heartbeats with leases, and the fast pod
-    /// lifecycle (ready, complete, delete), so Deployments, StatefulSets and Jobs progress.
+    /// lifecycle (ready, delete), so Deployments and StatefulSets progress. KWOK's `pod-complete`
+    /// stage, which would mark every Job's pod `Succeeded` without running anything, is left out:
+    /// the stand-in kubelet (Jobs, [`crate::standin_kubelet`]) runs them and writes their outcome.
     pub fn kwok_stages(&self) -> Result<Vec<PathBuf>, HarnessError> {
         let mut files = Vec::new();
         for sub in ["node/fast", "node/heartbeat-with-lease", "pod/fast"] {
@@ -93,7 +95,8 @@ impl Tools {
                 .map(|e| e.path())
                 .filter(|p| {
                     p.extension().is_some_and(|x| x == "yaml")
-                        && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+                        && p.file_name()
+                            .is_some_and(|n| n != "kustomization.yaml" && n != "pod-complete.yaml")
                 })
                 .collect();
             here.sort();

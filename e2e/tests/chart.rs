@@ -109,6 +109,7 @@ fn the_defaults_reach_their_flags() {
             "--repair-interval=30m",
             "--target-poll=10s",
             "--max-concurrent-installs=2",
+            "--cleanup-image=ghcr.io/di-framework/platform-operator@sha256:0000000000000000000000000000000000000000000000000000000000000000",
             "--npm-registry=https://registry.npmjs.org/",
             "--npm-allow-scripts=false",
             "--pulumi-sdk-version=3.248.0",
@@ -119,7 +120,7 @@ fn the_defaults_reach_their_flags() {
             "--metrics-secure=true",
             "--metrics-auth-cache-ttl=30s",
         ],
-        "no --cleanup-namespace or --npm-registry-file unless set"
+        "no --cleanup-namespace or --npm-registry-file unless set; the cleanup Jobs run the operator's own image"
     );
     let controller = r.container("platform-operator-controller");
     assert!(
@@ -227,7 +228,12 @@ fn every_value_reaches_its_flag() {
         "npmAllowScripts=true",
         "pulumiSdkVersion=3.250.0",
         "podSecurityStandard=restricted",
-        "extraArgs={--log-level=debug,--cleanup-image=busybox:1.36}",
+        "extraArgs={--log-level=debug,--program-heap-limit=1536}",
+        &format!("cleanupImage=mirror.example/operator@{TEST_DIGEST}"),
+        "extraEnv[0].name=HTTPS_PROXY",
+        "extraEnv[0].value=http://proxy.internal:3128",
+        "extraEnv[1].name=NODE_EXTRA_CA_CERTS",
+        "extraEnv[1].value=/etc/ssl/site/ca.pem",
         "state.size=25Gi",
         "state.storageClassName=fast-local",
         "resources.requests.cpu=250m",
@@ -251,6 +257,7 @@ fn every_value_reaches_its_flag() {
             "--target-poll=5s",
             "--max-concurrent-installs=4",
             "--cleanup-namespace=storage-cleanup",
+            &format!("--cleanup-image=mirror.example/operator@{TEST_DIGEST}"),
             "--npm-registry=http://npm.internal:4873/",
             "--npm-registry-file=/etc/platform-operator/npm-registry/url",
             "--npm-allow-scripts=true",
@@ -262,10 +269,21 @@ fn every_value_reaches_its_flag() {
             "--metrics-secure=true",
             "--metrics-auth-cache-ttl=30s",
             "--log-level=debug",
-            "--cleanup-image=busybox:1.36",
+            "--program-heap-limit=1536",
         ]
     );
     let controller = r.container("platform-operator-controller");
+    // extraEnv: proxy and CA bundle reach the controller (and the tools it runs), after the
+    // chart's own variables.
+    assert_eq!(
+        env(controller, "HTTPS_PROXY")["value"],
+        "http://proxy.internal:3128"
+    );
+    assert_eq!(
+        env(controller, "NODE_EXTRA_CA_CERTS")["value"],
+        "/etc/ssl/site/ca.pem"
+    );
+    assert_eq!(env(controller, "HOME")["value"], "/home/platform-operator");
     let image = format!("registry.example/team/operator@{TEST_DIGEST}");
     assert_eq!(controller["image"], image.as_str());
     assert_eq!(controller["imagePullPolicy"], "Always");
@@ -637,6 +655,12 @@ fn the_schema_rejects_wrong_types_and_shapes() {
             "at '/maxConcurrentInstalls': got string, want integer",
         ),
         ("cleanupNamespace=Not_A_Namespace", "at '/cleanupNamespace'"),
+        ("cleanupImage=busybox:1.37", "at '/cleanupImage'"),
+        (
+            "extraEnv[0].value=x",
+            "at '/extraEnv/0': missing property 'name'",
+        ),
+        ("extraEnv[0].name=NOT-A-NAME", "at '/extraEnv/0/name'"),
         ("npmRegistry=ftp://registry", "at '/npmRegistry'"),
         (
             "podSecurityStandard=lenient",
@@ -743,6 +767,14 @@ fn rules_across_values_fail_with_a_one_line_reason() {
         (
             &["extraArgs={--leader-elect=false}"],
             "extraArgs sets --leader-elect, which the chart sets itself",
+        ),
+        (
+            &["extraArgs={--cleanup-image=busybox:1.37}"],
+            "extraArgs sets --cleanup-image, which the chart sets itself",
+        ),
+        (
+            &["extraEnv[0].name=HOME", "extraEnv[0].value=/elsewhere"],
+            "extraEnv sets HOME, which the chart sets itself",
         ),
         (
             &["webhook.extraArgs={--cert-lifetime=1h}"],

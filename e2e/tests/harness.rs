@@ -36,6 +36,7 @@ apiVersion: batch/v1
 kind: Job
 metadata: {{ name: once, namespace: {ns} }}
 spec:
+  backoffLimit: 0
   template:
     spec:
       restartPolicy: Never
@@ -70,11 +71,25 @@ spec:
         "-n",
         &ns,
         "wait",
-        "--for=condition=Complete",
+        "--for=condition=Failed",
         "job/once",
         "--timeout=120s",
     ]);
-    kubectl_ok(wait, "job completion");
+    // The stand-in kubelet (Jobs) runs no image but the operator's: a Job in any other image
+    // fails (StartError, exit code 128) instead of completing unrun.
+    kubectl_ok(wait, "the Job to fail");
+    let mut exit = cluster.kubectl();
+    exit.args([
+        "-n",
+        &ns,
+        "get",
+        "pods",
+        "-l",
+        "job-name=once",
+        "-o",
+        "jsonpath={.items[0].status.containerStatuses[0].state.terminated.exitCode} {.items[0].status.containerStatuses[0].state.terminated.reason}",
+    ]);
+    assert_eq!(kubectl_ok(exit, "the Job's pod"), "128 StartError");
     let mut pods = cluster.kubectl();
     pods.args([
         "-n",

@@ -445,6 +445,8 @@ mod tests {
                 Failure::ToolMissing,
                 Failure::OutputsFailed,
                 Failure::PreviewFailed,
+                Failure::ProgramOutOfMemory,
+                Failure::StateVolumeFull,
             ]
             .map(Failed),
         );
@@ -453,7 +455,7 @@ mod tests {
 
     /// The rule Events followed when severity was read from reason strings.
     fn string_rule(type_: &str, status: bool, reason: &str) -> Severity {
-        const WARNINGS: [&str; 13] = [
+        const WARNINGS: [&str; 15] = [
             "LeftAlone",
             "KubeconfigRefused",
             "DowngradeRefused",
@@ -461,6 +463,8 @@ mod tests {
             "CleanupTimedOut",
             "HelmTimedOut",
             "DriftDetected",
+            "ProgramOutOfMemory",
+            "StateVolumeFull",
             "InstallTimedOut",
             "VersionNotFound",
             "RegistryUnreachable",

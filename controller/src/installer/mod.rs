@@ -109,6 +109,18 @@ pub struct Installer {
     pub timeout: Duration,
     /// Time spent inside npm and pulumi, by tool and result.
     pub tool_seconds: prometheus::HistogramVec,
+    /// The node heap limit of the program's processes, in MiB (`--program-heap-limit`).
+    pub heap_limit_mib: u32,
+    /// Update records kept per stack in Pulumi's history and backups (`--pulumi-history-keep`).
+    pub history_keep: usize,
+    /// How full, in percent, the state volume may be for an install to start
+    /// (`--state-volume-full-percent`).
+    pub state_full_percent: u8,
+}
+
+/// Whether `used` of `capacity` bytes is at or above `percent`.
+fn volume_full(used: u64, capacity: u64, percent: u8) -> bool {
+    capacity > 0 && u128::from(used) * 100 >= u128::from(capacity) * u128::from(percent)
 }
 
 /// One install to run.
@@ -165,6 +177,29 @@ impl Installer {
         record::load(&self.instance_dir(namespace, name))
     }
 
+    /// Refuses to start an install on a state volume at or above `--state-volume-full-percent`:
+    /// a full volume would fail it halfway, with the Pulumi state half written. A volume that
+    /// cannot be measured is left to the writes themselves (`StateUnavailable`).
+    fn check_state_volume(&self) -> Result<(), TaskError> {
+        let Ok((used, capacity)) = crate::metrics::volume_usage(&self.state_dir) else {
+            return Ok(());
+        };
+        if !volume_full(used, capacity, self.state_full_percent) {
+            return Ok(());
+        }
+        Err(TaskError::new(
+            Failure::StateVolumeFull,
+            format!(
+                "the state volume ({}) is {}% full ({} of {} MiB), at or above --state-volume-full-percent ({}%); the install waits and retries with backoff: free space on it or grow the claim (docs/operations.md#the-state-volume)",
+                self.state_dir.display(),
+                u128::from(used) * 100 / u128::from(capacity),
+                used >> 20,
+                capacity >> 20,
+                self.state_full_percent
+            ),
+        ))
+    }
+
     fn stack(&self, dir: &Path) -> pulumi::Stack {
         let project = dir.join("platform");
         pulumi::Stack {
@@ -174,6 +209,7 @@ impl Installer {
             backend: project.join("state"),
             project,
             state: dir.to_path_buf(),
+            heap_limit_mib: self.heap_limit_mib,
         }
     }
 
@@ -265,6 +301,7 @@ impl Installer {
             };
             TaskError::new(failure, e.to_string())
         })?;
+        self.check_state_volume()?;
         let stack = self.stack(dir);
         write_project(
             &stack.project,
@@ -307,6 +344,7 @@ impl Installer {
             let failure = match e {
                 pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
                 pulumi::PulumiError::Io { .. } => Failure::StateUnavailable,
+                pulumi::PulumiError::OutOfMemory { .. } => Failure::ProgramOutOfMemory,
                 _ => Failure::InstallFailed,
             };
             TaskError::new(failure, e.to_string())
@@ -351,7 +389,16 @@ impl Installer {
         for (key, value) in &config.secrets {
             stack.set_config(key, value, true).await?;
         }
-        let up = stack.up().await?;
+        let up = stack.up().await;
+        // Every update, a failed one too, leaves a history record and a backup: keep a few.
+        match stack.prune_history(self.history_keep) {
+            Ok(0) => {}
+            Ok(pruned) => {
+                tracing::debug!(project = %stack.project.display(), pruned, "pruned the stack's history")
+            }
+            Err(e) => tracing::warn!(error = %e, "pruning the stack's history failed"),
+        }
+        let up = up?;
         let outputs = stack.outputs().await?;
         Ok((up.counts, outputs))
     }
@@ -653,6 +700,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_volume_is_full_at_its_percent() {
+        assert!(!volume_full(94, 100, 95));
+        assert!(volume_full(95, 100, 95));
+        assert!(volume_full(u64::MAX, u64::MAX, 100), "no overflow");
+        assert!(!volume_full(0, 0, 1), "an unsized volume is never full");
+        assert!(!volume_full(10 << 30, 100 << 30, 11));
+    }
+
+    #[test]
     fn the_project_pins_one_exact_version_and_records_its_backend() {
         let files = project_files(
             Path::new("/state/ns/one/platform/state"),
@@ -723,6 +779,9 @@ mod tests {
             npm_binary: "npm".into(),
             pulumi_binary: "pulumi".into(),
             timeout: Duration::from_secs(1),
+            heap_limit_mib: 1024,
+            history_keep: 10,
+            state_full_percent: 95,
             tool_seconds,
         };
         assert_eq!(

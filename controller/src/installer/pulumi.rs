@@ -110,6 +110,16 @@ pub enum PulumiError {
         /// Why.
         detail: String,
     },
+    /// The program's node process reached its heap limit and was stopped.
+    #[error(
+        "pulumi {action} failed: the platform program's node process reached its heap limit of {limit_mib} MiB (--program-heap-limit) and was stopped; the controller and other instances are unaffected. Fix the program or its input, or raise the limit with the container's memory"
+    )]
+    OutOfMemory {
+        /// The subcommand.
+        action: &'static str,
+        /// The heap limit.
+        limit_mib: u32,
+    },
     /// A file of the workspace could not be written or removed.
     #[error("{what} {path} failed: {source}; check the state volume")]
     Io {
@@ -206,6 +216,24 @@ pub struct Stack {
     pub backend: PathBuf,
     /// The instance's state folder (pid file, event logs).
     pub state: PathBuf,
+    /// The node heap limit of the program's processes, in MiB (`NODE_OPTIONS`).
+    pub heap_limit_mib: u32,
+}
+
+/// What node prints when it dies at its heap limit (V8's fatal error).
+const HEAP_EXHAUSTED: [&str; 2] = [
+    "JavaScript heap out of memory",
+    "Reached heap limit Allocation failed",
+];
+
+/// The update record a history or backup file belongs to: its name without `.attrs` and
+/// without `.history.json`, `.checkpoint.json` or `.json`.
+fn record_key(name: &str) -> &str {
+    let name = name.strip_suffix(".attrs").unwrap_or(name);
+    [".history.json", ".checkpoint.json", ".json"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .unwrap_or(name)
 }
 
 /// The backend URL of a backend folder.
@@ -231,7 +259,14 @@ impl Stack {
             .env("PULUMI_DEBUG_COMMANDS", "true")
             .env("PULUMI_SKIP_CONFIRMATIONS", "true")
             .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true")
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            // The program's node (started by the language host, which passes its environment
+            // on) stops at this heap size, well inside the container's memory limit: a runaway
+            // program fails alone instead of the kernel killing the whole container.
+            .env(
+                "NODE_OPTIONS",
+                format!("--max-old-space-size={}", self.heap_limit_mib),
+            );
         cmd
     }
 
@@ -244,7 +279,18 @@ impl Stack {
             })
     }
 
-    fn failed(action: &'static str, out: &Output, message: Option<String>) -> PulumiError {
+    fn failed(&self, action: &'static str, out: &Output, message: Option<String>) -> PulumiError {
+        let said = |m: &str| {
+            out.stdout.contains(m)
+                || out.stderr.contains(m)
+                || message.as_ref().is_some_and(|x| x.contains(m))
+        };
+        if HEAP_EXHAUSTED.iter().any(|m| said(m)) {
+            return PulumiError::OutOfMemory {
+                action,
+                limit_mib: self.heap_limit_mib,
+            };
+        }
         PulumiError::Failed {
             action,
             exit: Exit::from_code(out.code),
@@ -263,7 +309,7 @@ impl Stack {
         if out.success() {
             Ok(out)
         } else {
-            Err(Self::failed(action, &out, None))
+            Err(self.failed(action, &out, None))
         }
     }
 
@@ -289,6 +335,58 @@ impl Stack {
                         source,
                     })?;
                     removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Keeps the newest `keep` update records of the stack in the backend's `history` and
+    /// `backups` folders and removes the older ones (each with its `.attrs` twin). Pulumi adds
+    /// a record to each on every update, failed ones included, and never removes any. Returns
+    /// how many files were removed.
+    pub fn prune_history(&self, keep: usize) -> Result<usize, PulumiError> {
+        let pulumi = self.backend.join(".pulumi");
+        let mut removed = 0;
+        for kind in ["history", "backups"] {
+            // <kind>/<project>/<stack>/ (older layouts: <kind>/<stack>/): every folder of files.
+            let mut folders = vec![pulumi.join(kind)];
+            while let Some(dir) = folders.pop() {
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                let mut records: std::collections::BTreeMap<
+                    String,
+                    (std::time::SystemTime, Vec<PathBuf>),
+                > = std::collections::BTreeMap::new();
+                for entry in entries.flatten() {
+                    let path = entry.path();
+                    let Ok(meta) = entry.metadata() else { continue };
+                    if meta.is_dir() {
+                        folders.push(path);
+                        continue;
+                    }
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let record = record_key(&name).to_string();
+                    let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+                    let slot = records
+                        .entry(record)
+                        .or_insert((std::time::UNIX_EPOCH, Vec::new()));
+                    slot.0 = slot.0.max(modified);
+                    slot.1.push(path);
+                }
+                let mut records: Vec<_> = records.into_iter().collect();
+                // Newest first: by time, then by name (Pulumi's names carry the time).
+                records.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| b.0.cmp(&a.0)));
+                for (_, (_, files)) in records.into_iter().skip(keep) {
+                    for file in files {
+                        std::fs::remove_file(&file).map_err(|source| PulumiError::Io {
+                            what: "pruning the stack history",
+                            path: file.clone(),
+                            source,
+                        })?;
+                        removed += 1;
+                    }
                 }
             }
         }
@@ -411,7 +509,7 @@ impl Stack {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let (summary, errors) = read_event_log(&text);
         if !out.success() {
-            return Err(Self::failed(
+            return Err(self.failed(
                 "up",
                 &out,
                 (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect()),
@@ -468,7 +566,7 @@ impl Stack {
                     .collect();
                 (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect())
             });
-            return Err(Self::failed("preview", &out, message));
+            return Err(self.failed("preview", &out, message));
         }
         // Exit 0 with --expect-no-changes: no drift, whatever the summary itemises.
         Ok(Counts {
@@ -525,6 +623,102 @@ not json
         );
         assert_eq!(errors, ["stand-in failure: boom"]);
         assert_eq!(read_event_log(""), (None, vec![]));
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_records_of_each_stack() {
+        let dir = std::env::temp_dir().join(format!("prune-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let history = dir.join(".pulumi/history/platform/dev");
+        let backups = dir.join(".pulumi/backups/platform/dev");
+        std::fs::create_dir_all(&history).expect("history");
+        std::fs::create_dir_all(&backups).expect("backups");
+        for t in 1..=5u64 {
+            let stamp = 1_700_000_000_000_000_000 + t;
+            for f in [
+                history.join(format!("dev-{stamp}.history.json")),
+                history.join(format!("dev-{stamp}.history.json.attrs")),
+                history.join(format!("dev-{stamp}.checkpoint.json")),
+                history.join(format!("dev-{stamp}.checkpoint.json.attrs")),
+                backups.join(format!("dev.{stamp}.json")),
+                backups.join(format!("dev.{stamp}.json.attrs")),
+            ] {
+                std::fs::write(&f, "{}").expect("file");
+                let when = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + t);
+                std::fs::File::options()
+                    .write(true)
+                    .open(&f)
+                    .and_then(|h| h.set_modified(when))
+                    .expect("mtime");
+            }
+        }
+        let stack = Stack {
+            binary: "pulumi".into(),
+            home: dir.join("home"),
+            passphrase_file: dir.join("p"),
+            project: dir.clone(),
+            backend: dir.clone(),
+            state: dir.clone(),
+            heap_limit_mib: 1024,
+        };
+        assert_eq!(stack.prune_history(2).expect("pruned"), 3 * 4 + 3 * 2);
+        let mut left: Vec<String> = std::fs::read_dir(&history)
+            .expect("dir")
+            .chain(std::fs::read_dir(&backups).expect("dir"))
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left.len(), 2 * 4 + 2 * 2, "{left:?}");
+        assert!(
+            left.iter()
+                .all(|n| n.contains("0004") || n.contains("0005")),
+            "{left:?}"
+        );
+        assert_eq!(stack.prune_history(2).expect("again"), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_program_at_its_heap_limit_is_told_apart() {
+        let stack = Stack {
+            binary: "pulumi".into(),
+            home: "/h".into(),
+            passphrase_file: "/p".into(),
+            project: "/x".into(),
+            backend: "/x".into(),
+            state: "/x".into(),
+            heap_limit_mib: 768,
+        };
+        let out = Output {
+            code: Some(1),
+            stdout: String::new(),
+            stderr:
+                "FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory"
+                    .into(),
+            elapsed: Duration::from_secs(3),
+        };
+        let error = stack.failed("up", &out, None);
+        assert!(
+            matches!(error, PulumiError::OutOfMemory { limit_mib: 768, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("--program-heap-limit"));
+        let other = Output {
+            stderr: "error: boom".into(),
+            ..out
+        };
+        assert!(matches!(
+            stack.failed("up", &other, None),
+            PulumiError::Failed { .. }
+        ));
+        let env: Vec<_> = stack
+            .command(&["up"])
+            .as_std()
+            .get_envs()
+            .filter(|(k, _)| *k == "NODE_OPTIONS")
+            .map(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
+            .collect();
+        assert_eq!(env, [Some("--max-old-space-size=768".to_string())]);
     }
 
     #[test]

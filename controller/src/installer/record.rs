@@ -38,6 +38,10 @@ pub enum Failure {
     OutputsFailed,
     /// The repair preview failed.
     PreviewFailed,
+    /// The program's node process reached its heap limit (`--program-heap-limit`) and was stopped.
+    ProgramOutOfMemory,
+    /// The state volume is fuller than `--state-volume-full-percent`; the install did not start.
+    StateVolumeFull,
 }
 
 impl Failure {
@@ -55,6 +59,8 @@ impl Failure {
             Failure::ToolMissing => "ToolMissing",
             Failure::OutputsFailed => "OutputsFailed",
             Failure::PreviewFailed => "PreviewFailed",
+            Failure::ProgramOutOfMemory => "ProgramOutOfMemory",
+            Failure::StateVolumeFull => "StateVolumeFull",
         }
     }
 }

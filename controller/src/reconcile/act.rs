@@ -7,12 +7,12 @@ use std::time::Instant;
 use common::crd::PlatformInstance;
 use common::names::{
     APPLIED_HASH_ANNOTATION, FINALIZER, INSTANCE_UID_LABEL, OWNER_SERVICE_ANNOTATION, VCLUSTER,
-    VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
+    VCLUSTER_APP, VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
@@ -77,7 +77,10 @@ pub async fn act(
             Action::Install { mode } => install(&t, *mode),
             Action::Preview => preview(&t),
             Action::CancelInstall => cancel_install(&t),
-            Action::UninstallVCluster => uninstall_vcluster(&t),
+            Action::UninstallVCluster => {
+                record_storage_node(&t).await;
+                uninstall_vcluster(&t)
+            }
             Action::DeleteNamespace => delete_namespace(&t).await?,
             Action::StartCleanup => start_cleanup(&t).await?,
             Action::ReplaceCleanup => replace_cleanup(&t).await?,
@@ -289,9 +292,50 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     Ok(())
 }
 
+/// The file in the instance's state directory that names the node its vCluster ran on: the node
+/// that holds its node-local storage directory.
+const STORAGE_NODE_FILE: &str = "storage-node";
+
+/// Before the vCluster goes, records the node its control plane pod runs on, so that the
+/// cleanup Job runs where the storage directory is. Best effort: without it the Job is not
+/// pinned.
+async fn record_storage_node(t: &Target<'_>) {
+    let pods: Api<Pod> = Api::namespaced(t.ctx.client.clone(), &t.host_ns);
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("app={VCLUSTER_APP}")))
+        .await;
+    let node = match listed {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .find_map(|p| p.spec.and_then(|s| s.node_name)),
+        Err(e) => {
+            tracing::warn!(host = %t.host_ns, error = %e, "listing the vCluster's pods failed; the cleanup Job will not be pinned to their node");
+            None
+        }
+    };
+    let Some(node) = node else { return };
+    let dir = state_path(&t.ctx.settings, t.pi);
+    if let Err(e) = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(STORAGE_NODE_FILE), &node))
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "recording the storage node failed");
+    }
+}
+
+/// The node recorded by [`record_storage_node`], if any.
+fn storage_node(t: &Target<'_>) -> Option<String> {
+    let text =
+        std::fs::read_to_string(state_path(&t.ctx.settings, t.pi).join(STORAGE_NODE_FILE)).ok()?;
+    let node = text.trim();
+    (!node.is_empty()).then(|| node.to_string())
+}
+
 async fn start_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let settings = &t.ctx.settings;
-    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), &t.uid);
+    // Pinned to the node the vCluster ran on, where its node-local storage is.
+    let node = storage_node(t);
+    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), &t.uid, node.as_deref());
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &settings.cleanup_namespace);
     apply(&jobs, &t.host_ns, &job)
         .await

@@ -11,8 +11,8 @@ use common::names::{
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, HostPathVolumeSource, Namespace, PodSpec, PodTemplateSpec, Secret, SecurityContext,
-    Service, Volume, VolumeMount,
+    Capabilities, Container, HostPathVolumeSource, Namespace, PodSpec, PodTemplateSpec,
+    SeccompProfile, Secret, SecurityContext, Service, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
@@ -123,33 +123,63 @@ pub fn kubeconfig_secret_object(
     }
 }
 
-/// The storage cleanup Job: mounts `--storage-root-base` and removes only this instance's
-/// directory under it (a DNS label, so it cannot name anything outside). Marked with the
-/// instance's UID (a Job of another UID, left by an earlier instance of the same name, is never
-/// believed), and bounded by `--cleanup-deadline` (`activeDeadlineSeconds`), so a pod that is
-/// never created or never ends fails the Job instead of leaving the deletion waiting.
-pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str, uid: &str) -> Job {
+/// Where the cleanup Job mounts `--storage-root-base`.
+pub const CLEANUP_MOUNT: &str = "/storage";
+
+/// The controller binary in the operator image (its Dockerfile's ENTRYPOINT).
+pub const IMAGE_CONTROLLER: &str = "/usr/local/bin/controller";
+
+/// The storage cleanup Job: mounts `--storage-root-base` and runs `controller cleanup` from the
+/// operator's own image (`--cleanup-image`), which removes only this instance's directory under
+/// it (a DNS label, so it cannot name anything outside), following no symbolic link and crossing
+/// into no other filesystem (`controller::cleanup`). Not privileged: root without privilege
+/// escalation, with only the capabilities that let root remove files whatever their owner and
+/// mode (`DAC_OVERRIDE`, `FOWNER`); pinned to `node` when the node holding the data is known.
+/// Marked with the instance's UID (a Job of another UID, left by an earlier instance of the same
+/// name, is never believed), and bounded by `--cleanup-deadline` (`activeDeadlineSeconds`), so a
+/// pod that is never created or never ends fails the Job instead of leaving the deletion waiting.
+pub fn cleanup_job(
+    settings: &Settings,
+    host_ns: &str,
+    instance: &str,
+    uid: &str,
+    node: Option<&str>,
+) -> Job {
     let container = Container {
         name: "cleanup".to_string(),
         image: Some(settings.cleanup_image.clone()),
         command: Some(
             [
-                "rm",
-                "-rf",
-                "--one-file-system",
-                &format!("/storage/{host_ns}"),
+                IMAGE_CONTROLLER,
+                "cleanup",
+                "--root",
+                CLEANUP_MOUNT,
+                "--dir",
+                host_ns,
             ]
             .map(String::from)
             .to_vec(),
         ),
         security_context: Some(SecurityContext {
-            privileged: Some(true),
+            privileged: Some(false),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
             run_as_user: Some(0),
+            run_as_non_root: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                add: Some(vec!["DAC_OVERRIDE".to_string(), "FOWNER".to_string()]),
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_string(),
+                localhost_profile: None,
+            }),
             ..SecurityContext::default()
         }),
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
         volume_mounts: Some(vec![VolumeMount {
             name: "storage".to_string(),
-            mount_path: "/storage".to_string(),
+            mount_path: CLEANUP_MOUNT.to_string(),
             ..VolumeMount::default()
         }]),
         ..Container::default()
@@ -180,6 +210,8 @@ pub fn cleanup_job(settings: &Settings, host_ns: &str, instance: &str, uid: &str
                 metadata: None,
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".to_string()),
+                    node_name: node.map(str::to_string),
+                    automount_service_account_token: Some(false),
                     containers: vec![container],
                     volumes: Some(vec![volume]),
                     ..PodSpec::default()
@@ -251,7 +283,7 @@ mod tests {
             target_poll: Duration::from_secs(10),
             repair_interval: Duration::from_secs(1800),
             cleanup_namespace: "platform-operator".into(),
-            cleanup_image: "busybox:1.37".into(),
+            cleanup_image: "ghcr.io/di-framework/platform-operator@sha256:00".into(),
             cleanup_backoff_limit: 3,
             cleanup_ttl: Duration::from_secs(86400),
             cleanup_deadline: Duration::from_secs(1800),
@@ -314,7 +346,7 @@ mod tests {
         );
         let settings = settings();
         assert_eq!(
-            value(cleanup_job(&settings, host_ns, "team-a/one", "u-1")),
+            value(cleanup_job(&settings, host_ns, "team-a/one", "u-1", None)),
             json!({
                 "apiVersion": "batch/v1",
                 "kind": "Job",
@@ -327,11 +359,21 @@ mod tests {
                     "ttlSecondsAfterFinished": 86400,
                     "template": {"spec": {
                         "restartPolicy": "Never",
+                        "automountServiceAccountToken": false,
                         "containers": [{
                             "name": "cleanup",
                             "image": settings.cleanup_image,
-                            "command": ["rm", "-rf", "--one-file-system", format!("/storage/{host_ns}")],
-                            "securityContext": {"privileged": true, "runAsUser": 0},
+                            "command": ["/usr/local/bin/controller", "cleanup", "--root", "/storage", "--dir", host_ns],
+                            "securityContext": {
+                                "privileged": false,
+                                "allowPrivilegeEscalation": false,
+                                "readOnlyRootFilesystem": true,
+                                "runAsUser": 0,
+                                "runAsNonRoot": false,
+                                "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "FOWNER"]},
+                                "seccompProfile": {"type": "RuntimeDefault"}
+                            },
+                            "terminationMessagePolicy": "FallbackToLogsOnError",
                             "volumeMounts": [{"name": "storage", "mountPath": "/storage"}]
                         }],
                         "volumes": [{"name": "storage", "hostPath": {"path": settings.storage_root_base, "type": "DirectoryOrCreate"}}]
@@ -396,10 +438,14 @@ mod tests {
             cleanup_ttl: Duration::from_secs(600),
             ..settings()
         };
-        let job = value(cleanup_job(&settings, "pi-x", "a/b", "u-2"));
+        let job = value(cleanup_job(&settings, "pi-x", "a/b", "u-2", Some("node-7")));
         assert_eq!(job["spec"]["backoffLimit"], 0);
         assert_eq!(job["spec"]["ttlSecondsAfterFinished"], 600);
         assert_eq!(job["spec"]["activeDeadlineSeconds"], 1800);
         assert_eq!(job["metadata"]["labels"][INSTANCE_UID_LABEL], "u-2");
+        assert_eq!(
+            job["spec"]["template"]["spec"]["nodeName"], "node-7",
+            "pinned to the node that holds the data"
+        );
     }
 }

@@ -76,6 +76,15 @@ impl Controller {
         cmd.env("PATH", path)
             .arg("--pulumi-binary")
             .arg(tools.bin("pulumi"));
+        // The cleanup Jobs run the operator image, which the stand-in kubelet (Jobs) runs as
+        // this workspace's controller binary.
+        if !extra.iter().any(|a| a.starts_with("--cleanup-image")) {
+            cmd.arg(format!(
+                "--cleanup-image={}@{}",
+                e2e::standin_kubelet::KNOWN_IMAGE,
+                e2e::chart::TEST_DIGEST
+            ));
+        }
         if !extra.contains(&"--passphrase-file") {
             cmd.arg("--passphrase-file").arg(&fixture.passphrase);
         }

@@ -77,7 +77,9 @@ async fn main() -> anyhow::Result<()> {
     eprintln!(
         "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK (first run builds them from Go modules)"
     );
-    let mut cp = ControlPlane::start(Options::new("local")).await?;
+    // The stand-in kubelet (Jobs) runs the cleanup Jobs' `controller cleanup` from bin_dir.
+    let mut cp =
+        ControlPlane::start(Options::new("local").operator_bin_dir(bin_dir.clone())).await?;
     if keep {
         cp.keep_files();
     }
@@ -141,6 +143,11 @@ async fn main() -> anyhow::Result<()> {
             ),
         )
         .args(["--npm-registry", registry.url()])
+        .arg(format!(
+            "--cleanup-image={}@{}",
+            e2e::standin_kubelet::KNOWN_IMAGE,
+            e2e::chart::TEST_DIGEST
+        ))
         .arg("--pulumi-binary")
         .arg(tools.bin("pulumi"))
         .arg("--passphrase-file")
@@ -281,6 +288,13 @@ async fn main() -> anyhow::Result<()> {
         "The stand-in platform package is served by the npm registry at {} (log {}).",
         registry.url(),
         registry.handle().log().display()
+    );
+    let storage = cp
+        .host_path(&cp.dir().join("storage").display().to_string())
+        .unwrap_or_default();
+    println!(
+        "Each instance's storage directory is on the (stand-in) node under {}: `kubectl delete pi` with deletionPolicy: Delete runs a cleanup Job whose `controller cleanup` the stand-in kubelet (Jobs) really runs, and the directory goes (ls it before and after; kubectl get jobs -n {operator_ns}).",
+        storage.display()
     );
     println!(
         "Logs are in {}/logs (controller.log among them); the instance's Pulumi project is under {}/state. Press Ctrl-C to stop.",

@@ -268,6 +268,7 @@ spec:
             {{- with .Values.cleanupNamespace }}
             - {{ printf "--cleanup-namespace=%v" . | quote }}
             {{- end }}
+            - {{ printf "--cleanup-image=%v" (.Values.cleanupImage | default (include "platform-operator.image" .)) | quote }}
             - {{ printf "--npm-registry=%v" .Values.npmRegistry | quote }}
             {{- if .Values.npmRegistrySecret.name }}
             - --npm-registry-file=/etc/platform-operator/npm-registry/url
@@ -288,6 +289,9 @@ spec:
               value: {{ $home }}
             - name: TMPDIR
               value: /tmp
+            {{- with .Values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           ports:
             - name: metrics
               containerPort: {{ include "platform-operator.opsPort" . }}
