@@ -80,6 +80,21 @@ const SHAPES: { re: RegExp; compile: (m: RegExpMatchArray) => CompiledRule }[] =
     },
   },
   {
+    // self.matches('<RE2 pattern>') && self.contains('<text>') && ..., used for the route pattern.
+    re: /^self\.matches\('((?:[^'\\]|\\.)*)'\)((?: && self\.contains\('(?:[^'\\]|\\.)*'\))+)$/,
+    compile: m => {
+      const re = new RegExp(celString(m[1]));
+      const parts = [...m[2].matchAll(/self\.contains\('((?:[^'\\]|\\.)*)'\)/g)].map(x =>
+        celString(x[1])
+      );
+      return {
+        transition: false,
+        check: self =>
+          typeof self === 'string' && re.test(self) && parts.every(p => self.includes(p)),
+      };
+    },
+  },
+  {
     // isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''
     re: /^isURL\(self\) && url\(self\)\.getScheme\(\) in \[((?:'[a-z]+'(?:, )?)+)\] && url\(self\)\.getHostname\(\) != ''$/,
     compile: m => {
