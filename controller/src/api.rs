@@ -2,8 +2,9 @@
 //! under the operator's field manager, merge patches under it, and delete where an object already
 //! gone is fine.
 
-use common::names::FIELD_MANAGER;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use common::names::{FIELD_MANAGER, INSTANCE_UID_LABEL};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -20,6 +21,51 @@ where
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What [`delete_if_not_foreign`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// Deleted, or already gone.
+    Gone,
+    /// Left alone: it carries another instance's UID mark.
+    Foreign,
+}
+
+/// Deletes `name` unless it is marked with an instance UID other than `uid`, checked at the
+/// moment of the delete and not only when the reconcile observed it: the object is read, and
+/// deleted with its own UID as a precondition, so an object created again in between (by
+/// someone else) is never the one deleted. An object already gone is not an error.
+pub async fn delete_if_not_foreign<K>(
+    api: &Api<K>,
+    name: &str,
+    uid: &str,
+) -> Result<Deleted, kube::Error>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(Deleted::Gone);
+    };
+    if object
+        .labels()
+        .get(INSTANCE_UID_LABEL)
+        .is_some_and(|marked| marked != uid)
+    {
+        return Ok(Deleted::Foreign);
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: object.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(Deleted::Gone),
+        Err(e) if not_found(&e) => Ok(Deleted::Gone),
         Err(e) => Err(e),
     }
 }

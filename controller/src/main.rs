@@ -548,6 +548,18 @@ async fn main() -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// Parses the controller's flags `flags` after the two it always needs.
+    fn parse_with(flags: &[&str]) -> Result<Args, clap::Error> {
+        let mut argv = vec![
+            "controller",
+            "--vcluster-chart-sha256",
+            "sha256:00",
+            "--cleanup-image=x@sha256:00",
+        ];
+        argv.extend_from_slice(flags);
+        Args::try_parse_from(argv)
+    }
+
     #[test]
     fn the_tunables_default_to_the_values_they_had_as_constants() {
         let args = Args::try_parse_from([
@@ -577,11 +589,7 @@ mod tests {
 
     #[test]
     fn registry_credentials_are_refused_in_argv() {
-        let parse = |flags: &[&str]| {
-            let mut argv = vec!["controller", "--vcluster-chart-sha256", "sha256:00"];
-            argv.extend_from_slice(flags);
-            Args::try_parse_from(argv).expect("flags")
-        };
+        let parse = |flags: &[&str]| parse_with(flags).expect("flags");
         let error = parse(&["--npm-registry=https://ci:s3cret@npm.example/"])
             .check()
             .expect_err("refused")
@@ -599,18 +607,18 @@ mod tests {
 
     #[test]
     fn leader_elect_given_bare_means_true() {
-        let parse = |flags: &[&str]| {
-            let mut argv = vec!["controller", "--vcluster-chart-sha256", "sha256:00"];
-            argv.extend_from_slice(flags);
-            Args::try_parse_from(argv).map(|a| a.leader_elect)
-        };
+        let parse = |flags: &[&str]| parse_with(flags).map(|a| a.leader_elect);
         assert!(parse(&["--leader-elect"]).expect("bare"));
         assert!(parse(&["--leader-elect", "--state-dir", "/s"]).expect("bare, then another flag"));
         assert!(parse(&["--leader-elect=true"]).expect("=true"));
         assert!(!parse(&["--leader-elect=false"]).expect("=false"));
         assert!(!parse(&["--leader-elect", "false"]).expect("false"));
         assert!(parse(&[]).expect("default"));
-        assert!(parse(&["--leader-elect=maybe"]).is_err());
+        assert!(
+            parse(&["--leader-elect=maybe"])
+                .is_err_and(|e| e.to_string().contains("--leader-elect")),
+            "a value that is no boolean is refused, naming the flag"
+        );
     }
 
     #[test]
@@ -642,17 +650,7 @@ mod tests {
 
     /// The check of leader flags `flags` fails naming `flag`.
     fn refused(flags: &[&str], flag: &str) {
-        let args = Args::try_parse_from(
-            [
-                "controller",
-                "--vcluster-chart-sha256",
-                "sha256:00",
-                "--cleanup-image=x@sha256:00",
-            ]
-            .iter()
-            .chain(flags),
-        )
-        .expect("flags");
+        let args = parse_with(flags).expect("flags");
         let error = args.check().expect_err("refused").to_string();
         assert!(error.contains(flag), "{error}");
     }
@@ -669,24 +667,13 @@ mod tests {
             "--leader-renew-deadline",
         );
         assert!(
-            Args::try_parse_from([
-                "controller",
-                "--vcluster-chart-sha256",
-                "sha256:00",
-                "--pod-security-standard=lenient",
-            ])
-            .is_err(),
+            parse_with(&["--pod-security-standard=lenient"])
+                .is_err_and(|e| e.to_string().contains("--pod-security-standard")),
             "only the three Pod Security levels are accepted"
         );
         assert!(
-            Args::try_parse_from([
-                "controller",
-                "--vcluster-chart-sha256",
-                "sha256:00",
-                "--cleanup-image=x@sha256:00",
-                "--cleanup-backoff-limit=-1",
-            ])
-            .is_err_and(|e| e.to_string().contains("--cleanup-backoff-limit")),
+            parse_with(&["--cleanup-backoff-limit=-1"])
+                .is_err_and(|e| e.to_string().contains("--cleanup-backoff-limit")),
             "a negative backoff limit is refused"
         );
     }

@@ -14,7 +14,9 @@
 //!   `Complete` or `Failed` condition from it, retries within `backoffLimit` and all.
 //!
 //! It is at least as strict as a kubelet with a real image: it runs only images it knows
-//! ([`KNOWN_IMAGE`], the operator image, whose `/usr/local/bin/controller` is the controller
+//! ([`KNOWN_IMAGE`] pinned by the harness's digest `crate::chart::TEST_DIGEST`, the operator
+//! image; a tag, another digest or the chart's all-zero placeholder is refused as a registry
+//! would, since nothing here serves them), whose `/usr/local/bin/controller` is the controller
 //! binary of this workspace, used when built after its sources, else built first) and only the
 //! binaries it knows in them; any other image, binary or an environment it cannot provide fails
 //! the container with `StartError` (exit code 128), never a success. Its one liberty: the process sees the host folder of each hostPath mount, so an
@@ -324,12 +326,13 @@ async fn run_pod(node: &Node, client: kube::Client, pod: &Pod) -> Result<String,
 
 /// The workspace binary standing for `program` of image `image`, or why it cannot run.
 fn resolve(node: &Node, image: &str, program: &str) -> Result<PathBuf, String> {
-    let known = image
-        .strip_prefix(KNOWN_IMAGE)
-        .is_some_and(|rest| rest.starts_with("@sha256:") || rest.starts_with(':'));
-    if !known {
+    // As strict as a real node, which can run only what a registry serves: the one image this
+    // workspace's binaries stand for, pinned by the harness's digest. A tag, another digest or
+    // the chart's all-zero placeholder is an image no registry here has (ErrImagePull).
+    let pinned = format!("{KNOWN_IMAGE}@{}", crate::chart::TEST_DIGEST);
+    if image != pinned {
         return Err(format!(
-            "the stand-in kubelet (Jobs) cannot run image {image:?}: it runs only {KNOWN_IMAGE} (the operator image), so a Job in any other image fails here rather than pass unrun"
+            "the stand-in kubelet (Jobs) cannot run image {image:?}: it runs only {pinned} (the operator image the harness stands for), so a Job in any other image fails here rather than pass unrun"
         ));
     }
     let bin = program
@@ -503,6 +506,8 @@ mod tests {
             ("docker.io/library/busybox:1.37", "/bin/rm"),
             (&format!("{KNOWN_IMAGE}-evil:1"), "controller"),
             (KNOWN_IMAGE, "controller"),
+            (&format!("{KNOWN_IMAGE}:1.0.0"), "controller"),
+            (&format!("{KNOWN_IMAGE}@sha256:{}", "0".repeat(64)), "controller"),
             (image.as_str(), "rm"),
             (image.as_str(), "/bin/controller"),
             (image.as_str(), "/usr/local/bin/../bin/controller"),

@@ -175,7 +175,9 @@ fn cleanup(o: &Observed, plan: &mut PlanBuilder) -> Option<(Requeue, Kstatus)> {
             ),
         )),
         Cleanup::TimedOut(e) => Some((
-            Requeue::Backoff,
+            // Waits for a person (who deletes the Job): looked at on the poll cadence, not
+            // every second.
+            Requeue::Poll,
             Kstatus::stalled(
                 Reason::CleanupTimedOut,
                 format!(
@@ -191,7 +193,9 @@ fn cleanup(o: &Observed, plan: &mut PlanBuilder) -> Option<(Requeue, Kstatus)> {
             ),
         )),
         Cleanup::Failed(e) => Some((
-            Requeue::Backoff,
+            // Waits for a person (who deletes the Job): looked at on the poll cadence, not
+            // every second.
+            Requeue::Poll,
             Kstatus::stalled(
                 Reason::CleanupFailed,
                 format!(

@@ -631,6 +631,7 @@ fn delete_cleans_storage_then_state_then_lets_go() {
         "a failed step never drops the finalizer"
     );
     assert_eq!(cond(&failed, c::STALLED), (true, "CleanupFailed"));
+    assert_eq!(failed.requeue, Requeue::Poll);
     let done = decide(&Observed {
         cleanup: Cleanup::Complete,
         ..gone
@@ -794,6 +795,11 @@ fn a_blocked_or_timed_out_cleanup_says_why_and_keeps_the_finalizer() {
         "a timed-out cleanup never drops the finalizer"
     );
     assert_eq!(cond(&late, c::STALLED), (true, "CleanupTimedOut"));
+    assert_eq!(
+        late.requeue,
+        Requeue::Poll,
+        "a stalled cleanup waits for a person on the poll cadence, not every second"
+    );
 }
 
 #[test]

@@ -25,7 +25,7 @@ use super::error::{ReconcileError, observing};
 use super::observe::Found;
 use super::{Context, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
-use crate::api::{apply, delete_ignoring_404, manager, not_found};
+use crate::api::{Deleted, apply, delete_if_not_foreign, delete_ignoring_404, manager, not_found};
 use crate::decide::Action;
 use crate::decide::model::{Plan, Release, TaskError};
 use crate::helm::{Helm, HelmError, RELEASE, release_from_secrets};
@@ -285,9 +285,16 @@ fn uninstall_vcluster(t: &Target<'_>) {
 }
 
 async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
-    delete_ignoring_404(&Api::<Namespace>::all(t.ctx.client.clone()), &t.host_ns)
+    let namespaces = Api::<Namespace>::all(t.ctx.client.clone());
+    let deleted = delete_if_not_foreign(&namespaces, &t.host_ns, &t.uid)
         .await
         .map_err(|source| ReconcileError::DeleteNamespace { source })?;
+    if deleted == Deleted::Foreign {
+        // Marked for another instance since it was observed: the next reconcile sees the
+        // conflict and leaves it alone.
+        tracing::warn!(namespace = %t.host_ns, instance = %key(t.pi), "not deleting a host namespace marked with another instance's UID");
+        return Ok(());
+    }
     wrote(t.ctx, "namespace");
     Ok(())
 }
@@ -386,9 +393,14 @@ fn remove_state(t: &Target<'_>) -> Result<(), ReconcileError> {
 
 async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
     let secrets = Api::<Secret>::namespaced(t.ctx.client.clone(), &t.ns);
-    delete_ignoring_404(&secrets, &kubeconfig_secret(&t.name))
+    let name = kubeconfig_secret(&t.name);
+    let deleted = delete_if_not_foreign(&secrets, &name, &t.uid)
         .await
-        .map_err(|source| ReconcileError::DeleteKubeconfig { source })
+        .map_err(|source| ReconcileError::DeleteKubeconfig { source })?;
+    if deleted == Deleted::Foreign {
+        tracing::warn!(secret = %name, instance = %key(t.pi), "not deleting a kubeconfig Secret marked with another instance's UID");
+    }
+    Ok(())
 }
 
 /// A future that checks, when a helm task runs, that the host namespace is still the instance's

@@ -156,7 +156,6 @@ pub async fn reconcile(
         }
         return Err(e);
     }
-    ctx.backoff.succeeded(&key);
     if plan.actions.contains(&Action::RemoveFinalizer) {
         // The instance goes: its last word (what was left alone) is an Event.
         report::farewell(&ctx, &pi, &plan).await;
@@ -165,6 +164,8 @@ pub async fn reconcile(
         let retry = if retry_requested { retry } else { None };
         report::report(&ctx, &pi, &plan, retry, &found.record).await?;
     }
+    // Reset only once the status is written too: a status write that keeps failing backs off.
+    ctx.backoff.succeeded(&key);
     report::refresh_phase_gauge(&ctx);
     ctx.metrics
         .reconciles

@@ -134,8 +134,9 @@ pub async fn farewell(ctx: &Context, pi: &PlatformInstance, plan: &Plan) {
     publish_events(ctx, pi, plan, &old).await;
 }
 
-/// Forgets an instance that is gone: its phase and its host namespace.
+/// Forgets an instance that is gone: its backoff, its phase and its host namespace.
 pub fn forget(ctx: &Context, key: &str) {
+    ctx.backoff.succeeded(key);
     if let Ok(mut phases) = ctx.phases.lock() {
         phases.remove(key);
     }
