@@ -507,7 +507,10 @@ mod tests {
             (&format!("{KNOWN_IMAGE}-evil:1"), "controller"),
             (KNOWN_IMAGE, "controller"),
             (&format!("{KNOWN_IMAGE}:1.0.0"), "controller"),
-            (&format!("{KNOWN_IMAGE}@sha256:{}", "0".repeat(64)), "controller"),
+            (
+                &format!("{KNOWN_IMAGE}@sha256:{}", "0".repeat(64)),
+                "controller",
+            ),
             (image.as_str(), "rm"),
             (image.as_str(), "/bin/controller"),
             (image.as_str(), "/usr/local/bin/../bin/controller"),
