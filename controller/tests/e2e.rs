@@ -568,6 +568,11 @@ async fn a_chart_digest_mismatch_stops_the_controller() {
             &format!("sha256:{}", "0".repeat(64)),
             "--metrics-bind-address",
             "127.0.0.1:0",
+            &format!(
+                "--cleanup-image={}@{}",
+                e2e::standin_kubelet::KNOWN_IMAGE,
+                e2e::chart::TEST_DIGEST
+            ),
         ])
         .output()
         .expect("runs");
