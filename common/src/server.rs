@@ -24,6 +24,10 @@
 //!   over a budget, or beyond the slots, gets HTTP 503 with `Retry-After: 1` at once, never a
 //!   queue; one refused before its body was read also gets `Connection: close` (HTTP/1.1), and
 //!   its body is never read. A body is never read past the size it declared (HTTP 413);
+//! - heavy work a client can ask for in bulk (every TLS handshake, and reading, parsing and
+//!   answering every large body) runs on the [`bulk`] runtime, whose threads run at the lowest
+//!   CPU priority: a connection moves there while it has such work under way and back when it is
+//!   done, so ordinary requests on established connections get the CPU first;
 //! - a panic in a handler becomes HTTP 500 for that request, never a dropped connection.
 //!
 //! On shutdown it stops accepting, asks every connection to close after its in-flight requests,
@@ -32,7 +36,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -137,6 +141,9 @@ pub trait Handshake: Clone + Send + Sync + 'static {
     /// The stream after the handshake.
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
 
+    /// Whether the handshake costs CPU (then it runs on the [`bulk`] runtime).
+    const HEAVY: bool;
+
     /// Completes the handshake within `timeout`, or gives `None` (the connection is dropped).
     fn handshake(
         &self,
@@ -152,6 +159,7 @@ pub struct Plain;
 
 impl Handshake for Plain {
     type Io = TcpStream;
+    const HEAVY: bool = false;
 
     async fn handshake(&self, tcp: TcpStream, _: SocketAddr, _: Duration) -> Option<TcpStream> {
         Some(tcp)
@@ -181,6 +189,7 @@ impl Tls {
 
 impl Handshake for Tls {
     type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    const HEAVY: bool = true;
 
     async fn handshake(
         &self,
@@ -295,13 +304,21 @@ async fn admit(State(gate): State<Arc<Gate>>, request: Request<Body>, next: Next
                     "too many large request bodies in flight (the large-body budget is spent); retry in a second",
                 );
             };
-            let (parts, body) = request.into_parts();
-            let body = match read_body(body, size, version).await {
-                Ok(body) => body,
-                Err(response) => return response,
-            };
-            let response = next.run(Request::from_parts(parts, Body::from(body))).await;
-            drop(bytes);
+            // Reading (its connection's TLS included), parsing and answering a large body is
+            // heavy work: it runs at low priority, on the bulk runtime.
+            let heavy = request
+                .extensions()
+                .get::<HeavyMark>()
+                .map(|mark| mark.0.begin());
+            let response = on_bulk(async move {
+                let (parts, body) = request.into_parts();
+                match read_body(body, size, version).await {
+                    Ok(body) => next.run(Request::from_parts(parts, Body::from(body))).await,
+                    Err(response) => response,
+                }
+            })
+            .await;
+            drop((heavy, bytes));
             response
         }
     }
@@ -372,6 +389,139 @@ fn panicked(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
         "internal error while answering this request; see the server's log",
     )
         .into_response()
+}
+
+/// The nice value of the bulk runtime's threads: the lowest priority there is.
+const BULK_NICE: i32 = 19;
+
+static BULK: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
+
+/// The runtime heavy work runs on: TLS handshakes, and reading, parsing and answering large
+/// bodies. Its threads (workers and blocking pool) run at the lowest CPU priority (nice 19), so
+/// under load the workers answering ordinary requests always get the CPU first. `None` when it
+/// could not be built (the heavy work then stays where it is, at normal priority).
+pub fn bulk() -> Option<tokio::runtime::Handle> {
+    BULK.get_or_init(|| {
+        match tokio::runtime::Builder::new_multi_thread()
+            .thread_name("bulk")
+            .on_thread_start(lower_priority)
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => Some(runtime),
+            Err(e) => {
+                tracing::warn!(error = %e, "building the low-priority runtime failed; heavy work runs at normal priority");
+                None
+            }
+        }
+    })
+    .as_ref()
+    .map(|runtime| runtime.handle().clone())
+}
+
+/// Sets the calling thread's nice value to [`BULK_NICE`] (on Linux the nice value is per
+/// thread; raising it needs no privilege).
+fn lower_priority() {
+    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), BULK_NICE)
+    {
+        tracing::debug!(error = %e, "lowering a bulk thread's priority failed");
+    }
+}
+
+/// Runs `work` on the [`bulk`] runtime and waits for it; a panic in it is resumed here (so the
+/// panic layer answers 500).
+async fn on_bulk<T: Send + 'static>(work: impl Future<Output = T> + Send + 'static) -> T {
+    let Some(bulk) = bulk() else {
+        return work.await;
+    };
+    match bulk.spawn(work).await {
+        Ok(done) => done,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // Only a runtime shutting down cancels its tasks, and the bulk runtime never does.
+            Err(_) => std::future::pending().await,
+        },
+    }
+}
+
+/// How much heavy work one connection has under way (its TLS handshake, large bodies): while
+/// any, the connection is served on the [`bulk`] runtime.
+#[derive(Default)]
+struct Heavy {
+    count: AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+/// Marks heavy work under way on a connection until dropped.
+struct HeavyWork(Arc<Heavy>);
+
+impl Drop for HeavyWork {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+impl Heavy {
+    fn begin(self: &Arc<Self>) -> HeavyWork {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        HeavyWork(self.clone())
+    }
+
+    /// Completes once the connection has heavy work under way (`heavy`), or none (`!heavy`).
+    async fn until(&self, heavy: bool) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if (self.count.load(Ordering::SeqCst) > 0) == heavy {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// The request extension through which [`admit`] marks a large body as heavy work of its
+/// connection.
+#[derive(Clone)]
+struct HeavyMark(Arc<Heavy>);
+
+/// A connection's whole life as one future.
+type Life = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Polls `life` on the current runtime while its connection has no heavy work under way, and
+/// on the [`bulk`] runtime while it has, moving it between them as that changes.
+async fn shuttle(mut life: Life, heavy: Arc<Heavy>) {
+    let Some(bulk) = bulk() else {
+        return life.await;
+    };
+    loop {
+        tokio::select! {
+            biased;
+            () = heavy.until(true) => {}
+            () = life.as_mut() => return,
+        }
+        let moved = bulk.spawn({
+            let heavy = heavy.clone();
+            async move {
+                tokio::select! {
+                    biased;
+                    () = heavy.until(false) => Some(life),
+                    () = life.as_mut() => None,
+                }
+            }
+        });
+        match moved.await {
+            Ok(Some(back)) => life = back,
+            Ok(None) => return,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(_) => return,
+            },
+        }
+    }
 }
 
 /// The hyper connection builder: both protocols, with the timeouts and limits of `limits`.
@@ -479,7 +629,10 @@ pub async fn serve<H: Handshake>(
                     stop: stop_rx.clone(),
                 };
                 tokio::spawn(async move {
-                    connection.run(tcp, peer).await;
+                    let heavy = Arc::new(Heavy::default());
+                    let handshaking = H::HEAVY.then(|| heavy.begin());
+                    let life = Box::pin(connection.run(tcp, peer, heavy.clone(), handshaking));
+                    shuttle(life, heavy).await;
                     drop(permit);
                 });
             }
@@ -510,7 +663,15 @@ struct Connection<H> {
 impl<H: Handshake> Connection<H> {
     /// Handshakes, then serves requests until the client leaves, the connection idles out, or
     /// shutdown asks it to close after its in-flight requests.
-    async fn run(mut self, tcp: TcpStream, peer: SocketAddr) {
+    /// It runs on the [`bulk`] runtime while `heavy` counts work under way: `handshaking`, then
+    /// any large body.
+    async fn run(
+        mut self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        heavy: Arc<Heavy>,
+        handshaking: Option<HeavyWork>,
+    ) {
         // The header-read timeout covers waiting for a handshake turn and the handshake itself.
         let deadline = Instant::now() + self.limits.header_read_timeout;
         let Ok(Ok(turn)) =
@@ -521,7 +682,7 @@ impl<H: Handshake> Connection<H> {
         };
         let left = deadline.saturating_duration_since(Instant::now());
         let shaken = self.handshake.handshake(tcp, peer, left).await;
-        drop(turn);
+        drop((turn, handshaking));
         let Some(io) = shaken else {
             return;
         };
@@ -529,7 +690,8 @@ impl<H: Handshake> Connection<H> {
         let service = {
             let activity = activity.clone();
             let router = self.router.clone();
-            tower::service_fn(move |request: Request<Incoming>| {
+            tower::service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(HeavyMark(heavy.clone()));
                 let in_flight = activity.begin();
                 let answer = router.clone().oneshot(request);
                 async move {
@@ -741,15 +903,26 @@ mod tests {
     ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let router = app(Arc::new(tokio::sync::Notify::new())).route(
-            "/echo",
-            axum::routing::post(|body: Bytes| async move { body.len().to_string() }),
-        );
+        let router = app(Arc::new(tokio::sync::Notify::new()))
+            .route(
+                "/echo",
+                axum::routing::post(|body: Bytes| async move { body.len().to_string() }),
+            )
+            .route("/nice", axum::routing::post(|_: Bytes| async { nice() }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, handshake, router, limits, async {
             let _ = stopped.await;
         }));
         (addr, stop, server)
+    }
+
+    /// Stops a server from [`start`] and waits for it to drain.
+    async fn finish(stop: tokio::sync::oneshot::Sender<()>, server: tokio::task::JoinHandle<()>) {
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("drains")
+            .expect("join");
     }
 
     /// Opens a connection and sends `bytes`, and no more.
@@ -852,11 +1025,7 @@ mod tests {
         let got = answer(&mut again).await;
         assert!(got.ends_with("\r\n307200"), "{got}");
         drop((large, slow));
-        let _ = stop.send(());
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("drains")
-            .expect("join");
+        finish(stop, server).await;
     }
 
     #[tokio::test]
@@ -878,11 +1047,7 @@ mod tests {
         assert!(got.starts_with("http/1.1 413"), "{got}");
         assert!(got.contains("connection: close"), "{got}");
         let _ = until_closed(&mut huge).await;
-        let _ = stop.send(());
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("drains")
-            .expect("join");
+        finish(stop, server).await;
     }
 
     /// A handshake that takes 100 ms and records how many ran at once.
@@ -894,6 +1059,7 @@ mod tests {
 
     impl Handshake for Turnstile {
         type Io = TcpStream;
+        const HEAVY: bool = false;
 
         async fn handshake(&self, tcp: TcpStream, _: SocketAddr, _: Duration) -> Option<TcpStream> {
             let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
@@ -925,10 +1091,52 @@ mod tests {
         assert!(until_closed(&mut last).await.is_empty());
         assert_eq!(turnstile.most.load(Ordering::SeqCst), 1, "one at a time");
         drop(others);
-        let _ = stop.send(());
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("drains")
-            .expect("join");
+        finish(stop, server).await;
+    }
+
+    /// The calling thread's nice value.
+    fn nice() -> String {
+        rustix::process::getpriority_process(Some(rustix::thread::gettid()))
+            .expect("getpriority")
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn large_bodies_are_read_and_answered_at_the_lowest_priority_and_small_ones_are_not() {
+        let (addr, stop, server) = start(roomy(), Plain).await;
+        let post = |len: usize| {
+            [
+                format!("POST /nice HTTP/1.1\r\nhost: x\r\ncontent-length: {len}\r\n\r\n")
+                    .into_bytes(),
+                vec![b' '; len],
+            ]
+            .concat()
+        };
+        let here = nice();
+        // A small body and a large one on one keep-alive connection, then a small one again:
+        // the connection moves to the bulk runtime for the large one, and back.
+        let mut tcp = open(addr, &post(10)).await;
+        let small = answer(&mut tcp).await;
+        assert!(small.ends_with(&format!("\r\n{here}")), "{small}");
+        tcp.write_all(&post(300 * 1024)).await.expect("write");
+        let large = answer(&mut tcp).await;
+        assert!(large.ends_with("\r\n19"), "{large}");
+        // Back once the large body is done (a request that arrives while the connection is
+        // still finishing the large one's answer on the bulk runtime may be served there).
+        let mut back = false;
+        for _ in 0..50 {
+            tcp.write_all(&post(10)).await.expect("write");
+            if answer(&mut tcp).await.ends_with(&format!("\r\n{here}")) {
+                back = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            back,
+            "the connection came back to the normal-priority runtime"
+        );
+        drop(tcp);
+        finish(stop, server).await;
     }
 }

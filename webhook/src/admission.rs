@@ -164,7 +164,9 @@ fn parse(body: &[u8]) -> Result<AdmissionRequest<PlatformInstance>, Box<Admissio
 }
 
 /// [`parse`], on a blocking thread for a large body, so that parsing megabytes never holds up
-/// the runtime's workers while ordinary reviews wait. Frees the body before answering.
+/// the runtime's workers while ordinary reviews wait (a large body is answered on
+/// [`common::server::bulk`], whose blocking threads run at the lowest CPU priority). Frees the
+/// body before answering.
 async fn read(body: Bytes) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
     if body.len() as u64 <= common::server::SMALL_BODY {
         return parse(&body);
