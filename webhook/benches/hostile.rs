@@ -1,7 +1,8 @@
 //! Hostile-load benchmark (prints figures; asserts nothing about speed), on loopback only.
 //!
 //! One webhook process with its shipped defaults, against the shared local control plane. A
-//! steady stream of ordinary reviews (one h2 connection, paced, as the API server sends them) runs
+//! steady stream of ordinary reviews (one h2 connection, paced, as the API server sends them, from
+//! a thread and runtime apart from the attackers' so it measures the webhook, not this process) runs
 //! first alone (the quiet baseline), then during an attack of, at the same time:
 //!
 //! - slowloris clients: TLS connections that send request headers one byte a second, and others
@@ -89,6 +90,20 @@ struct Stream {
     latencies: Vec<Duration>,
     errors: u64,
     first_error: Option<String>,
+}
+
+/// [`normal_stream`] on a thread and runtime of its own, so that its figures are the webhook's
+/// and not the queue of the attackers' runtime in this same process (which runs thousands of
+/// attacking tasks): the API server's client is not the attacker's either.
+fn normal_stream_apart(target: &Target, duration: Duration) -> std::thread::JoinHandle<Stream> {
+    let target = target.clone();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(normal_stream(&target, duration))
+    })
 }
 
 /// Sends ordinary reviews every [`NORMAL_INTERVAL`] for `duration` over one h2 connection
@@ -350,15 +365,22 @@ async fn main() {
     let pid = webhook.pid();
     let (idle_rss, _) = rss_mib(pid);
 
-    let mut quiet = normal_stream(&target, Duration::from_secs(seconds)).await;
-    let counters = Arc::new(Counters::default());
-    let end = Instant::now() + Duration::from_secs(seconds);
-    let attacked = {
+    let phase = Duration::from_secs(seconds);
+    let mut quiet = tokio::task::spawn_blocking({
         let target = target.clone();
-        tokio::spawn(async move { normal_stream(&target, Duration::from_secs(seconds)).await })
-    };
+        move || normal_stream_apart(&target, phase).join()
+    })
+    .await
+    .expect("join")
+    .expect("normal stream");
+    let counters = Arc::new(Counters::default());
+    let end = Instant::now() + phase;
+    let attacked = normal_stream_apart(&target, phase);
     let attack_peak = attack(&target, pid, &counters, end).await;
-    let mut attacked = attacked.await.expect("normal stream");
+    let mut attacked = tokio::task::spawn_blocking(move || attacked.join())
+        .await
+        .expect("join")
+        .expect("normal stream");
     let (after_rss, hwm) = rss_mib(pid);
     let alive = target.connect(b"h2").await.is_ok();
 

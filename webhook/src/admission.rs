@@ -5,55 +5,29 @@
 //! denial. The body limit admits an UPDATE review of the largest object the API server accepts:
 //! the API server takes request bodies up to 3 MiB, and an UPDATE review carries the object and
 //! the old object, so 2 × 3 MiB plus 1 MiB for the review's own fields and JSON escaping. A body
-//! is parsed once; bodies over 256 KiB share a budget (`--large-body-budget-mib`) and get HTTP 503
-//! when it is spent.
+//! is parsed once. How many bodies are read and answered at once (small ones, such as every
+//! ordinary review, and large ones, over 256 KiB, each with a budget of their own) is decided
+//! before the body is read, by [`common::server`], which serves this router.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::body::{Bytes, HttpBody};
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::post;
 use common::crd::PlatformInstance;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicObject, TypeMeta};
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::Semaphore;
 
 use crate::index::NodePortIndex;
 use crate::metrics::Metrics;
 use crate::rules::{self, Settings};
 
-/// The largest request body accepted, in bytes.
-pub const BODY_LIMIT: usize = 7 * 1024 * 1024;
-/// Bodies up to this size (every ordinary review) never wait on the large-body budget.
-pub const SMALL_BODY: u64 = 256 * 1024;
-/// The default of `--large-body-budget-mib`.
-pub const DEFAULT_LARGE_BODY_BUDGET_MIB: u32 = 24;
-
-/// The bytes of large request bodies (over [`SMALL_BODY`]) being read and parsed at once, counted
-/// in KiB: a review that would go over it is answered HTTP 503 at once instead of being buffered,
-/// so a burst of 7 MiB bodies cannot exhaust the pod's memory.
-#[derive(Clone, Debug)]
-pub struct BodyBudget(Arc<Semaphore>);
-
-impl BodyBudget {
-    /// A budget of `mib` MiB.
-    pub fn new(mib: u32) -> Self {
-        Self(Arc::new(Semaphore::new(mib as usize * 1024)))
-    }
-}
-
-impl Default for BodyBudget {
-    fn default() -> Self {
-        Self::new(DEFAULT_LARGE_BODY_BUDGET_MIB)
-    }
-}
+/// The largest request body accepted, in bytes ([`common::server::MAX_BODY`]).
+pub const BODY_LIMIT: usize = common::server::MAX_BODY as usize;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -66,43 +40,16 @@ pub struct Admission {
     pub client: kube::Client,
     /// Metrics.
     pub metrics: Metrics,
-    /// The large-body budget.
-    pub bodies: BodyBudget,
 }
 
-/// The admission router.
+/// The admission router (served with [`common::server::layers`], which bounds the bodies it
+/// reads).
 pub fn router(state: Arc<Admission>) -> Router {
-    let bodies = state.bodies.clone();
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(middleware::from_fn_with_state(bodies, reserve))
         .with_state(state)
-}
-
-/// Reserves a large body's declared size (or the body limit, when it declares none) from the
-/// budget while it is read and answered; answers 503 at once when the budget is spent.
-async fn reserve(State(budget): State<BodyBudget>, request: Request, next: Next) -> Response {
-    let declared = request.body().size_hint().exact();
-    let size = declared.unwrap_or(BODY_LIMIT as u64).min(BODY_LIMIT as u64);
-    if size <= SMALL_BODY {
-        return next.run(request).await;
-    }
-    let kib = u32::try_from(size.div_ceil(1024)).unwrap_or(u32::MAX);
-    match budget.0.try_acquire_many_owned(kib) {
-        Ok(permit) => {
-            let response = next.run(request).await;
-            drop(permit);
-            response
-        }
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            "too many large reviews in flight; retry in a second",
-        )
-            .into_response(),
-    }
 }
 
 type Reply = Json<AdmissionReview<DynamicObject>>;
@@ -217,9 +164,11 @@ fn parse(body: &[u8]) -> Result<AdmissionRequest<PlatformInstance>, Box<Admissio
 }
 
 /// [`parse`], on a blocking thread for a large body, so that parsing megabytes never holds up
-/// the runtime's workers while ordinary reviews wait. Frees the body before answering.
+/// the runtime's workers while ordinary reviews wait (a large body is answered on
+/// [`common::server::bulk`], whose blocking threads run at the lowest CPU priority). Frees the
+/// body before answering.
 async fn read(body: Bytes) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
-    if body.len() as u64 <= SMALL_BODY {
+    if body.len() as u64 <= common::server::SMALL_BODY {
         return parse(&body);
     }
     match tokio::task::spawn_blocking(move || parse(&body)).await {

@@ -10,7 +10,7 @@ use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
 use common::secure_metrics::{self, Secure};
 use common::server::Limits;
 use common::telemetry::LogArgs;
-use webhook::admission::{Admission, BodyBudget, router};
+use webhook::admission::{Admission, router};
 use webhook::cabundle::Configurations;
 use webhook::certs::{Resolver, Subject};
 use webhook::index::{Kind, NodePortIndex};
@@ -32,11 +32,6 @@ struct Args {
     log: LogArgs,
     #[command(flatten)]
     limits: Limits,
-
-    /// MiB of large review bodies (over 256 KiB) read and answered at once; a review that would go
-    /// over it gets HTTP 503 with Retry-After: 1.
-    #[arg(long, default_value_t = webhook::admission::DEFAULT_LARGE_BODY_BUDGET_MIB, value_parser = clap::value_parser!(u32).range(8..))]
-    large_body_budget_mib: u32,
 
     /// Address of the TLS admission port (POST /mutate, POST /validate).
     #[arg(long, env = "ADMISSION_BIND_ADDRESS", default_value = "0.0.0.0:9443")]
@@ -211,7 +206,6 @@ async fn main() -> anyhow::Result<()> {
         index: start_index(&client, &metrics, &readiness),
         client,
         metrics: metrics.clone(),
-        bodies: BodyBudget::new(args.large_body_budget_mib),
     });
     let tls_config = Arc::new(webhook::tls::server_config(resolver)?);
     let listener = tokio::net::TcpListener::bind(args.admission_bind_address)

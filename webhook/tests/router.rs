@@ -329,6 +329,11 @@ async fn large_bodies_share_a_budget_and_small_ones_never_wait_on_it() {
     let refused = h.app.clone().oneshot(second).await.expect("answer");
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(
+        refused.headers()["connection"],
+        "close",
+        "its body is never read"
+    );
     // An ordinary review is answered as usual.
     let small = review(
         "u-small",
@@ -354,4 +359,96 @@ async fn large_bodies_share_a_budget_and_small_ones_never_wait_on_it() {
         body["response"]["allowed"], false,
         "blank is not a review: {body}"
     );
+}
+
+/// A request body that declares `declared` bytes up front (as a `Content-Length` does) and then
+/// sends whatever arrives on its channel, however much that is.
+struct Declared {
+    declared: u64,
+    chunks: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+}
+
+impl http_body::Body for Declared {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.chunks
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(http_body::Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.declared)
+    }
+}
+
+/// A POST to `/validate` declaring `declared` bytes, and where to send them.
+fn declared(declared: u64) -> (Request<Body>, tokio::sync::mpsc::UnboundedSender<Bytes>) {
+    let (tx, chunks) = tokio::sync::mpsc::unbounded_channel();
+    let request = Request::post("/validate")
+        .body(Body::new(Declared { declared, chunks }))
+        .expect("request");
+    (request, tx)
+}
+
+#[tokio::test]
+async fn an_ordinary_review_is_answered_while_large_and_slow_bodies_hold_everything_they_can() {
+    let limits = common::server::Limits {
+        max_requests_in_flight: 1,
+        large_body_budget_mib: 8,
+        ..common::server::Limits::default()
+    };
+    let h = harness_limited(offline_client(), &limits);
+    // The whole large-body budget: a body of unknown length (7 MiB) and one declaring 1 MiB,
+    // both still arriving.
+    let (unknown_tx, unknown_rx) =
+        futures::channel::mpsc::unbounded::<Result<Bytes, std::io::Error>>();
+    let unknown = Request::post("/validate")
+        .body(Body::from_stream(unknown_rx))
+        .expect("request");
+    let (mib, mib_tx) = declared(1024 * 1024);
+    mib_tx.send(Bytes::from_static(b"{")).expect("send");
+    // Two ordinary-sized reviews whose bodies arrive slowly: more than the one slot.
+    let (slow_a, slow_a_tx) = declared(100 * 1024);
+    let (slow_b, slow_b_tx) = declared(100 * 1024);
+    slow_a_tx.send(Bytes::from_static(b"{")).expect("send");
+    let held: Vec<_> = [unknown, mib, slow_a, slow_b]
+        .into_iter()
+        .map(|request| tokio::spawn(h.app.clone().oneshot(request)))
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        held.iter().all(|task| !task.is_finished()),
+        "all still held"
+    );
+    // Another large body is refused at once, unread.
+    let (status, _) = send(&h, "/validate", vec![b' '; 300 * 1024]).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    // An ordinary review is answered: large bodies and slow small ones hold no slot.
+    let small = review(
+        "u-ordinary",
+        "CREATE",
+        instance("a", "x", json!({"version": "6.0.22"})),
+        None,
+        admin(),
+    );
+    let response = answer(&h, "/validate", &small).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(response["uid"], "u-ordinary");
+    // A body that sends more than it declared is cut off at what it declared: HTTP 413.
+    let (liar, liar_tx) = declared(10);
+    liar_tx
+        .send(Bytes::from(serde_json::to_vec(&small).expect("json")))
+        .expect("send");
+    drop(liar_tx);
+    let refused = h.app.clone().oneshot(liar).await.expect("answer");
+    assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    drop((unknown_tx, mib_tx, slow_a_tx, slow_b_tx));
+    for task in held {
+        let _ = task.await.expect("join");
+    }
 }

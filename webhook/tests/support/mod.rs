@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use webhook::admission::{Admission, BodyBudget, router};
+use webhook::admission::{Admission, router};
 use webhook::index::NodePortIndex;
 use webhook::metrics::Metrics;
 use webhook::rules::Settings;
@@ -29,8 +29,18 @@ fn settings() -> Settings {
     }
 }
 
-/// The router with `client` and a large-body budget of `budget_mib`.
+/// The router with `client`, served as the webhook serves it (with the layers of
+/// `common::server`, at their defaults but a large-body budget of `budget_mib`).
 pub fn harness_with(client: kube::Client, budget_mib: u32) -> Harness {
+    let limits = common::server::Limits {
+        large_body_budget_mib: budget_mib,
+        ..common::server::Limits::default()
+    };
+    harness_limited(client, &limits)
+}
+
+/// The router with `client`, served with the layers of `common::server` and `limits`.
+pub fn harness_limited(client: kube::Client, limits: &common::server::Limits) -> Harness {
     let registry = prometheus::Registry::new();
     let metrics = Metrics::register(&registry).expect("metrics");
     let index = Arc::new(NodePortIndex::default());
@@ -39,10 +49,9 @@ pub fn harness_with(client: kube::Client, budget_mib: u32) -> Harness {
         index: index.clone(),
         client,
         metrics: metrics.clone(),
-        bodies: BodyBudget::new(budget_mib),
     });
     Harness {
-        app: router(state),
+        app: common::server::layers(router(state), limits),
         metrics,
         index,
     }
