@@ -181,6 +181,12 @@ struct Args {
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(64..))]
     program_heap_limit: u32,
 
+    /// The node heap limit, in MiB, of each npm install of the platform package (npm's
+    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
+    /// that a runaway npm fails alone (`PackageInstallOutOfMemory`) instead of the whole container.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(64..))]
+    npm_heap_limit: u32,
+
     /// How many update records Pulumi's history and backups keep per stack; older ones are
     /// removed after each update.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
@@ -366,6 +372,7 @@ impl Args {
                 timeout: self.install_timeout,
                 tool_seconds: metrics.tool_seconds.clone(),
                 heap_limit_mib: self.program_heap_limit,
+                npm_heap_limit_mib: self.npm_heap_limit,
                 history_keep: self.pulumi_history_keep.into(),
                 state_full_percent: self.state_volume_full_percent,
             },

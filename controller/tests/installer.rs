@@ -118,7 +118,8 @@ fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
     fx.dir.join("state").join(ns).join(name)
 }
 
-/// Processes whose command line mentions `dir` (tools an install left running).
+/// Processes whose command line mentions `dir` or whose working directory is inside it (tools an
+/// install left running, the program's node among them).
 fn processes_under(dir: &Path) -> Vec<String> {
     let needle = dir.display().to_string();
     let mut found = Vec::new();
@@ -127,8 +128,12 @@ fn processes_under(dir: &Path) -> Vec<String> {
             continue;
         };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let inside =
+            std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir));
         // The controller itself names the folder in its flags; anything else is a tool.
-        if cmdline.contains(&needle) && !cmdline.starts_with(env!("CARGO_BIN_EXE_controller")) {
+        if (cmdline.contains(&needle) || inside)
+            && !cmdline.starts_with(env!("CARGO_BIN_EXE_controller"))
+        {
             found.push(cmdline);
         }
     }
@@ -149,6 +154,28 @@ async fn wait_phase(
         check(&pi).then_some(pi)
     })
     .await
+}
+
+/// Waits until instance `(namespace, name)` reports `Installed=False` with `reason`; returns it
+/// and that condition's message.
+async fn wait_installed_false(
+    cluster: &Shared,
+    controller: &Controller,
+    (ns, name): (&str, &str),
+    reason: &str,
+    limit: Duration,
+) -> (Value, String) {
+    let what = format!("{name} to report Installed=False {reason}");
+    let pi = wait_phase(cluster, controller, ns, name, &what, limit, |pi| {
+        condition(pi, "Installed") == Some(("False".into(), reason.into()))
+    })
+    .await;
+    let message = pi["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Installed"))
+        .map(|c| c["message"].to_string())
+        .unwrap_or_default();
+    (pi, message)
 }
 
 fn is_ready(pi: &Value, version: &str) -> bool {
@@ -860,21 +887,14 @@ async fn a_full_state_volume_stops_installs_before_they_start_and_is_measured() 
     );
     let team = team_with_secret(&cluster, "s");
     apply(&cluster, &instance(&team, "full", "6.0.22", "Retain", ""));
-    let pi = wait_phase(
+    let (_, message) = wait_installed_false(
         &cluster,
         &controller,
-        &team,
-        "full",
-        "full to report StateVolumeFull",
+        (&team, "full"),
+        "StateVolumeFull",
         Duration::from_secs(180),
-        |pi| condition(pi, "Installed") == Some(("False".into(), "StateVolumeFull".into())),
     )
     .await;
-    let message = pi["status"]["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Installed"))
-        .map(|c| c["message"].to_string())
-        .unwrap_or_default();
     assert!(
         message.contains("--state-volume-full-percent (1%)"),
         "{message}"
@@ -895,5 +915,88 @@ async fn a_full_state_volume_stops_installs_before_they_start_and_is_measured() 
             .metric("platform_operator_controller_state_volume_used_bytes")
             .await
             > 0.0
+    );
+}
+
+/// Issue 16: a runaway program (the stand-in's 6.0.26, whose `deploy()` allocates without bound)
+/// stops at `--program-heap-limit` alone: its install reports `ProgramOutOfMemory`, none of its
+/// processes is left, and the controller carries on and installs a good version.
+#[tokio::test]
+async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on() {
+    // A control plane of its own: a controller reconciles every instance of its cluster, and the
+    // other tests' controllers (another heap limit, a "full" state volume) must not take this
+    // one's instance.
+    let cp = e2e::ControlPlane::start(e2e::Options::new("installer-oom"))
+        .await
+        .expect("control plane");
+    let cluster = cp.handle();
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "installer-oom").await;
+    let mut controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--install-platform=true",
+            "--program-heap-limit=128",
+        ],
+    );
+    let team = team_with_secret(&cluster, CLIENT_SECRET);
+    apply(
+        &cluster,
+        &instance(&team, "runaway", "6.0.26", "Retain", ""),
+    );
+    let (pi, message) = wait_installed_false(
+        &cluster,
+        &controller,
+        (&team, "runaway"),
+        "ProgramOutOfMemory",
+        Duration::from_secs(420),
+    )
+    .await;
+    assert!(
+        message.contains("heap limit of 128 MiB (--program-heap-limit) and was stopped"),
+        "{message}"
+    );
+    assert!(
+        message.contains("the controller and other instances are unaffected"),
+        "{message}"
+    );
+    assert_eq!(pi["status"]["lastInstall"]["version"], "6.0.26");
+    assert_eq!(pi["status"]["lastInstall"]["result"], "Failed");
+    // It really ran away: the program started allocating before node stopped it.
+    let dir = instance_dir(&fx, &team, "runaway");
+    let events = std::fs::read_to_string(dir.join("up-events.jsonl")).expect("event log");
+    assert!(
+        events.contains("stand-in runaway: deploy() allocates memory without bound"),
+        "the runaway program did not run"
+    );
+    // It failed alone: the controller runs on, and nothing of the run is left.
+    controller.assert_running();
+    assert!(
+        processes_under(&dir).is_empty(),
+        "{:?}",
+        processes_under(&dir)
+    );
+    // And it still reconciles: the same instance moved to a good version installs.
+    set_version(&cluster, &team, "runaway", "6.0.22");
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "runaway",
+        "runaway to be Ready at 6.0.22",
+        Duration::from_secs(420),
+        |pi| is_ready(pi, "6.0.22"),
+    )
+    .await;
+    assert_eq!(pi["status"]["lastInstall"]["result"], "Succeeded");
+    let cm = settings_configmap(&fx, &cluster).expect("settings ConfigMap");
+    assert_eq!(cm["data"]["packageVersion"], "6.0.22");
+    controller.assert_running();
+    assert!(
+        processes_under(&dir).is_empty(),
+        "{:?}",
+        processes_under(&dir)
     );
 }

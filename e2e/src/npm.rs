@@ -33,27 +33,32 @@ pub enum Behaviour {
     /// Deploys nothing: tries to reach the cluster the operator runs in (in-cluster variables,
     /// `KUBECONFIG`, `~/.kube/config`) and registers a `kubernetes` resource with no provider.
     Host,
+    /// Deploys nothing: `deploy()` allocates memory without bound until node's heap limit stops
+    /// it.
+    Runaway,
 }
 
 impl Behaviour {
-    /// The word stamped into the package (`good`, `fail`, `hang`).
+    /// The word stamped into the package (`good`, `fail`, `hang`, `host`, `runaway`).
     pub fn as_str(self) -> &'static str {
         match self {
             Behaviour::Good => "good",
             Behaviour::Fail => "fail",
             Behaviour::Hang => "hang",
             Behaviour::Host => "host",
+            Behaviour::Runaway => "runaway",
         }
     }
 }
 
 /// The stand-in versions [`RegistryHandle::publish_standins`] publishes, with their behaviour.
-pub const STANDIN_VERSIONS: [(&str, Behaviour); 5] = [
+pub const STANDIN_VERSIONS: [(&str, Behaviour); 6] = [
     ("6.0.21", Behaviour::Good),
     ("6.0.22", Behaviour::Good),
     ("6.0.23", Behaviour::Fail),
     ("6.0.24", Behaviour::Hang),
     ("6.0.25", Behaviour::Host),
+    ("6.0.26", Behaviour::Runaway),
 ];
 
 /// A version of the stand-in that is never published (the "unknown version" case).

@@ -9,6 +9,7 @@ const { connection, tenantKubeconfig } = require("./lib/kubeconfig");
 const { DEFAULT_HTTP_ENDPOINT, routeUrlPattern } = require("./lib/endpoints");
 const { checkSettings } = require("./lib/contract");
 const { probeHost } = require("./lib/host");
+const { allocateWithoutBound } = require("./lib/runaway");
 
 /** The namespace that holds the platform's own objects. */
 const PLATFORM_NAMESPACE = "di-platform";
@@ -37,7 +38,7 @@ const LABELS = {
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 
-if (!["good", "fail", "hang", "host"].includes(stamp.behaviour)) {
+if (!["good", "fail", "hang", "host", "runaway"].includes(stamp.behaviour)) {
   throw new Error(`stand-in: unknown behaviour ${JSON.stringify(stamp.behaviour)} in stamp.json`);
 }
 
@@ -117,6 +118,7 @@ function deploy(args) {
   // Only the settings of the contract, each of its type: anything else fails here.
   checkSettings(args);
   if (stamp.behaviour === "host") return probeHost();
+  if (stamp.behaviour === "runaway") allocateWithoutBound();
   const { kubeconfig, ...rest } = args;
   const tenants = rest.tenants || [];
   const users = rest.users || [];

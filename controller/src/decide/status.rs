@@ -446,6 +446,7 @@ mod tests {
                 Failure::OutputsFailed,
                 Failure::PreviewFailed,
                 Failure::ProgramOutOfMemory,
+                Failure::PackageInstallOutOfMemory,
                 Failure::StateVolumeFull,
             ]
             .map(Failed),
@@ -455,7 +456,7 @@ mod tests {
 
     /// The rule Events followed when severity was read from reason strings.
     fn string_rule(type_: &str, status: bool, reason: &str) -> Severity {
-        const WARNINGS: [&str; 15] = [
+        const WARNINGS: [&str; 16] = [
             "LeftAlone",
             "KubeconfigRefused",
             "DowngradeRefused",
@@ -464,6 +465,7 @@ mod tests {
             "HelmTimedOut",
             "DriftDetected",
             "ProgramOutOfMemory",
+            "PackageInstallOutOfMemory",
             "StateVolumeFull",
             "InstallTimedOut",
             "VersionNotFound",

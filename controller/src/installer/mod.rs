@@ -111,6 +111,8 @@ pub struct Installer {
     pub tool_seconds: prometheus::HistogramVec,
     /// The node heap limit of the program's processes, in MiB (`--program-heap-limit`).
     pub heap_limit_mib: u32,
+    /// npm's node heap limit, in MiB (`--npm-heap-limit`).
+    pub npm_heap_limit_mib: u32,
     /// Update records kept per stack in Pulumi's history and backups (`--pulumi-history-keep`).
     pub history_keep: usize,
     /// How full, in percent, the state volume may be for an install to start
@@ -319,6 +321,7 @@ impl Installer {
             registry,
             cache: self.state_dir.join(".cache").join("npm"),
             allow_scripts: self.allow_scripts,
+            heap_limit_mib: self.npm_heap_limit_mib,
         };
         let started = std::time::Instant::now();
         let installed = npm
@@ -330,6 +333,7 @@ impl Installer {
                 npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
                 npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
                 npm::NpmError::Spawn { .. } => Failure::ToolMissing,
+                npm::NpmError::OutOfMemory { .. } => Failure::PackageInstallOutOfMemory,
                 npm::NpmError::Failed { .. } | npm::NpmError::Contract { .. } => {
                     Failure::PackageInstallFailed
                 }
@@ -780,6 +784,7 @@ mod tests {
             pulumi_binary: "pulumi".into(),
             timeout: Duration::from_secs(1),
             heap_limit_mib: 1024,
+            npm_heap_limit_mib: 1024,
             history_keep: 10,
             state_full_percent: 95,
             tool_seconds,

@@ -21,6 +21,8 @@ pub struct Npm {
     pub cache: PathBuf,
     /// Let npm run install scripts (`--npm-allow-scripts`); otherwise `--ignore-scripts`.
     pub allow_scripts: bool,
+    /// npm's node heap limit, in MiB (`--npm-heap-limit`, passed as `NODE_OPTIONS`).
+    pub heap_limit_mib: u32,
 }
 
 /// Errors of an npm install.
@@ -57,6 +59,18 @@ pub enum NpmError {
         registry: String,
         /// npm's error code.
         code: String,
+    },
+    /// npm's node process reached its heap limit and was stopped.
+    #[error(
+        "npm install of {package}@{version} failed: npm's node process reached its heap limit of {limit_mib} MiB (--npm-heap-limit) and was stopped; the controller and other instances are unaffected. Raise --npm-heap-limit together with the container's memory, or check the package's dependency tree"
+    )]
+    OutOfMemory {
+        /// The package.
+        package: String,
+        /// The version.
+        version: String,
+        /// The heap limit.
+        limit_mib: u32,
     },
     /// npm failed otherwise.
     #[error("npm install failed ({code}): {summary}")]
@@ -182,15 +196,8 @@ pub fn classify(stdout: &str, package: &str, version: &str, registry: &str) -> N
 }
 
 impl Npm {
-    /// Runs `npm install` in `project` (whose `package.json` names exact versions only),
-    /// preferring the shared cache. Returns how long npm ran.
-    pub async fn install(
-        &self,
-        project: &Path,
-        package: &str,
-        version: &str,
-        state: &Path,
-    ) -> Result<Duration, NpmError> {
+    /// The `npm install` command for `project`, its environment included.
+    fn command(&self, project: &Path) -> tokio::process::Command {
         let mut cmd = process::command(&self.binary);
         cmd.current_dir(project)
             .args([
@@ -209,10 +216,38 @@ impl Npm {
             .arg(format!("--cache={}", self.cache.display()))
             // In the environment, not argv: a mirror URL may carry credentials.
             .env("npm_config_registry", &self.registry);
+        // npm is a node program too.
+        process::cap_node_heap(&mut cmd, self.heap_limit_mib);
         if !self.allow_scripts {
             // No package's install script runs with the operator's environment and volume.
             cmd.arg("--ignore-scripts");
         }
+        cmd
+    }
+
+    /// The error of an npm run that exited non-zero: out of heap when node said so, else what
+    /// npm's `--json` error object says.
+    fn failed(&self, out: &process::Output, package: &str, version: &str) -> NpmError {
+        if process::heap_exhausted([out.stdout.as_str(), out.stderr.as_str()]) {
+            return NpmError::OutOfMemory {
+                package: package.into(),
+                version: version.into(),
+                limit_mib: self.heap_limit_mib,
+            };
+        }
+        classify(&out.stdout, package, version, &redact(&self.registry))
+    }
+
+    /// Runs `npm install` in `project` (whose `package.json` names exact versions only),
+    /// preferring the shared cache. Returns how long npm ran.
+    pub async fn install(
+        &self,
+        project: &Path,
+        package: &str,
+        version: &str,
+        state: &Path,
+    ) -> Result<Duration, NpmError> {
+        let cmd = self.command(project);
         let out = process::run(cmd, None, state)
             .await
             .map_err(|source| NpmError::Spawn {
@@ -229,12 +264,7 @@ impl Npm {
             check_single_sdk(&lockfile, super::SDK_PACKAGE)?;
             Ok(out.elapsed)
         } else {
-            Err(classify(
-                &out.stdout,
-                package,
-                version,
-                &redact(&self.registry),
-            ))
+            Err(self.failed(&out, package, version))
         }
     }
 }
@@ -250,6 +280,46 @@ mod tests {
             "https://***@npm.example/repo/"
         );
         assert_eq!(redact("https://npm.example/"), "https://npm.example/");
+    }
+
+    #[test]
+    fn npm_runs_with_its_heap_capped_and_a_heap_exhaustion_is_told_apart() {
+        let npm = Npm {
+            binary: "npm".into(),
+            registry: "http://127.0.0.1:4873/".into(),
+            cache: "/state/.cache/npm".into(),
+            allow_scripts: false,
+            heap_limit_mib: 384,
+        };
+        let cmd = npm.command(Path::new("/state/team/one/platform"));
+        assert_eq!(
+            process::env_of(&cmd, "NODE_OPTIONS").as_deref(),
+            Some("--max-old-space-size=384")
+        );
+        let out = process::Output {
+            code: Some(134),
+            stdout: String::new(),
+            stderr: "<--- Last few GCs --->\nFATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory\n".into(),
+            elapsed: Duration::from_secs(2),
+        };
+        let error = npm.failed(&out, "@di-framework/platform", "6.0.22");
+        assert!(
+            matches!(error, NpmError::OutOfMemory { limit_mib: 384, .. }),
+            "{error}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("@di-framework/platform@6.0.22"), "{text}");
+        assert!(text.contains("384 MiB (--npm-heap-limit)"), "{text}");
+        let other = process::Output {
+            code: Some(1),
+            stdout: r#"{"error":{"code":"E404","summary":"Not Found"}}"#.into(),
+            stderr: String::new(),
+            elapsed: Duration::from_secs(1),
+        };
+        assert!(matches!(
+            npm.failed(&other, "@di-framework/platform", "6.0.99"),
+            NpmError::VersionNotFound { .. }
+        ));
     }
 
     #[test]

@@ -52,6 +52,35 @@ pub fn command(binary: &str) -> Command {
     cmd
 }
 
+/// What node prints when it dies at its heap limit (V8's fatal error).
+const HEAP_EXHAUSTED: [&str; 2] = [
+    "JavaScript heap out of memory",
+    "Reached heap limit Allocation failed",
+];
+
+/// Caps the node heap of `cmd` and of the node processes it starts (which inherit
+/// `NODE_OPTIONS`) at `limit_mib`, well inside the container's memory limit: a runaway tool
+/// fails alone instead of the kernel killing the whole container.
+pub fn cap_node_heap(cmd: &mut Command, limit_mib: u32) {
+    cmd.env("NODE_OPTIONS", format!("--max-old-space-size={limit_mib}"));
+}
+
+/// Whether any of `texts` holds node's fatal error at its heap limit.
+pub fn heap_exhausted<'a>(texts: impl IntoIterator<Item = &'a str>) -> bool {
+    texts
+        .into_iter()
+        .any(|t| HEAP_EXHAUSTED.iter().any(|m| t.contains(m)))
+}
+
+/// The value `cmd` sets for variable `key` in its tool's environment (`None`: not set).
+#[cfg(test)]
+pub fn env_of(cmd: &Command, key: &str) -> Option<String> {
+    cmd.as_std()
+        .get_envs()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
+}
+
 /// What a finished tool left.
 #[derive(Debug)]
 pub struct Output {

@@ -220,12 +220,6 @@ pub struct Stack {
     pub heap_limit_mib: u32,
 }
 
-/// What node prints when it dies at its heap limit (V8's fatal error).
-const HEAP_EXHAUSTED: [&str; 2] = [
-    "JavaScript heap out of memory",
-    "Reached heap limit Allocation failed",
-];
-
 /// The update record a history or backup file belongs to: its name without `.attrs` and
 /// without `.history.json`, `.checkpoint.json` or `.json`.
 fn record_key(name: &str) -> &str {
@@ -259,14 +253,9 @@ impl Stack {
             .env("PULUMI_DEBUG_COMMANDS", "true")
             .env("PULUMI_SKIP_CONFIRMATIONS", "true")
             .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true")
-            .env("NO_COLOR", "1")
-            // The program's node (started by the language host, which passes its environment
-            // on) stops at this heap size, well inside the container's memory limit: a runaway
-            // program fails alone instead of the kernel killing the whole container.
-            .env(
-                "NODE_OPTIONS",
-                format!("--max-old-space-size={}", self.heap_limit_mib),
-            );
+            .env("NO_COLOR", "1");
+        // The program's node is started by the language host, which passes its environment on.
+        process::cap_node_heap(&mut cmd, self.heap_limit_mib);
         cmd
     }
 
@@ -280,12 +269,10 @@ impl Stack {
     }
 
     fn failed(&self, action: &'static str, out: &Output, message: Option<String>) -> PulumiError {
-        let said = |m: &str| {
-            out.stdout.contains(m)
-                || out.stderr.contains(m)
-                || message.as_ref().is_some_and(|x| x.contains(m))
-        };
-        if HEAP_EXHAUSTED.iter().any(|m| said(m)) {
+        let said = [out.stdout.as_str(), out.stderr.as_str()]
+            .into_iter()
+            .chain(message.as_deref());
+        if process::heap_exhausted(said) {
             return PulumiError::OutOfMemory {
                 action,
                 limit_mib: self.heap_limit_mib,
@@ -711,14 +698,10 @@ not json
             stack.failed("up", &other, None),
             PulumiError::Failed { .. }
         ));
-        let env: Vec<_> = stack
-            .command(&["up"])
-            .as_std()
-            .get_envs()
-            .filter(|(k, _)| *k == "NODE_OPTIONS")
-            .map(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
-            .collect();
-        assert_eq!(env, [Some("--max-old-space-size=768".to_string())]);
+        assert_eq!(
+            process::env_of(&stack.command(&["up"]), "NODE_OPTIONS").as_deref(),
+            Some("--max-old-space-size=768")
+        );
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub enum Failure {
     PreviewFailed,
     /// The program's node process reached its heap limit (`--program-heap-limit`) and was stopped.
     ProgramOutOfMemory,
+    /// npm's node process reached its heap limit (`--npm-heap-limit`) while installing the
+    /// package, and was stopped.
+    PackageInstallOutOfMemory,
     /// The state volume is fuller than `--state-volume-full-percent`; the install did not start.
     StateVolumeFull,
 }
@@ -60,6 +63,7 @@ impl Failure {
             Failure::OutputsFailed => "OutputsFailed",
             Failure::PreviewFailed => "PreviewFailed",
             Failure::ProgramOutOfMemory => "ProgramOutOfMemory",
+            Failure::PackageInstallOutOfMemory => "PackageInstallOutOfMemory",
             Failure::StateVolumeFull => "StateVolumeFull",
         }
     }
