@@ -178,13 +178,13 @@ struct Args {
     /// The node heap limit, in MiB, of each Pulumi run of the platform program (its
     /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
     /// that a runaway program fails alone (`ProgramOutOfMemory`) instead of the whole container.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(64..))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
     program_heap_limit: u32,
 
     /// The node heap limit, in MiB, of each npm install of the platform package (npm's
     /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
     /// that a runaway npm fails alone (`PackageInstallOutOfMemory`) instead of the whole container.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(64..))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
     npm_heap_limit: u32,
 
     /// How many update records Pulumi's history and backups keep per stack; older ones are
