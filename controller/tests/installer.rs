@@ -212,7 +212,9 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         &team,
         "one",
         "one to be Ready at 6.0.21",
-        Duration::from_secs(420),
+        // A liveness bound, not a timing: it covers provisioning, a queue behind two other
+        // installs and a real npm and Pulumi install, which took over 7 min at a load average of 25.
+        Duration::from_secs(900),
         |pi| is_ready(pi, "6.0.21"),
     )
     .await;
