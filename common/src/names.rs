@@ -109,18 +109,20 @@ pub fn kubeconfig_secret(name: &str) -> String {
     format!("{name}-kubeconfig")
 }
 
+/// Whether `s` is a DNS label (RFC 1123), as namespace names are: lower-case letters, digits and
+/// `-`, at most 63 characters, starting and ending with a letter or digit.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAMESPACE
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn is_dns_label(s: &str) -> bool {
-        !s.is_empty()
-            && s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !s.starts_with('-')
-            && !s.ends_with('-')
-    }
 
     #[test]
     fn host_namespace_is_stable_bounded_and_distinct() {

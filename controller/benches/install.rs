@@ -105,7 +105,7 @@ async fn main() {
     cluster.install_crd().expect("CRD");
     let registry = e2e::npm::shared().expect("npm registry");
     let fx = fixture(&cluster, "bench-install").await;
-    let controller = Controller::start(
+    let controller = Controller::start_watching_all(
         &cluster,
         &fx,
         &[

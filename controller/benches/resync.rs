@@ -97,7 +97,7 @@ async fn main() {
     cluster.install_crd().expect("CRD");
     // One SNI slot of the stand-in vCluster inside per instance.
     let fx = fixture_for(&cluster, "bench", n).await;
-    let mut controller = Controller::start(
+    let mut controller = Controller::start_watching_all(
         &cluster,
         &fx,
         &[

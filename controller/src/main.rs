@@ -55,6 +55,10 @@ struct Args {
     )]
     leader_elect: bool,
 
+    /// Reconcile only the PlatformInstances of this namespace (default: every namespace).
+    #[arg(long, value_name = "NAMESPACE")]
+    watch_namespace: Option<String>,
+
     /// Node-local root under which each instance's storage directory lives.
     #[arg(long, default_value = "/var/lib/kubesolo/instances")]
     storage_root_base: String,
@@ -291,6 +295,12 @@ type Hosts = Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>>;
 impl Args {
     /// Flags that only make sense together.
     fn check(&self) -> anyhow::Result<()> {
+        if let Some(namespace) = &self.watch_namespace {
+            anyhow::ensure!(
+                common::names::is_dns_label(namespace),
+                "--watch-namespace {namespace:?} is not a namespace name: use lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit"
+            );
+        }
         anyhow::ensure!(
             !has_credentials(&self.npm_registry),
             "--npm-registry carries credentials, which would be visible in the process list: put the URL in a Secret and pass its file with --npm-registry-file (the chart's npmRegistrySecret)"
@@ -405,9 +415,15 @@ async fn run(
     client: kube::Client,
     ctx: Arc<Context>,
     hosts: Hosts,
+    watch_namespace: Option<&str>,
     registry: &prometheus::Registry,
 ) -> anyhow::Result<()> {
-    let instances: Api<PlatformInstance> = Api::all(client.clone());
+    // Objects of other namespaces that map to an instance are dropped by the controller: it
+    // reconciles only what its own instance cache holds.
+    let instances: Api<PlatformInstance> = match watch_namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
     let controller = Controller::new(instances, watcher::Config::default().any_semantic());
     // The instances' conditions, read from the controller's own cache at each scrape.
     registry
@@ -528,7 +544,13 @@ async fn main() -> anyhow::Result<()> {
         hosts.clone(),
     ));
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
-    let controller = run(client.clone(), ctx, hosts, &registry);
+    let controller = run(
+        client.clone(),
+        ctx,
+        hosts,
+        args.watch_namespace.as_deref(),
+        &registry,
+    );
 
     if args.leader_elect {
         tokio::select! {
@@ -655,7 +677,16 @@ mod tests {
         assert!(matches!(args.task, Some(Task::Cleanup { ref dir, .. }) if dir == "pi-a-b-1"));
     }
 
-    /// The check of leader flags `flags` fails naming `flag`.
+    #[test]
+    fn a_watch_namespace_that_is_no_namespace_name_is_refused() {
+        refused(&["--watch-namespace=Team_A"], "--watch-namespace");
+        let args = parse_with(&["--watch-namespace=team-a"]).expect("flags");
+        args.check().expect("a namespace name");
+        assert_eq!(args.watch_namespace.as_deref(), Some("team-a"));
+        assert_eq!(parse_with(&[]).expect("flags").watch_namespace, None);
+    }
+
+    /// The check of flags `flags` fails naming `flag`.
     fn refused(flags: &[&str], flag: &str) {
         let args = parse_with(flags).expect("flags");
         let error = args.check().expect_err("refused").to_string();

@@ -26,8 +26,12 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "main").await;
-    let controller = Controller::start(&cluster, &fx, &["--leader-elect=false"]);
     let team = cluster.create_namespace("team", &[]).expect("namespace");
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &["--leader-elect=false", "--watch-namespace", &team],
+    );
 
     cluster
         .kubectl_ok(
@@ -408,6 +412,8 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         &fx,
         &[
             "--leader-elect=false",
+            "--watch-namespace",
+            &team,
             "--cleanup-image=busybox:1.37",
             "--cleanup-backoff-limit=0",
         ],
@@ -643,8 +649,8 @@ async fn leadership_crash_recovery_and_no_admission_policies() {
     let _ = helm.wait();
 
     // Two controllers with leader election: exactly one leads.
-    let first = Controller::start(&cluster, &fx, &[]);
-    let second = Controller::start(&cluster, &fx, &[]);
+    let first = Controller::start(&cluster, &fx, &["--watch-namespace", &team]);
+    let second = Controller::start(&cluster, &fx, &["--watch-namespace", &team]);
     let leaders = wait_for("a leader", Duration::from_secs(60), &first, || {
         let lease = get(
             &cluster,
@@ -756,17 +762,19 @@ async fn installs_beyond_the_limit_queue_in_order() {
         .status()
         .expect("chmod");
     assert!(chmod.success());
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
     let controller = Controller::start(
         &cluster,
         &fx,
         &[
             "--leader-elect=false",
+            "--watch-namespace",
+            &team,
             "--max-concurrent-installs=1",
             "--helm-binary",
             &slow_helm.display().to_string(),
         ],
     );
-    let team = cluster.create_namespace("team", &[]).expect("namespace");
     for name in ["q1", "q2", "q3"] {
         cluster
             .kubectl_ok(
@@ -860,7 +868,11 @@ async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_p
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "upgrade").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");
-    let controller = Controller::start(&cluster, &fx, &["--leader-elect=false"]);
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &["--leader-elect=false", "--watch-namespace", &team],
+    );
     cluster
         .kubectl_ok(
             &["apply", "--server-side", "-f", "-"],
@@ -987,7 +999,7 @@ async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_p
         &cluster,
         &fx,
         (&next, &next_digest),
-        &["--leader-elect=false"],
+        &["--leader-elect=false", "--watch-namespace", &team],
     );
     wait_for(
         "the upgrade to the next chart to be deployed and serving",

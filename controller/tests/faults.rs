@@ -190,14 +190,21 @@ async fn a_leader_whose_api_connection_stalls_stops_working_before_another_takes
         ..cluster.clone()
     };
     let slow = slow_helm.display().to_string();
-    let mut old_args = vec!["--identity", "old", "--helm-binary", &slow];
+    let mut old_args = vec![
+        "--identity",
+        "old",
+        "--helm-binary",
+        &slow,
+        "--watch-namespace",
+        &team,
+    ];
     old_args.extend(LEASE);
     let mut old = Controller::start(&proxied, &fx, &old_args);
     wait_for("the old leader", Duration::from_secs(60), &old, || {
         (holder(&cluster, &fx.operator_ns)? == "old").then_some(())
     })
     .await;
-    let mut new_args = vec!["--identity", "new"];
+    let mut new_args = vec!["--identity", "new", "--watch-namespace", &team];
     new_args.extend(LEASE);
     let new = Controller::start(&cluster, &fx, &new_args);
 
@@ -310,6 +317,8 @@ async fn a_killed_install_leaves_no_zombie_and_host_namespaces_carry_pod_securit
         &fx,
         &[
             "--leader-elect=false",
+            "--watch-namespace",
+            &team,
             "--install-platform=true",
             "--npm-binary",
             &npm,

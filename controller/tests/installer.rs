@@ -190,11 +190,14 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     cluster.install_crd().expect("CRD");
     let registry = e2e::npm::shared().expect("npm registry");
     let fx = fixture(&cluster, "installer").await;
+    let team = team_with_secret(&cluster, CLIENT_SECRET);
     let controller = Controller::start(
         &cluster,
         &fx,
         &[
             "--leader-elect=false",
+            "--watch-namespace",
+            &team,
             "--install-platform=true",
             "--install-timeout",
             "150s",
@@ -202,7 +205,6 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
             "20s",
         ],
     );
-    let team = team_with_secret(&cluster, CLIENT_SECRET);
 
     // Install: Pending → … → Ready at 6.0.21.
     apply(&cluster, &instance(&team, "one", "6.0.21", "Delete", ""));
@@ -484,7 +486,8 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     // A second instance at one version downloads the package no more: the shared npm cache.
     let before = registry.tarball_downloads(STANDIN_PACKAGE, "6.0.22");
     assert!(before >= 1, "the first install downloaded 6.0.22");
-    let other = team_with_secret(&cluster, "x");
+    // In the same namespace: the controller watches only this test's.
+    let other = team.clone();
     apply(&cluster, &instance(&other, "two", "6.0.22", "Retain", ""));
     wait_phase(
         &cluster,
@@ -543,14 +546,16 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
     let cluster = cp.handle();
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "installer-crash").await;
+    let team = team_with_secret(&cluster, "s");
     let args = [
         "--leader-elect=false",
+        "--watch-namespace",
+        &team,
         "--install-platform=true",
         "--repair-interval",
         "10m",
     ];
     let mut controller = Controller::start(&cluster, &fx, &args);
-    let team = team_with_secret(&cluster, "s");
 
     // Killed in the middle of `pulumi up`: the next controller resumes with no manual step.
     apply(&cluster, &instance(&team, "three", "6.0.21", "Delete", ""));
@@ -790,12 +795,17 @@ async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded
     let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "downgrade").await;
+    let team = team_with_secret(&cluster, CLIENT_SECRET);
     let controller = Controller::start(
         &cluster,
         &fx,
-        &["--leader-elect=false", "--install-platform=true"],
+        &[
+            "--leader-elect=false",
+            "--watch-namespace",
+            &team,
+            "--install-platform=true",
+        ],
     );
-    let team = team_with_secret(&cluster, CLIENT_SECRET);
     apply(&cluster, &instance(&team, "kept", "6.0.22", "Retain", ""));
     wait_phase(
         &cluster,
@@ -878,16 +888,18 @@ async fn a_full_state_volume_stops_installs_before_they_start_and_is_measured() 
     let percent = u128::from(used) * 100 / u128::from(capacity);
     assert!(percent >= 1, "the test needs a volume at least 1% full");
     // Any volume at least 1% full is "full" for this controller.
+    let team = team_with_secret(&cluster, "s");
     let controller = Controller::start(
         &cluster,
         &fx,
         &[
             "--leader-elect=false",
+            "--watch-namespace",
+            &team,
             "--install-platform=true",
             "--state-volume-full-percent=1",
         ],
     );
-    let team = team_with_secret(&cluster, "s");
     apply(&cluster, &instance(&team, "full", "6.0.22", "Retain", ""));
     let (_, message) = wait_installed_false(
         &cluster,
@@ -934,16 +946,18 @@ async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on
     let cluster = cp.handle();
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "installer-oom").await;
+    let team = team_with_secret(&cluster, CLIENT_SECRET);
     let mut controller = Controller::start(
         &cluster,
         &fx,
         &[
             "--leader-elect=false",
+            "--watch-namespace",
+            &team,
             "--install-platform=true",
             "--program-heap-limit=128",
         ],
     );
-    let team = team_with_secret(&cluster, CLIENT_SECRET);
     apply(
         &cluster,
         &instance(&team, "runaway", "6.0.26", "Retain", ""),

@@ -121,12 +121,17 @@ async fn nothing_of_another_is_touched_and_nothing_wedges() {
     let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "ownership").await;
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
     let controller = Controller::start(
         &cluster,
         &fx,
-        &["--leader-elect=false", "--cleanup-deadline=25s"],
+        &[
+            "--leader-elect=false",
+            "--watch-namespace",
+            &team,
+            "--cleanup-deadline=25s",
+        ],
     );
-    let team = cluster.create_namespace("team", &[]).expect("namespace");
     let ops = fx.operator_ns.clone();
 
     // 1. Somebody's own Secret under the kubeconfig Secret's name.

@@ -27,6 +27,19 @@ impl Controller {
         Self::start_with_chart(cluster, fixture, (&fixture.chart, &fixture.digest), extra)
     }
 
+    /// As [`Controller::start`], watching every namespace: only for a process that has the API
+    /// server to itself (the benchmarks).
+    pub fn start_watching_all(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
+        Self::spawn_scoped(
+            cluster,
+            fixture,
+            (&fixture.chart, &fixture.digest),
+            extra,
+            &[],
+            false,
+        )
+    }
+
     /// As [`Controller::start`], with more variables in the controller's environment.
     pub fn start_with_env(
         cluster: &Shared,
@@ -60,6 +73,24 @@ impl Controller {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn_scoped(cluster, fixture, chart, extra, env, true)
+    }
+
+    fn spawn_scoped(
+        cluster: &Shared,
+        fixture: &Fixture,
+        chart: (&std::path::Path, &str),
+        extra: &[&str],
+        env: &[(&str, &str)],
+        scoped: bool,
+    ) -> Self {
+        // Tests share one API server: a controller that watched every namespace would reconcile
+        // the instances of the tests running beside it (with other flags), and each test would
+        // see a mix of both controllers' work.
+        assert!(
+            !scoped || extra.contains(&"--watch-namespace"),
+            "start the controller with --watch-namespace <the test's namespace>"
+        );
         let ops_port = free_port().expect("port");
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
         let file = std::fs::File::create(&log).expect("log");
