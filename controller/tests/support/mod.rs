@@ -87,10 +87,18 @@ impl Controller {
         // Tests share one API server: a controller that watched every namespace would reconcile
         // the instances of the tests running beside it (with other flags), and each test would
         // see a mix of both controllers' work.
+        let watched = extra
+            .iter()
+            .position(|a| *a == "--watch-namespace")
+            .and_then(|i| extra.get(i + 1));
         assert!(
-            !scoped || extra.contains(&"--watch-namespace"),
+            !scoped || watched.is_some(),
             "start the controller with --watch-namespace <the test's namespace>"
         );
+        match watched {
+            Some(namespace) if scoped => fixture.syncer.serve(namespace),
+            _ => fixture.syncer.serve_all(),
+        }
         let ops_port = free_port().expect("port");
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
         let file = std::fs::File::create(&log).expect("log");
@@ -271,6 +279,9 @@ pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixt
     .await
     .expect("inner API server");
     let syncer = StandInSyncer::start(&cluster.kubeconfig, &inner).expect("stand-in syncer");
+    // Other tests' vClusters on the shared API server are not this fixture's: the syncer serves
+    // the namespaces its controllers watch (added as each starts).
+    syncer.serve_only(&[]);
     // --vcluster-extra-values is exercised, with nothing to add: the stand-in syncer, like
     // vCluster, exports the kubeconfig itself.
     let values = dir.join("standin-values.yaml");
