@@ -330,13 +330,20 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         return Json(response.into_review());
     };
     let ops = rules::defaults(&state.settings, object);
-    // Read again only when there is a default to add (a create without a version).
-    if ops.is_empty() || !spec_is_object(&raw) {
-        drop(raw);
+    // Read again only when there is a default to add (a create without a version), off the
+    // runtime's workers for a large body as [`read`] does.
+    let spec_ok = !ops.is_empty()
+        && if raw.len() as u64 <= common::server::SMALL_BODY {
+            spec_is_object(&raw)
+        } else {
+            tokio::task::spawn_blocking(move || spec_is_object(&raw))
+                .await
+                .unwrap_or(false)
+        };
+    if !spec_ok {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
     }
-    drop(raw);
     match response.with_patch(json_patch::Patch(ops)) {
         Ok(patched) => {
             count(&state.metrics, "mutate", op, "allowed", "default-version");
