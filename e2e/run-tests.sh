@@ -63,6 +63,11 @@ bash e2e/tools/build.sh
 step "a real Prometheus server and promtool (Debian's package, unpacked into the cache), Chromium"
 await debian
 
+# Before the plugin's tests, so that their timing-sensitive component tests never share the cores
+# with rustc.
+step "the Rust workspace, built in the background meanwhile (test binaries, clippy)"
+await rust
+
 step "Headlamp plugin: npm packages (cached), lint, types, unit and component tests"
 # The browser test itself runs under cargo test (e2e/tests/headlamp.rs) against the real API server.
 await headlamp
@@ -73,9 +78,6 @@ await headlamp
   npm run tsc
   CI=true npm test
 )
-
-step "the Rust workspace, built in the background meanwhile (test binaries, clippy)"
-await rust
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
