@@ -515,6 +515,22 @@ async fn the_webhooks_are_called_exactly_when_they_have_work() {
         seen = now;
     };
 
+    let patch_given = |body: &str| {
+        kubectl(
+            &cluster,
+            &[
+                "-n",
+                &ns,
+                "patch",
+                "pi",
+                "given",
+                "--type=merge",
+                "-p",
+                body,
+            ],
+        )
+    };
+
     // A create without a version: defaulted (both called).
     let bare = instance(&ns, "bare", "  target: { type: vcluster }\n");
     let out = apply(&cluster, &bare, &[]);
@@ -597,19 +613,7 @@ async fn the_webhooks_are_called_exactly_when_they_have_work() {
     }
 
     // A spec change: validated again (and its warnings given), not mutated.
-    let out = kubectl(
-        &cluster,
-        &[
-            "-n",
-            &ns,
-            "patch",
-            "pi",
-            "given",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"deletionPolicy":"Delete"}}"#,
-        ],
-    );
+    let out = patch_given(r#"{"spec":{"deletionPolicy":"Delete"}}"#);
     assert!(
         out.success && out.stderr.contains("removes its storage"),
         "the deletion-policy warning: {out:?}"
@@ -617,19 +621,7 @@ async fn the_webhooks_are_called_exactly_when_they_have_work() {
     expect("a spec change", 0, 1).await;
 
     // An invalid change is still refused: out of the version range, and a downgrade.
-    let out = kubectl(
-        &cluster,
-        &[
-            "-n",
-            &ns,
-            "patch",
-            "pi",
-            "given",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"version":"7.0.0"}}"#,
-        ],
-    );
+    let out = patch_given(r#"{"spec":{"version":"7.0.0"}}"#);
     assert!(
         !out.success
             && out
@@ -638,19 +630,7 @@ async fn the_webhooks_are_called_exactly_when_they_have_work() {
         "{out:?}"
     );
     expect("a version out of range", 0, 1).await;
-    let out = kubectl(
-        &cluster,
-        &[
-            "-n",
-            &ns,
-            "patch",
-            "pi",
-            "given",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"version":"6.0.21"}}"#,
-        ],
-    );
+    let out = patch_given(r#"{"spec":{"version":"6.0.21"}}"#);
     assert!(
         !out.success && out.stderr.contains("below the installed version 6.0.22"),
         "{out:?}"
@@ -659,18 +639,8 @@ async fn the_webhooks_are_called_exactly_when_they_have_work() {
 
     // The downgrade annotation is read by a rule, so changing only it reaches the webhook: opting
     // in admits the downgrade, and taking the opt-in back (spec unchanged) is refused again.
-    let out = kubectl(
-        &cluster,
-        &[
-            "-n",
-            &ns,
-            "patch",
-            "pi",
-            "given",
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"annotations":{"platform.di-framework.dev/allow-downgrade":"true"}},"spec":{"version":"6.0.21"}}"#,
-        ],
+    let out = patch_given(
+        r#"{"metadata":{"annotations":{"platform.di-framework.dev/allow-downgrade":"true"}},"spec":{"version":"6.0.21"}}"#,
     );
     assert!(
         out.success && out.stderr.contains("downgrading from 6.0.22 to 6.0.21"),
