@@ -30,7 +30,7 @@ impl Controller {
     /// As [`Controller::start`], watching every namespace: only for a process that has the API
     /// server to itself (the benchmarks).
     pub fn start_watching_all(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
-        Self::spawn_scoped(
+        Self::spawn(
             cluster,
             fixture,
             (&fixture.chart, &fixture.digest),
@@ -53,6 +53,7 @@ impl Controller {
             (&fixture.chart, &fixture.digest),
             extra,
             env,
+            true,
         )
     }
 
@@ -63,20 +64,11 @@ impl Controller {
         chart: (&std::path::Path, &str),
         extra: &[&str],
     ) -> Self {
-        Self::spawn(cluster, fixture, chart, extra, &[])
+        Self::spawn(cluster, fixture, chart, extra, &[], true)
     }
 
+    /// Starts the controller; `scoped`: it must watch one namespace (`--watch-namespace`).
     fn spawn(
-        cluster: &Shared,
-        fixture: &Fixture,
-        chart: (&std::path::Path, &str),
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        Self::spawn_scoped(cluster, fixture, chart, extra, env, true)
-    }
-
-    fn spawn_scoped(
         cluster: &Shared,
         fixture: &Fixture,
         chart: (&std::path::Path, &str),
