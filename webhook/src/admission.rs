@@ -16,15 +16,15 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::post;
-use common::crd::PlatformInstance;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::core::{DynamicObject, TypeMeta};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionResponse, AdmissionReview, Operation};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::index::NodePortIndex;
 use crate::metrics::Metrics;
 use crate::rules::{self, Settings};
+use crate::view::{self, Instance, Request, Review, Text};
 
 /// The largest request body accepted, in bytes ([`common::server::MAX_BODY`]).
 pub const BODY_LIMIT: usize = common::server::MAX_BODY as usize;
@@ -61,17 +61,14 @@ fn invalid(uid: &str, message: String) -> Box<AdmissionResponse> {
     Box::new(response)
 }
 
-/// An `AdmissionReview` as sent, read in one pass (kube's own type flattens its type fields, which
-/// makes serde buffer the whole body in a second tree first).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Envelope {
-    #[serde(default)]
-    api_version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(default, deserialize_with = "object_only")]
-    request: Option<AdmissionRequest<PlatformInstance>>,
+/// An empty admitting answer to the request `uid` (of an `admission.k8s.io/v1` review, the only
+/// kind read).
+fn admit(uid: &str) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid("");
+    response.uid = uid.to_string();
+    response.allowed = true;
+    response.result = Default::default();
+    response
 }
 
 /// Just enough of a body that is not a valid review to say why, and under which uid: every field
@@ -81,123 +78,13 @@ struct Envelope {
 struct Probe {
     api_version: Option<Value>,
     kind: Option<Value>,
-    #[serde(default, deserialize_with = "object_only")]
+    #[serde(default, deserialize_with = "view::object_only")]
     request: Option<ProbeRequest>,
 }
 
 #[derive(Deserialize)]
 struct ProbeRequest {
     uid: Option<Value>,
-}
-
-/// Reads `request` only from a JSON object (or null): serde's derived structs would also take a
-/// positional array, and a uid read from one is not the request's.
-fn object_only<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    struct ObjectOnly<T>(std::marker::PhantomData<T>);
-    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectOnly<T> {
-        type Value = Option<T>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
-        }
-    }
-    deserializer.deserialize_any(ObjectOnly(std::marker::PhantomData))
-}
-
-/// Just `request.object.spec` of a review, read only for its JSON kind.
-#[derive(Deserialize)]
-struct SpecEnvelope {
-    #[serde(default)]
-    request: Option<SpecRequest>,
-}
-
-#[derive(Deserialize)]
-struct SpecRequest {
-    #[serde(default)]
-    object: Option<SpecObject>,
-}
-
-#[derive(Deserialize)]
-struct SpecObject {
-    #[serde(default)]
-    spec: JsonKind,
-}
-
-/// Whether a JSON value is an object; its content is skipped, never kept.
-#[derive(Default, PartialEq)]
-enum JsonKind {
-    Object,
-    #[default]
-    Other,
-}
-
-impl<'de> Deserialize<'de> for JsonKind {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Kind;
-        impl<'de> serde::de::Visitor<'de> for Kind {
-            type Value = JsonKind;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<JsonKind, A::Error> {
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(JsonKind::Object)
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<JsonKind, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(JsonKind::Other)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<JsonKind, E> {
-                Ok(JsonKind::Other)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<JsonKind, E> {
-                Ok(JsonKind::Other)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<JsonKind, E> {
-                Ok(JsonKind::Other)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<JsonKind, E> {
-                Ok(JsonKind::Other)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<JsonKind, E> {
-                Ok(JsonKind::Other)
-            }
-            fn visit_unit<E>(self) -> Result<JsonKind, E> {
-                Ok(JsonKind::Other)
-            }
-        }
-        deserializer.deserialize_any(Kind)
-    }
-}
-
-/// Whether the review's `request.object.spec` is a JSON object. The typed review also reads a
-/// spec from an array (serde's derived structs take positional fields), and a defaults patch
-/// that adds `/spec/version` does not apply to one; such an object is left to the API server's
-/// schema validation, which refuses it naming the field.
-fn spec_is_object(body: &[u8]) -> bool {
-    serde_json::from_slice::<SpecEnvelope>(body).is_ok_and(|e| {
-        e.request
-            .and_then(|r| r.object)
-            .is_some_and(|o| o.spec == JsonKind::Object)
-    })
 }
 
 const API_VERSION: &str = "admission.k8s.io/v1";
@@ -212,11 +99,12 @@ fn wrong_type(uid: &str, api_version: &str, kind: &str) -> Box<AdmissionResponse
     )
 }
 
-/// Reads a review of a PlatformInstance: the body is parsed once, straight into the typed review;
-/// only a body that fails that is scanned again (keeping nothing but its type and uid) to say why.
-fn parse(body: &[u8]) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
-    let error = match serde_json::from_slice::<Envelope>(body) {
-        Ok(envelope) => return accept(envelope),
+/// Reads a review of a PlatformInstance: the body is parsed once, into the borrowed views of
+/// [`view`] (only what the rules read is kept); only a body that fails that is scanned again
+/// (keeping nothing but its type and uid) to say why.
+fn parse(body: &[u8]) -> Result<Request<'_>, Box<AdmissionResponse>> {
+    let error = match serde_json::from_slice::<Review<'_>>(body) {
+        Ok(review) => return accept(review),
         Err(e) if !e.is_data() => {
             return Err(invalid(
                 "",
@@ -252,13 +140,14 @@ fn parse(body: &[u8]) -> Result<AdmissionRequest<PlatformInstance>, Box<Admissio
 
 /// [`parse`], on a blocking thread for a large body, so that parsing megabytes never holds up
 /// the runtime's workers while ordinary reviews wait (a large body is answered on
-/// [`common::server::bulk`], whose blocking threads run at the lowest CPU priority). Frees the
-/// body before answering.
-async fn read(body: Bytes) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
+/// [`common::server::bulk`], whose blocking threads run at the lowest CPU priority). The request
+/// of a large body keeps copies of the few strings the rules read; a small body's borrows them.
+async fn read(body: &Bytes) -> Result<Request<'_>, Box<AdmissionResponse>> {
     if body.len() as u64 <= common::server::SMALL_BODY {
-        return parse(&body);
+        return parse(body);
     }
-    match tokio::task::spawn_blocking(move || parse(&body)).await {
+    let body = body.clone();
+    match tokio::task::spawn_blocking(move || parse(&body).map(Request::into_owned)).await {
         Ok(parsed) => parsed,
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
@@ -268,28 +157,30 @@ async fn read(body: Bytes) -> Result<AdmissionRequest<PlatformInstance>, Box<Adm
 }
 
 /// Checks a review read whole: its type, and that it has a request.
-fn accept(
-    envelope: Envelope,
-) -> Result<AdmissionRequest<PlatformInstance>, Box<AdmissionResponse>> {
-    let uid = envelope
+fn accept(review: Review<'_>) -> Result<Request<'_>, Box<AdmissionResponse>> {
+    let uid = review
         .request
         .as_ref()
         .map(|r| r.uid.as_str())
         .unwrap_or_default();
-    if envelope.api_version != API_VERSION || envelope.kind != KIND {
-        return Err(wrong_type(uid, &envelope.api_version, &envelope.kind));
-    }
-    let Some(mut request) = envelope.request else {
-        return Err(invalid(
-            "",
-            "the AdmissionReview has no request".to_string(),
+    if review.api_version.as_str() != API_VERSION || review.kind.as_str() != KIND {
+        return Err(wrong_type(
+            uid,
+            review.api_version.as_str(),
+            review.kind.as_str(),
         ));
-    };
-    request.types = TypeMeta {
-        api_version: envelope.api_version,
-        kind: envelope.kind,
-    };
-    Ok(request)
+    }
+    review
+        .request
+        .ok_or_else(|| invalid("", "the AdmissionReview has no request".to_string()))
+}
+
+/// The object of a CREATE or UPDATE.
+fn written<'r>(request: &'r Request<'_>) -> Option<&'r Instance<'r>> {
+    request
+        .object
+        .as_ref()
+        .filter(|_| matches!(request.operation, Operation::Create | Operation::Update))
 }
 
 fn operation_label(op: &Operation) -> &'static str {
@@ -310,8 +201,7 @@ fn count(metrics: &Metrics, webhook: &str, op: &str, result: &str, rule: &str) {
 
 async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     let _timer = state.metrics.timer("mutate").start_timer();
-    let raw = body.clone();
-    let request = match read(body).await {
+    let request = match read(&body).await {
         Ok(request) => request,
         Err(response) => {
             count(&state.metrics, "mutate", "unknown", "error", "parse");
@@ -319,28 +209,15 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         }
     };
     let op = operation_label(&request.operation);
-    let response = AdmissionResponse::from(&request);
-    let Some(object) = request
-        .object
-        .as_ref()
-        .filter(|_| matches!(request.operation, Operation::Create | Operation::Update))
-        .filter(|o| o.metadata.deletion_timestamp.is_none())
-    else {
-        count(&state.metrics, "mutate", op, "allowed", "none");
-        return Json(response.into_review());
-    };
-    let ops = rules::defaults(&state.settings, object);
-    // Read again only when there is a default to add (a create without a version), off the
-    // runtime's workers for a large body as [`read`] does.
-    let spec_ok = !ops.is_empty()
-        && if raw.len() as u64 <= common::server::SMALL_BODY {
-            spec_is_object(&raw)
-        } else {
-            tokio::task::spawn_blocking(move || spec_is_object(&raw))
-                .await
-                .unwrap_or(false)
-        };
-    if !spec_ok {
+    let response = admit(request.uid.as_str());
+    // A spec that is no JSON object (serde reads a struct from a positional array too) gets no
+    // patch: one adding `/spec/version` would not apply. The API server's schema validation
+    // refuses such an object, naming the field.
+    let ops = written(&request)
+        .filter(|o| o.metadata.deletion_timestamp.is_none() && o.spec.is_object)
+        .map(|o| rules::defaults(&state.settings, o))
+        .unwrap_or_default();
+    if ops.is_empty() {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
     }
@@ -352,7 +229,7 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         Err(e) => {
             count(&state.metrics, "mutate", op, "error", "patch");
             Json(
-                AdmissionResponse::from(&request)
+                admit(request.uid.as_str())
                     .deny(format!("building the defaults patch failed: {e}"))
                     .into_review(),
             )
@@ -362,7 +239,7 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
 
 async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     let _timer = state.metrics.timer("validate").start_timer();
-    let request = match read(body).await {
+    let request = match read(&body).await {
         Ok(parsed) => parsed,
         Err(response) => {
             count(&state.metrics, "validate", "unknown", "error", "parse");
@@ -370,12 +247,8 @@ async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         }
     };
     let op = operation_label(&request.operation);
-    let mut response = AdmissionResponse::from(&request);
-    let Some(new) = request
-        .object
-        .as_ref()
-        .filter(|_| matches!(request.operation, Operation::Create | Operation::Update))
-    else {
+    let mut response = admit(request.uid.as_str());
+    let Some(new) = written(&request) else {
         count(&state.metrics, "validate", op, "allowed", "none");
         return Json(response.into_review());
     };
@@ -390,7 +263,7 @@ async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     )
     .await;
     if let Some(denial) = verdict.denial {
-        tracing::info!(uid = %request.uid, name = %request.name, namespace = ?request.namespace, rule = denial.rule, message = %denial.message, "denied");
+        tracing::info!(uid = request.uid.as_str(), name = request.name.as_str(), namespace = ?request.namespace.as_ref().map(Text::as_str), rule = denial.rule, message = %denial.message, "denied");
         count(&state.metrics, "validate", op, "denied", denial.rule);
         let mut denied = response.deny(denial.message);
         denied.result.code = 403;

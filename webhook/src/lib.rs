@@ -9,3 +9,4 @@ pub mod keeper;
 pub mod metrics;
 pub mod rules;
 pub mod tls;
+pub mod view;

@@ -6,19 +6,18 @@
 
 use std::sync::Arc;
 
-use common::crd::PlatformInstance;
 use common::names::{ALLOW_DOWNGRADE_ANNOTATION, host_namespace};
 use json_patch::{AddOperation, PatchOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use kube::core::admission::Operation;
 use serde_json::Value;
 
 use crate::index::{Holder, NodePortIndex};
+use crate::view::{Instance, SecretRef, Text};
 
 /// What the rules depend on from the operator's configuration.
 #[derive(Clone, Debug)]
@@ -71,7 +70,7 @@ impl Verdict {
 
 /// The JSON Patch operations that apply the defaults to an object: only what is missing, so
 /// applying the result and asking again yields no operation.
-pub fn defaults(settings: &Settings, object: &PlatformInstance) -> Vec<PatchOperation> {
+pub fn defaults(settings: &Settings, object: &Instance<'_>) -> Vec<PatchOperation> {
     if object.spec.version.is_some() {
         return Vec::new();
     }
@@ -86,8 +85,8 @@ pub fn check_local(
     settings: &Settings,
     index: &NodePortIndex,
     operation: &Operation,
-    new: &PlatformInstance,
-    old: Option<&PlatformInstance>,
+    new: &Instance<'_>,
+    old: Option<&Instance<'_>>,
 ) -> Verdict {
     if let Some(old) = old.filter(|o| o.metadata.deletion_timestamp.is_some()) {
         if new.spec.version != old.spec.version {
@@ -95,8 +94,8 @@ pub fn check_local(
                 "deleting",
                 format!(
                     "spec.version cannot change while the instance is being deleted (from {} to {}); wait for the deletion to finish, then create it again",
-                    old.spec.version.as_deref().unwrap_or("unset"),
-                    new.spec.version.as_deref().unwrap_or("unset")
+                    old.spec.version().unwrap_or("unset"),
+                    new.spec.version().unwrap_or("unset")
                 ),
             ));
         }
@@ -131,10 +130,10 @@ pub fn check_local(
 fn check_version(
     settings: &Settings,
     operation: &Operation,
-    new: &PlatformInstance,
-    old: Option<&PlatformInstance>,
+    new: &Instance<'_>,
+    old: Option<&Instance<'_>>,
 ) -> Result<Vec<Finding>, Finding> {
-    let Some(version) = new.spec.version.as_deref() else {
+    let Some(version) = new.spec.version() else {
         return Ok(matches!(operation, Operation::Create)
             .then(|| {
                 Finding::new(
@@ -163,18 +162,13 @@ fn check_version(
             ),
         ));
     }
-    let installed = old
-        .and_then(|o| o.status.as_ref())
-        .and_then(|s| s.installed_version.as_deref());
+    let installed = old.and_then(Instance::installed_version);
     let Some(installed) = installed
         .filter(|i| semver::Version::parse(i).is_ok_and(|installed_v| parsed < installed_v))
     else {
         return Ok(Vec::new());
     };
-    let opted_in = new
-        .annotations()
-        .get(ALLOW_DOWNGRADE_ANNOTATION)
-        .is_some_and(|v| v == "true");
+    let opted_in = new.allow_downgrade() == Some("true");
     if !opted_in {
         return Err(Finding::new(
             "downgrade",
@@ -196,7 +190,7 @@ fn check_version(
 fn check_node_port(
     settings: &Settings,
     index: &NodePortIndex,
-    new: &PlatformInstance,
+    new: &Instance<'_>,
 ) -> Result<Vec<Finding>, Finding> {
     let Some(gateway) = new.spec.platform.as_ref().and_then(|p| p.gateway.as_ref()) else {
         return Ok(Vec::new());
@@ -214,14 +208,13 @@ fn check_node_port(
             ),
         ));
     }
-    let namespace = new.namespace().unwrap_or_default();
-    let name = new.name_any();
-    let own_host = host_namespace(&namespace, &name);
+    let (namespace, name) = (new.namespace(), new.name_any());
+    let own_host = host_namespace(namespace, name);
     let taken = index.holders(port).into_iter().find(|h| match h {
         Holder::Instance {
             namespace: ns,
             name: n,
-        } => !(ns == &namespace && n == &name),
+        } => !(ns == namespace && n == name),
         Holder::Service { namespace: ns, .. } => ns != &own_host,
     });
     if let Some(holder) = taken {
@@ -234,8 +227,8 @@ fn check_node_port(
     }
     Ok(gateway
         .http_endpoint
-        .as_deref()
-        .and_then(endpoint_port)
+        .as_ref()
+        .and_then(|e| endpoint_port(e.as_str()))
         .filter(|p| *p != port)
         .map(|p| {
             Finding::new(
@@ -249,9 +242,9 @@ fn check_node_port(
 
 /// `spec.platform.gateway.routeUrlPattern`: the platform derives it only from a loopback
 /// `httpEndpoint` (seed 003), so a public endpoint without it gets a warning.
-fn check_route_pattern(new: &PlatformInstance) -> Option<Finding> {
+fn check_route_pattern(new: &Instance<'_>) -> Option<Finding> {
     let gateway = new.spec.platform.as_ref()?.gateway.as_ref()?;
-    let endpoint = gateway.http_endpoint.as_deref()?;
+    let endpoint = gateway.http_endpoint.as_ref().map(Text::as_str)?;
     if gateway.route_url_pattern.is_some() || is_loopback(endpoint) {
         return None;
     }
@@ -310,23 +303,23 @@ fn endpoint_port(url: &str) -> Option<i32> {
 pub async fn check_secret_ref(
     client: &kube::Client,
     user: &UserInfo,
-    new: &PlatformInstance,
-    old: Option<&PlatformInstance>,
+    new: &Instance<'_>,
+    old: Option<&Instance<'_>>,
 ) -> Verdict {
-    let secret_ref = |pi: &PlatformInstance| {
+    fn secret_ref<'v>(pi: &'v Instance<'_>) -> Option<&'v SecretRef<'v>> {
         pi.spec
             .platform
             .as_ref()
             .and_then(|p| p.tenant_auth.as_ref())
-            .map(|t| t.client_secret_ref.clone())
-    };
+            .map(|t| &t.client_secret_ref)
+    }
     let Some(reference) = secret_ref(new) else {
         return Verdict::default();
     };
-    if old.is_some_and(|o| secret_ref(o).as_ref() == Some(&reference)) {
+    if old.is_some_and(|o| secret_ref(o) == Some(reference)) {
         return Verdict::default();
     }
-    let namespace = new.namespace().unwrap_or_default();
+    let namespace = new.namespace();
     let field = "spec.platform.tenantAuth.clientSecretRef";
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
@@ -335,12 +328,12 @@ pub async fn check_secret_ref(
             uid: user.uid.clone(),
             extra: user.extra.clone(),
             resource_attributes: Some(ResourceAttributes {
-                namespace: Some(namespace.clone()),
+                namespace: Some(namespace.to_string()),
                 verb: Some("get".into()),
                 resource: Some("secrets".into()),
                 group: Some(String::new()),
                 version: Some("v1".into()),
-                name: Some(reference.name.clone()),
+                name: Some(reference.name.as_str().to_string()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -357,7 +350,7 @@ pub async fn check_secret_ref(
                 "secret-access",
                 format!(
                     "{field}: could not check whether you may read Secret {namespace}/{} ({e}); retry, and check the webhook's permission to create SubjectAccessReviews",
-                    reference.name
+                    reference.name.as_str()
                 ),
             ));
         }
@@ -368,7 +361,7 @@ pub async fn check_secret_ref(
             format!(
                 "{field}: {} may not get Secret {namespace}/{}, so cannot make the operator read it; ask for read access to that Secret or name one you can read",
                 user.username.as_deref().unwrap_or("the requester"),
-                reference.name
+                reference.name.as_str()
             ),
         ));
     }
@@ -382,8 +375,8 @@ pub async fn validate(
     client: &kube::Client,
     operation: &Operation,
     user: &UserInfo,
-    new: &PlatformInstance,
-    old: Option<&PlatformInstance>,
+    new: &Instance<'_>,
+    old: Option<&Instance<'_>>,
 ) -> Verdict {
     let local = check_local(settings, index, operation, new, old);
     if local.denial.is_some() || old.is_some_and(|o| o.metadata.deletion_timestamp.is_some()) {
@@ -403,8 +396,32 @@ pub async fn validate(
 mod tests {
     use super::*;
     use common::crd::{
-        DeletionPolicy, Gateway, PlatformInstanceSpec, PlatformInstanceStatus, PlatformSettings,
+        DeletionPolicy, Gateway, PlatformInstance, PlatformInstanceSpec, PlatformInstanceStatus,
+        PlatformSettings,
     };
+    use kube::ResourceExt;
+
+    /// [`check_local`] on the views of typed instances.
+    fn local(
+        s: &Settings,
+        index: &NodePortIndex,
+        operation: &Operation,
+        new: &PlatformInstance,
+        old: Option<&PlatformInstance>,
+    ) -> Verdict {
+        check_local(
+            s,
+            index,
+            operation,
+            &new.into(),
+            old.map(Instance::from).as_ref(),
+        )
+    }
+
+    /// [`defaults`] on the view of a typed instance.
+    fn defaults_of(s: &Settings, object: &PlatformInstance) -> Vec<PatchOperation> {
+        defaults(s, &object.into())
+    }
 
     fn settings() -> Settings {
         Settings {
@@ -452,21 +469,21 @@ mod tests {
         let s = settings();
         let mut obj = serde_json::to_value(instance(None, 0)).expect("json");
         let typed = |v: &Value| serde_json::from_value::<PlatformInstance>(v.clone()).expect("pi");
-        let ops = defaults(&s, &typed(&obj));
+        let ops = defaults_of(&s, &typed(&obj));
         assert_eq!(ops.len(), 1);
         json_patch::patch(&mut obj, &ops).expect("applies");
         assert_eq!(obj["spec"]["version"], "6.0.22");
         assert!(
-            defaults(&s, &typed(&obj)).is_empty(),
+            defaults_of(&s, &typed(&obj)).is_empty(),
             "a second pass changes nothing"
         );
         assert!(
-            defaults(&s, &instance(Some("6.0.3"), 0)).is_empty(),
+            defaults_of(&s, &instance(Some("6.0.3"), 0)).is_empty(),
             "a given version is kept"
         );
         // A null version is replaced too (add on an existing member replaces it).
         obj["spec"]["version"] = Value::Null;
-        let ops = defaults(&s, &typed(&obj));
+        let ops = defaults_of(&s, &typed(&obj));
         json_patch::patch(&mut obj, &ops).expect("applies");
         assert_eq!(obj["spec"]["version"], "6.0.22");
     }
@@ -475,7 +492,7 @@ mod tests {
     fn version_range_and_downgrade() {
         let s = settings();
         let index = NodePortIndex::default();
-        let ok = check_local(
+        let ok = local(
             &s,
             &index,
             &Operation::Create,
@@ -483,7 +500,7 @@ mod tests {
             None,
         );
         assert_eq!(ok, Verdict::default());
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Create,
@@ -494,7 +511,7 @@ mod tests {
         assert!(v.denial.as_ref().is_some_and(
             |d| d.message.starts_with("spec.version 7.0.0") && d.message.contains("6.0.x")
         ));
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Create,
@@ -504,7 +521,7 @@ mod tests {
         assert_eq!(denied_by(&v), Some("version"));
 
         let old = installed(instance(Some("6.0.22"), 0), "6.0.22");
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Update,
@@ -516,13 +533,13 @@ mod tests {
         opted
             .annotations_mut()
             .insert(ALLOW_DOWNGRADE_ANNOTATION.into(), "true".into());
-        let v = check_local(&s, &index, &Operation::Update, &opted, Some(&old));
+        let v = local(&s, &index, &Operation::Update, &opted, Some(&old));
         assert_eq!(v.denial, None);
         assert_eq!(
             v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(),
             ["downgrade"]
         );
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Update,
@@ -530,7 +547,7 @@ mod tests {
             Some(&old),
         );
         assert_eq!(v, Verdict::default(), "an upgrade is fine");
-        let v = check_local(&s, &index, &Operation::Create, &instance(None, 0), None);
+        let v = local(&s, &index, &Operation::Create, &instance(None, 0), None);
         assert_eq!(
             v.warnings.iter().map(|w| w.rule).collect::<Vec<_>>(),
             ["default-version"]
@@ -550,7 +567,7 @@ mod tests {
         let mut new = old.clone();
         new.metadata.finalizers = None;
         assert_eq!(
-            check_local(&s, &index, &Operation::Update, &new, Some(&old)),
+            local(&s, &index, &Operation::Update, &new, Some(&old)),
             Verdict::default()
         );
         // Even an otherwise invalid edit passes: deletion must never hang here.
@@ -563,18 +580,12 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            check_local(&s, &index, &Operation::Update, &new, Some(&old)),
+            local(&s, &index, &Operation::Update, &new, Some(&old)),
             Verdict::default()
         );
         new.spec.version = Some("6.0.23".into());
         assert_eq!(
-            denied_by(&check_local(
-                &s,
-                &index,
-                &Operation::Update,
-                &new,
-                Some(&old)
-            )),
+            denied_by(&local(&s, &index, &Operation::Update, &new, Some(&old))),
             Some("deleting")
         );
     }
@@ -586,7 +597,7 @@ mod tests {
             ..settings()
         };
         let index = NodePortIndex::default();
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Create,
@@ -602,7 +613,7 @@ mod tests {
             },
             vec![30080],
         );
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Create,
@@ -630,7 +641,7 @@ mod tests {
             },
             vec![30090],
         );
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Update,
@@ -645,7 +656,7 @@ mod tests {
             },
             vec![30091],
         );
-        let v = check_local(
+        let v = local(
             &s,
             &index,
             &Operation::Create,
@@ -667,10 +678,10 @@ mod tests {
         if let Some(g) = pi.spec.platform.as_mut().and_then(|p| p.gateway.as_mut()) {
             g.http_endpoint = Some("http://apps.example:8080".into());
         }
-        let v = check_local(&s, &index, &Operation::Create, &pi, None);
+        let v = local(&s, &index, &Operation::Create, &pi, None);
         let rules: Vec<&str> = v.warnings.iter().map(|w| w.rule).collect();
         assert_eq!(rules, ["endpoint-port", "route-pattern", "deletion-policy"]);
-        let again = check_local(&s, &index, &Operation::Update, &pi, Some(&pi));
+        let again = local(&s, &index, &Operation::Update, &pi, Some(&pi));
         let rules: Vec<&str> = again.warnings.iter().map(|w| w.rule).collect();
         assert_eq!(
             rules,
@@ -680,7 +691,7 @@ mod tests {
         if let Some(g) = pi.spec.platform.as_mut().and_then(|p| p.gateway.as_mut()) {
             g.route_url_pattern = Some("http://{route}.{tenant}.apps.example:8080/".into());
         }
-        let given = check_local(&s, &index, &Operation::Update, &pi, Some(&pi));
+        let given = local(&s, &index, &Operation::Update, &pi, Some(&pi));
         let rules: Vec<&str> = given.warnings.iter().map(|w| w.rule).collect();
         assert_eq!(
             rules,

@@ -30,21 +30,10 @@ fn cases() -> u32 {
 
 /// Runs `strategy` through both endpoints, checking every answer; prints the figures.
 fn fuzz<S: Strategy<Value = Vec<u8>>>(name: &str, strategy: S) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = current_thread();
     // The client's request buffer runs on this runtime.
     let _entered = runtime.enter();
-    let h = offline();
-    // Index one port so that node-port checks (and the host namespace names they compute) run.
-    h.index.set(
-        webhook::index::Holder::Service {
-            namespace: "default".into(),
-            name: "web".into(),
-        },
-        vec![30080],
-    );
+    let h = offline_with_a_held_port();
     let config = Config {
         cases: cases(),
         failure_persistence: None,

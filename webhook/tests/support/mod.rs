@@ -20,7 +20,7 @@ pub struct Harness {
     pub index: Arc<NodePortIndex>,
 }
 
-fn settings() -> Settings {
+pub fn settings() -> Settings {
     Settings {
         default_version: "6.0.22".into(),
         min_version: (6, 0),
@@ -62,6 +62,28 @@ pub fn harness_limited(client: kube::Client, limits: &common::server::Limits) ->
 /// with the API server down, and is denied. For the rules that need none.
 pub fn offline() -> Harness {
     harness_with(offline_client(), 24)
+}
+
+/// A current-thread runtime for a property test, whose cases each block on it.
+pub fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// [`offline`], with NodePort 30080 held by the Service `default/web`, so that the node-port
+/// checks (and the host namespace names they compute) run.
+pub fn offline_with_a_held_port() -> Harness {
+    let h = offline();
+    h.index.set(
+        webhook::index::Holder::Service {
+            namespace: "default".into(),
+            name: "web".into(),
+        },
+        vec![30080],
+    );
+    h
 }
 
 /// A client for an API server that is not there (nothing listens on 127.0.0.1:9).
