@@ -245,7 +245,8 @@ fn parse_cost(body: &[u8], n: usize, parse: impl Fn(&[u8]) -> bool) -> (Duration
 }
 
 /// Where a review's time goes before the rules run: the body parsed as the webhook parses it
-/// (into the typed review), into a JSON tree, and only scanned (serde's `IgnoredAny`, the least
+/// (into the borrowed views of `webhook::view`, only what the rules read), as it did before (into
+/// the typed review), into a JSON tree, and only scanned (serde's `IgnoredAny`, the least
 /// any parser must do), on this thread, for both bodies.
 fn parse_profile(n: usize) {
     use kube::core::admission::AdmissionReview;
@@ -255,13 +256,16 @@ fn parse_profile(n: usize) {
         load_average()
     );
     println!(
-        "| body | size | typed review: time / allocations | JSON tree: time / allocations | scan only: time / allocations |\n|---|---|---|---|---|"
+        "| body | size | borrowed views (the webhook's parse): time / allocations | typed review (its parse before): time / allocations | JSON tree: time / allocations | scan only: time / allocations |\n|---|---|---|---|---|---|"
     );
     for (label, object) in [
         ("seed example", small()),
         ("32 tenants / 128 users", large()),
     ] {
         let body = review(object);
+        let views = parse_cost(&body, n, |b| {
+            serde_json::from_slice::<webhook::view::Review>(b).is_ok_and(|r| r.request.is_some())
+        });
         let typed = parse_cost(&body, n, |b| {
             serde_json::from_slice::<AdmissionReview<common::crd::PlatformInstance>>(b).is_ok()
         });
@@ -271,14 +275,75 @@ fn parse_profile(n: usize) {
         });
         let cell = |(t, a): (Duration, f64)| format!("{:.1} µs / {a:.0}", t.as_secs_f64() * 1e6);
         println!(
-            "| {label} | {} B | {} | {} | {} |",
+            "| {label} | {} B | {} | {} | {} | {} |",
             body.len(),
+            cell(views),
             cell(typed),
             cell(tree),
             cell(scan)
         );
     }
     COUNTING.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The webhook's own work per review, without TLS, HTTP or a socket: its router (with the layers
+/// of `common::server`, as served) called in this process on one thread, for both bodies; the
+/// rules that need no API server run as in the webhook (none of these bodies needs one).
+async fn handler_profile(n: usize) {
+    use tower::ServiceExt as _;
+    let registry = prometheus::Registry::new();
+    let state = Arc::new(webhook::admission::Admission {
+        settings: webhook::rules::Settings {
+            default_version: "6.0.22".into(),
+            min_version: (6, 0),
+            max_version: (6, 0),
+            node_port_range: (30000, 32767),
+        },
+        index: Arc::new(webhook::index::NodePortIndex::default()),
+        client: kube::Client::try_from(kube::Config::new(
+            "https://127.0.0.1:9".parse().expect("uri"),
+        ))
+        .expect("client"),
+        metrics: webhook::metrics::Metrics::register(&registry).expect("metrics"),
+    });
+    let app = common::server::layers(
+        webhook::admission::router(state),
+        &common::server::Limits::default(),
+    );
+    println!(
+        "\n# The webhook's handler alone (its router and layers called in this process, no TLS, HTTP or socket; {n} reviews per row; load average {})\n",
+        load_average()
+    );
+    println!("| body | size | per review |\n|---|---|---|");
+    for (label, object) in [
+        ("seed example", small()),
+        ("32 tenants / 128 users", large()),
+    ] {
+        let body = review(object);
+        let call = |body: Bytes| {
+            let request = axum::http::Request::post("/validate")
+                .header("content-type", "application/json")
+                .header("content-length", body.len())
+                .body(axum::body::Body::from(body))
+                .expect("request");
+            app.clone().oneshot(request)
+        };
+        for _ in 0..n / 10 {
+            let response = call(body.clone()).await.expect("answer");
+            assert_eq!(response.status(), 200);
+        }
+        let start = Instant::now();
+        for _ in 0..n {
+            let response = call(body.clone()).await.expect("answer");
+            assert_eq!(response.status(), 200);
+            let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+        }
+        println!(
+            "| {label} | {} B | {:.1} µs |",
+            body.len(),
+            start.elapsed().as_secs_f64() * 1e6 / n as f64
+        );
+    }
 }
 
 /// Set (to a file path) when this binary runs as the TLS echo process of the throughput row: it
@@ -502,6 +567,7 @@ async fn main() {
     }
 
     parse_profile(n);
+    handler_profile(n).await;
 
     // Throughput: the webhook pinned to one core, 16 connections from this process on the other;
     // the echo floor as a process of its own, pinned the same way; alternated twice.

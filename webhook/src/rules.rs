@@ -209,13 +209,16 @@ fn check_node_port(
         ));
     }
     let (namespace, name) = (new.namespace(), new.name_any());
-    let own_host = host_namespace(namespace, name);
+    // Its host namespace (a hash) is worked out only when a Service holds the port.
+    let own_host = std::cell::OnceCell::new();
     let taken = index.holders(port).into_iter().find(|h| match h {
         Holder::Instance {
             namespace: ns,
             name: n,
         } => !(ns == namespace && n == name),
-        Holder::Service { namespace: ns, .. } => ns != &own_host,
+        Holder::Service { namespace: ns, .. } => {
+            ns != own_host.get_or_init(|| host_namespace(namespace, name))
+        }
     });
     if let Some(holder) = taken {
         return Err(Finding::new(
