@@ -230,6 +230,29 @@ fn record_key(name: &str) -> &str {
         .unwrap_or(name)
 }
 
+/// The project name the generated `Pulumi.yaml` declares.
+pub const PROJECT: &str = "di-platform";
+
+/// Whether a file backend checkpoint (`{"version":3,"checkpoint":{"latest":{...}}}`) is one
+/// this operator reads and records no pending operations.
+pub fn no_pending_operations(checkpoint: &[u8]) -> bool {
+    let Ok(value) = serde_json::from_slice::<Value>(checkpoint) else {
+        return false;
+    };
+    let Some(checkpoint) = value
+        .get("checkpoint")
+        .filter(|_| value.get("version").and_then(Value::as_u64) == Some(3))
+    else {
+        return false;
+    };
+    match checkpoint.get("latest") {
+        None | Some(Value::Null) => true,
+        Some(latest) => latest
+            .get("pending_operations")
+            .is_none_or(|p| p.as_array().is_some_and(Vec::is_empty)),
+    }
+}
+
 /// The backend URL of a backend folder.
 pub fn backend_url(backend: &Path) -> String {
     format!("file://{}", backend.display())
@@ -429,10 +452,30 @@ impl Stack {
         self.ok("config set-all", &args, None).await.map(|_| ())
     }
 
+    /// Whether the stack's checkpoint file (`<backend>/.pulumi/stacks/<project>/dev.json`, the
+    /// file backend's plain JSON) says there are no pending operations, so that `clear_pending`
+    /// need not run `pulumi stack export`. Anything else (no such file, another layout, a
+    /// compressed or unreadable file) is not an answer: the export runs.
+    fn checkpoint_has_no_pending(&self) -> bool {
+        let file = self
+            .backend
+            .join(".pulumi")
+            .join("stacks")
+            .join(PROJECT)
+            .join(format!("{STACK}.json"));
+        let Ok(text) = std::fs::read(&file) else {
+            return false;
+        };
+        no_pending_operations(&text)
+    }
+
     /// Resolves pending operations a killed run left in the checkpoint: the stack is exported,
     /// its `pending_operations` dropped and the result imported (the next `up --refresh` reads
     /// the real state of anything they touched). Returns how many were dropped.
     pub async fn clear_pending(&self) -> Result<usize, PulumiError> {
+        if self.checkpoint_has_no_pending() {
+            return Ok(0);
+        }
         let out = self
             .ok("stack export", &["stack", "export", "--stack", STACK], None)
             .await?;
@@ -718,6 +761,30 @@ not json
             message: "x".into(),
         };
         assert_eq!(e.to_string(), "pulumi up failed (cancelled, exit 8): x");
+    }
+
+    #[test]
+    fn a_checkpoint_without_pending_operations_needs_no_export() {
+        assert!(no_pending_operations(
+            br#"{"version":3,"checkpoint":{"stack":"dev","latest":{"manifest":{},"resources":[]}}}"#
+        ));
+        assert!(no_pending_operations(
+            br#"{"version":3,"checkpoint":{"stack":"dev","latest":null}}"#
+        ));
+        assert!(no_pending_operations(
+            br#"{"version":3,"checkpoint":{"stack":"dev","latest":{"pending_operations":[]}}}"#
+        ));
+        assert!(!no_pending_operations(
+            br#"{"version":3,"checkpoint":{"latest":{"pending_operations":[{"type":"creating"}]}}}"#
+        ));
+        assert!(
+            !no_pending_operations(br#"{"version":4,"checkpoint":{"latest":{}}}"#),
+            "a format this operator does not know: export"
+        );
+        assert!(!no_pending_operations(b"\x1f\x8b compressed"));
+        assert!(!no_pending_operations(
+            br#"{"checkpoint":{"latest":{"pending_operations":{}}}}"#
+        ));
     }
 
     #[test]
