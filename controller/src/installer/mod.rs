@@ -282,10 +282,12 @@ impl Installer {
             });
         }
         rec.failure = outcome.as_ref().err().and_then(|e| e.failure);
+        // Before the record: the record's outcome is read as the task's end, so nothing of the
+        // task may follow it.
+        self.collect_trees().await;
         if let Err(e) = record::store(&dir, &rec) {
             tracing::warn!(dir = %dir.display(), error = %e, "writing the install record failed");
         }
-        self.collect_trees().await;
         outcome.map(|_| ())
     }
 
