@@ -301,6 +301,8 @@ fn url_host(server: &str) -> String {
 /// most control plane pods seen at once per namespace.
 #[derive(Debug, Default)]
 struct State {
+    /// The instance namespaces whose host namespaces this syncer serves (`None`: every one).
+    scope: Option<std::collections::BTreeSet<String>>,
     started: BTreeMap<String, String>,
     pending: BTreeMap<String, String>,
     slots: Vec<Option<String>>,
@@ -377,6 +379,32 @@ impl StandInSyncer {
             thread: Some(thread),
             log,
         })
+    }
+
+    /// Serves only the host namespaces of instances in `namespaces` from now on (a real vCluster
+    /// syncer serves its own namespace only; tests that share one host API server each have a
+    /// syncer of their own, which must leave the others' vClusters alone). Empty: none.
+    pub fn serve_only(&self, namespaces: &[&str]) {
+        if let Ok(mut s) = self.state.lock() {
+            s.scope = Some(namespaces.iter().map(|n| n.to_string()).collect());
+        }
+    }
+
+    /// Adds the host namespaces of instances in `namespace` to those served (after
+    /// [`StandInSyncer::serve_only`]; without it every namespace is served already).
+    pub fn serve(&self, namespace: &str) {
+        if let Ok(mut s) = self.state.lock()
+            && let Some(scope) = s.scope.as_mut()
+        {
+            scope.insert(namespace.to_string());
+        }
+    }
+
+    /// Serves every host namespace again.
+    pub fn serve_all(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.scope = None;
+        }
     }
 
     /// The most control plane pods seen at once in `host_ns` (0 if none was seen).
@@ -510,8 +538,40 @@ async fn pass(
         .list(&ListParams::default().fields(&format!("metadata.name=vc-config-{RELEASE}")))
         .await
         .map_err(|e| format!("listing vCluster configs: {e}"))?;
-    let live: Vec<String> = configs
+    let scope = state.lock().ok().and_then(|s| s.scope.clone());
+    // Host namespace -> the namespace of its instance (from the operator's annotation).
+    let owners: BTreeMap<String, String> = match scope {
+        None => BTreeMap::new(),
+        Some(_) => Api::<k8s_openapi::api::core::v1::Namespace>::all(host.clone())
+            .list(&ListParams::default().labels(common::names::HOST_NAMESPACE_LABEL))
+            .await
+            .map_err(|e| format!("listing host namespaces: {e}"))?
+            .items
+            .into_iter()
+            .filter_map(|n| {
+                let owner = n
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get(common::names::INSTANCE_ANNOTATION)?
+                    .split('/')
+                    .next()?
+                    .to_string();
+                Some((n.metadata.name?, owner))
+            })
+            .collect(),
+    };
+    let served = |ns: &str| {
+        scope
+            .as_ref()
+            .is_none_or(|scope| owners.get(ns).is_some_and(|owner| scope.contains(owner)))
+    };
+    let configs: Vec<Secret> = configs
         .items
+        .into_iter()
+        .filter(|s| s.metadata.namespace.as_deref().is_some_and(served))
+        .collect();
+    let live: Vec<String> = configs
         .iter()
         .filter_map(|s| s.metadata.namespace.clone())
         .collect();
@@ -527,7 +587,7 @@ async fn pass(
     }
     // One namespace's trouble (its Service deleted, say) holds up no other.
     let mut errors = Vec::new();
-    for secret in configs.items {
+    for secret in configs {
         let Some(ns) = secret.metadata.namespace.clone() else {
             continue;
         };
