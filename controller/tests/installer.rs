@@ -116,6 +116,33 @@ fn tree_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// `pulumi <args> --stack dev` of the real CLI in an instance's project, the way the operator
+/// runs it (its file backend, the passphrase file); its JSON output.
+fn pulumi_json(fx: &Fixture, project: &Path, args: &[&str]) -> Value {
+    let tools = e2e::tools::Tools::locate().expect("tools");
+    let out = Command::new(tools.bin("pulumi"))
+        .current_dir(project)
+        .args(args)
+        .args(["--stack", "dev", "--non-interactive"])
+        .env(
+            "PULUMI_BACKEND_URL",
+            format!("file://{}", project.join("state").display()),
+        )
+        .env("PULUMI_CONFIG_PASSPHRASE_FILE", &fx.passphrase)
+        .env_remove("PULUMI_CONFIG_PASSPHRASE")
+        .env("PULUMI_HOME", fx.dir.join("pulumi-home-of-the-test"))
+        .env("PULUMI_SKIP_UPDATE_CHECK", "true")
+        .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true")
+        .output()
+        .expect("pulumi runs");
+    assert!(
+        out.status.success(),
+        "pulumi {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
     fx.dir.join("state").join(ns).join(name)
 }
@@ -291,6 +318,42 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         stack_config.contains("pulumi:disable-default-providers")
             && stack_config.contains("- kubernetes"),
         "{stack_config}"
+    );
+    // The operator wrote that config file itself (no `pulumi config set` runs), its secrets
+    // sealed with the passphrase: the real CLI reads every value back, and the outputs the
+    // operator reads from the checkpoint are the ones `pulumi stack output` prints.
+    assert!(!stack_config.contains(CLIENT_SECRET), "{stack_config}");
+    let cli_config = pulumi_json(&fx, &project, &["config", "--json", "--show-secrets"]);
+    assert_eq!(
+        cli_config["platform:tenantAuthClientSecret"],
+        serde_json::json!({"value": CLIENT_SECRET, "secret": true})
+    );
+    assert_eq!(cli_config["platform:kubeconfig"]["secret"], true);
+    assert!(
+        cli_config["platform:kubeconfig"]["value"]
+            .as_str()
+            .is_some_and(|k| k.contains("clusters:")),
+        "the kubeconfig opens"
+    );
+    assert_eq!(cli_config["platform:settings"]["secret"], false);
+    let cli_outputs = pulumi_json(
+        &fx,
+        &project,
+        &["stack", "output", "--json", "--show-secrets"],
+    );
+    let checkpoint = std::fs::read(project.join("state/.pulumi/stacks/di-platform/dev.json"))
+        .expect("checkpoint");
+    let passphrase = std::fs::read(&fx.passphrase).expect("passphrase");
+    assert_eq!(
+        controller::installer::pulumi::checkpoint_outputs(&checkpoint, passphrase.trim_ascii())
+            .expect("the checkpoint's outputs are readable"),
+        cli_outputs
+    );
+    assert!(
+        cli_outputs["kubeconfigs"]
+            .as_array()
+            .is_some_and(|k| !k.is_empty()),
+        "{cli_outputs}"
     );
     assert_eq!(settings["networkPolicyEngine"], "existing");
     assert_eq!(settings["tenantAuth"]["clientId"], "console");

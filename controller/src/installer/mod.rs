@@ -10,6 +10,7 @@
 //! bounded by `--install-timeout`; the tools run as process groups that die with the task.
 
 pub mod config;
+pub mod crypter;
 pub mod modules;
 pub mod npm;
 pub mod passphrase;
@@ -331,6 +332,10 @@ impl Installer {
                 pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
                 pulumi::PulumiError::Io { .. } => Failure::StateUnavailable,
                 pulumi::PulumiError::OutOfMemory { .. } => Failure::ProgramOutOfMemory,
+                pulumi::PulumiError::Secrets {
+                    source: crypter::CrypterError::IncorrectPassphrase { .. },
+                    ..
+                } => Failure::PassphraseMismatch,
                 _ => Failure::InstallFailed,
             };
             TaskError::new(failure, e.to_string())
@@ -477,22 +482,22 @@ impl Installer {
         if cleared > 0 {
             tracing::info!(project = %stack.project.display(), cleared, "cleared a stale state lock");
         }
-        stack.select_or_create().await?;
+        // The config file first: a stack created next keeps its salt.
+        let values = config_values(config);
+        let writer = stack.clone();
+        tokio::task::spawn_blocking(move || writer.write_config(&values))
+            .await
+            .map_err(|e| pulumi::PulumiError::Io {
+                what: "writing the stack config",
+                path: stack.config_file(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+        if !stack.exists() && !stack.create_in_empty_backend()? {
+            stack.select_or_create().await?;
+        }
         let pending = stack.clear_pending().await?;
         if pending > 0 {
             tracing::info!(project = %stack.project.display(), pending, "resolved pending operations an interrupted run left");
-        }
-        stack
-            .set_config(config::SETTINGS_KEY, &config.settings.to_string(), false)
-            .await?;
-        stack
-            .set_config_path(
-                config::DISABLE_DEFAULT_PROVIDERS_KEY,
-                &DISABLED_DEFAULT_PROVIDERS,
-            )
-            .await?;
-        for (key, value) in &config.secrets {
-            stack.set_config(key, value, true).await?;
         }
         let started = std::time::Instant::now();
         let up = stack.up().await;
@@ -585,6 +590,30 @@ pub fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
         http: pick("httpEndpoint"),
         route_url_pattern: pick("routeUrlPattern"),
     }
+}
+
+/// The stack config of one install: the settings, the packages whose default providers are
+/// disabled, and the secrets.
+fn config_values(config: &ProgramConfig) -> Vec<(&'static str, pulumi::ConfigValue)> {
+    let mut values = vec![
+        (
+            config::SETTINGS_KEY,
+            pulumi::ConfigValue::Plain(config.settings.to_string()),
+        ),
+        (
+            config::DISABLE_DEFAULT_PROVIDERS_KEY,
+            pulumi::ConfigValue::List(
+                DISABLED_DEFAULT_PROVIDERS
+                    .iter()
+                    .map(|p| (*p).to_string())
+                    .collect(),
+            ),
+        ),
+    ];
+    for (key, value) in &config.secrets {
+        values.push((key, pulumi::ConfigValue::Secret(value.clone())));
+    }
+    values
 }
 
 /// Records a successful install in `rec`; returns its message.
