@@ -367,6 +367,7 @@ impl Args {
         metrics: &Metrics,
         identity: String,
         hosts: Hosts,
+        caches: Arc<controller::reconcile::cache::Caches>,
     ) -> Context {
         Context {
             client,
@@ -406,6 +407,8 @@ impl Args {
             phases: Mutex::new(Default::default()),
             hosts,
             backoff: Default::default(),
+            caches,
+            vclusters: Default::default(),
         }
     }
 }
@@ -536,12 +539,15 @@ async fn main() -> anyhow::Result<()> {
 
     let hosts = Hosts::default();
     let settings = args.settings(chart_version);
+    let caches =
+        controller::reconcile::cache::Caches::start(&client, args.watch_namespace.as_deref());
     let ctx = Arc::new(args.context(
         client.clone(),
         settings,
         &metrics,
         identity.clone(),
         hosts.clone(),
+        caches,
     ));
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
     let controller = run(

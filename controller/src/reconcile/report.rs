@@ -50,6 +50,24 @@ pub async fn report(
     Ok(())
 }
 
+/// Whether the status the plan describes is the one the instance shows (nothing to write).
+pub fn unchanged(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    plan: &Plan,
+    retry: Option<String>,
+    record: &Record,
+) -> bool {
+    let old = pi.status.clone().unwrap_or_default();
+    if status(pi, plan, retry, record, &old) != old {
+        return false;
+    }
+    if let Ok(mut phases) = ctx.phases.lock() {
+        phases.insert(key(pi), plan.phase);
+    }
+    true
+}
+
 /// The status the plan and the installer's record describe.
 fn status(
     pi: &PlatformInstance,
@@ -142,6 +160,9 @@ pub fn forget(ctx: &Context, key: &str) {
     }
     if let Ok(mut hosts) = ctx.hosts.lock() {
         hosts.retain(|_, (namespace, name)| format!("{namespace}/{name}") != key);
+    }
+    if let Some((namespace, name)) = key.split_once('/') {
+        ctx.vclusters.forget(&host_namespace(namespace, name));
     }
 }
 
