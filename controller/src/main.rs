@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
-use common::names::{LEADER_LEASE, MANAGED_BY_SELECTOR, VCLUSTER};
+use common::names::LEADER_LEASE;
 use common::secure_metrics::{self, Secure};
 use common::telemetry::LogArgs;
 use controller::decide::model::Protection;
@@ -17,10 +17,10 @@ use controller::helm::Helm;
 use controller::installer::Installer;
 use controller::leader::Election;
 use controller::metrics::{InstanceConditions, Metrics};
+use controller::reconcile::cache::Triggers;
 use controller::reconcile::{Context, Settings, error_policy, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -413,11 +413,14 @@ impl Args {
     }
 }
 
-/// The reconcile loop over every instance, woken by its Secrets and by its `service/vcluster`.
+/// The reconcile loop over every instance, woken by its Secrets, by its `service/vcluster` and
+/// by the vCluster's rollout (its Deployment, Helm release and exported kubeconfig); each of those
+/// watches feeds the controller's caches before it wakes an instance.
 async fn run(
     client: kube::Client,
     ctx: Arc<Context>,
     hosts: Hosts,
+    triggers: Triggers,
     watch_namespace: Option<&str>,
     registry: &prometheus::Registry,
 ) -> anyhow::Result<()> {
@@ -432,23 +435,26 @@ async fn run(
     registry
         .register(Box::new(InstanceConditions::new(controller.store())?))
         .context("registering the instance condition metrics")?;
+    // A change in a host namespace wakes the instance whose host namespace it is.
+    let owner = move |host: Option<String>| {
+        let host = host.unwrap_or_default();
+        let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
+        owner.map(|(namespace, name)| ObjectRef::<PlatformInstance>::new(&name).within(&namespace))
+    };
+    let (by_service, by_deployment, by_exported, by_release) =
+        (owner.clone(), owner.clone(), owner.clone(), owner);
     controller
-        .owns(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default().labels(MANAGED_BY_SELECTOR),
-        )
-        // A change to any service/vcluster wakes the instance whose host namespace holds it.
-        .watches(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default().fields(&format!("metadata.name={VCLUSTER}")),
-            move |svc| {
-                let host = svc.metadata.namespace.clone().unwrap_or_default();
-                let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
-                owner.map(|(namespace, name)| {
-                    ObjectRef::<PlatformInstance>::new(&name).within(&namespace)
-                })
-            },
-        )
+        .owns_stream(triggers.kubeconfigs)
+        .watches_stream(triggers.services, move |svc| {
+            by_service(svc.metadata.namespace)
+        })
+        .watches_stream(triggers.deployments, move |d| {
+            by_deployment(d.metadata.namespace)
+        })
+        .watches_stream(triggers.exported, move |s| {
+            by_exported(s.metadata.namespace)
+        })
+        .watches_stream(triggers.releases, move |s| by_release(s.metadata.namespace))
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
@@ -539,7 +545,7 @@ async fn main() -> anyhow::Result<()> {
 
     let hosts = Hosts::default();
     let settings = args.settings(chart_version);
-    let caches =
+    let (caches, triggers) =
         controller::reconcile::cache::Caches::start(&client, args.watch_namespace.as_deref());
     let ctx = Arc::new(args.context(
         client.clone(),
@@ -554,6 +560,7 @@ async fn main() -> anyhow::Result<()> {
         client.clone(),
         ctx,
         hosts,
+        triggers,
         args.watch_namespace.as_deref(),
         &registry,
     );

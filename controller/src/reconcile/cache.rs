@@ -17,12 +17,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use common::names::{
     EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, HOST_NAMESPACE_LABEL, KUBECONFIG_KEY,
     MANAGED_BY_SELECTOR, VCLUSTER, VCLUSTER_NETWORK_POLICY,
 };
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -43,6 +44,8 @@ type Objects<K> = HashMap<String, BTreeMap<String, Arc<K>>>;
 pub struct Index<K> {
     objects: RwLock<Objects<K>>,
     listed: AtomicBool,
+    /// A re-list in progress, until it is complete.
+    pending: Mutex<Option<Objects<K>>>,
 }
 
 impl<K> Default for Index<K> {
@@ -50,6 +53,7 @@ impl<K> Default for Index<K> {
         Self {
             objects: RwLock::new(HashMap::new()),
             listed: AtomicBool::new(false),
+            pending: Mutex::new(None),
         }
     }
 }
@@ -108,9 +112,9 @@ impl<K: Resource> Index<K> {
             .insert(name, Arc::new(object));
     }
 
-    /// Applies one watch event; `pending` holds a re-list until it is complete.
-    fn apply(&self, event: Event<K>, pending: &mut Option<Objects<K>>) {
-        let Ok(mut objects) = self.objects.write() else {
+    /// Applies one watch event (a re-list is held apart until it is complete).
+    fn apply(&self, event: Event<K>) {
+        let (Ok(mut objects), Ok(mut pending)) = (self.objects.write(), self.pending.lock()) else {
             return;
         };
         match event {
@@ -135,31 +139,67 @@ impl<K: Resource> Index<K> {
         }
     }
 
-    /// Feeds the index from `events` until the stream ends, trimming each object first.
-    async fn feed<S>(self: Arc<Self>, what: &'static str, events: S, trim: fn(&mut K))
+    /// One event from a watch: trimmed, applied, and passed on.
+    fn take(
+        &self,
+        what: &str,
+        event: Result<Event<K>, watcher::Error>,
+        trim: fn(&mut K),
+    ) -> Taken<K>
     where
-        S: Stream<Item = Result<Event<K>, watcher::Error>>,
+        K: Clone,
     {
-        let mut pending = None;
-        let mut events = std::pin::pin!(events);
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(mut event) => {
-                    match &mut event {
-                        Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => trim(o),
-                        Event::Init | Event::InitDone => {}
+        match event {
+            Ok(mut event) => {
+                let touched = match &mut event {
+                    Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => {
+                        trim(o);
+                        Some(o.clone())
                     }
-                    self.apply(event, &mut pending);
-                }
-                Err(e) => {
-                    // Until it has listed again, the reconciler reads the API server.
-                    self.listed.store(false, Ordering::Release);
-                    tracing::warn!(cache = what, error = %e, "watch failed; retrying with backoff (reconciles read the API server meanwhile)");
-                }
+                    Event::Init | Event::InitDone => None,
+                };
+                self.apply(event);
+                touched.map(Ok)
+            }
+            Err(e) => {
+                // Until it has listed again, the reconciler reads the API server.
+                self.listed.store(false, Ordering::Release);
+                tracing::warn!(cache = what, error = %e, "watch failed; retrying with backoff (reconciles read the API server meanwhile)");
+                Some(Err(e))
             }
         }
     }
+
+    /// Feeds the index from `events` until the stream ends.
+    async fn feed<S>(self: Arc<Self>, what: &'static str, events: S, trim: fn(&mut K))
+    where
+        K: Clone,
+        S: Stream<Item = Result<Event<K>, watcher::Error>>,
+    {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let _ = self.take(what, event, trim);
+        }
+    }
+
+    /// The objects `events` touches, each applied to the index before it is passed on (so that
+    /// a reconcile it wakes reads the cache with it): the controller's trigger for this kind.
+    fn tee<S>(self: Arc<Self>, what: &'static str, events: S, trim: fn(&mut K)) -> Trigger<K>
+    where
+        K: Clone + Send + Sync + 'static,
+        S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    {
+        events
+            .filter_map(move |event| std::future::ready(self.take(what, event, trim)))
+            .boxed()
+    }
 }
+
+/// What [`Index::take`] passes on: the object an event touched, or the watch's error.
+type Taken<K> = Option<Result<K, watcher::Error>>;
+
+/// The objects a watch touched, as the controller takes its triggers.
+pub type Trigger<K> = BoxStream<'static, Result<K, watcher::Error>>;
 
 /// Drops what no reader of the controller looks at from any object's metadata.
 fn trim_meta(meta: &mut ObjectMeta) {
@@ -247,10 +287,27 @@ where
     watch(Api::<PartialObjectMeta<K>>::all(client), config)
 }
 
+/// The watches that also wake instances, for the controller to drive: each feeds its cache
+/// before it passes an object on.
+pub struct Triggers {
+    /// The operator's Secrets (owned by instances).
+    pub kubeconfigs: Trigger<Secret>,
+    /// `service/vcluster` of each host namespace.
+    pub services: Trigger<PartialObjectMeta<Service>>,
+    /// `deployment/vcluster` of each host namespace (its rollout).
+    pub deployments: Trigger<Deployment>,
+    /// The exported kubeconfig of each host namespace.
+    pub exported: Trigger<Secret>,
+    /// The Helm release records of each host namespace.
+    pub releases: Trigger<PartialObjectMeta<Secret>>,
+}
+
 impl Caches {
-    /// Starts every watch (each feeds its index in a task of its own) and returns the caches.
-    /// `watch_namespace` narrows the instances' Secrets to the namespace the controller watches.
-    pub fn start(client: &kube::Client, watch_namespace: Option<&str>) -> Arc<Self> {
+    /// Starts the watches that only feed a cache (each in a task of its own) and returns the
+    /// caches with the watches that also wake instances ([`Triggers`]), which feed their caches
+    /// while the controller runs them. `watch_namespace` narrows the instances' Secrets to the
+    /// namespace the controller watches.
+    pub fn start(client: &kube::Client, watch_namespace: Option<&str>) -> (Arc<Self>, Triggers) {
         let caches = Arc::new(Self::default());
         let by_name =
             |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -267,45 +324,47 @@ impl Caches {
             watch_meta::<NetworkPolicy>(client.clone(), by_name(VCLUSTER_NETWORK_POLICY)),
             trim_partial,
         ));
-        tokio::spawn(caches.releases.clone().feed(
-            "helm releases",
-            watch_meta::<Secret>(
-                client.clone(),
-                watcher::Config::default().labels(&format!("owner=helm,name={RELEASE}")),
-            ),
-            trim_partial,
-        ));
-        tokio::spawn(caches.services.clone().feed(
-            "services",
-            watch_meta::<Service>(client.clone(), by_name(VCLUSTER)),
-            trim_partial,
-        ));
-        tokio::spawn(caches.deployments.clone().feed(
-            "deployments",
-            watch(Api::<Deployment>::all(client.clone()), by_name(VCLUSTER)),
-            trim_deployment,
-        ));
-        tokio::spawn(caches.exported.clone().feed(
-            "exported kubeconfigs",
-            watch(
-                Api::<Secret>::all(client.clone()),
-                by_name(EXPORTED_KUBECONFIG_SECRET),
-            ),
-            trim_exported,
-        ));
         let secrets = match watch_namespace {
             Some(namespace) => Api::<Secret>::namespaced(client.clone(), namespace),
             None => Api::<Secret>::all(client.clone()),
         };
-        tokio::spawn(caches.kubeconfigs.clone().feed(
-            "kubeconfig secrets",
-            watch(
-                secrets,
-                watcher::Config::default().labels(MANAGED_BY_SELECTOR),
+        let triggers = Triggers {
+            kubeconfigs: caches.kubeconfigs.clone().tee(
+                "kubeconfig secrets",
+                watch(
+                    secrets,
+                    watcher::Config::default().labels(MANAGED_BY_SELECTOR),
+                ),
+                trim_kubeconfig,
             ),
-            trim_kubeconfig,
-        ));
-        caches
+            services: caches.services.clone().tee(
+                "services",
+                watch_meta::<Service>(client.clone(), by_name(VCLUSTER)),
+                trim_partial,
+            ),
+            deployments: caches.deployments.clone().tee(
+                "deployments",
+                watch(Api::<Deployment>::all(client.clone()), by_name(VCLUSTER)),
+                trim_deployment,
+            ),
+            exported: caches.exported.clone().tee(
+                "exported kubeconfigs",
+                watch(
+                    Api::<Secret>::all(client.clone()),
+                    by_name(EXPORTED_KUBECONFIG_SECRET),
+                ),
+                trim_exported,
+            ),
+            releases: caches.releases.clone().tee(
+                "helm releases",
+                watch_meta::<Secret>(
+                    client.clone(),
+                    watcher::Config::default().labels(&format!("owner=helm,name={RELEASE}")),
+                ),
+                trim_partial,
+            ),
+        };
+        (caches, triggers)
     }
 
     /// Every watch has listed and none has failed since: the caches may be read.
@@ -358,21 +417,20 @@ mod tests {
     #[test]
     fn a_relist_replaces_the_index_only_when_complete() {
         let index = Index::<Secret>::default();
-        let mut pending = None;
-        index.apply(Event::Apply(secret("a", "one")), &mut pending);
-        index.apply(Event::Apply(secret("a", "two")), &mut pending);
-        index.apply(Event::Apply(secret("b", "one")), &mut pending);
+        index.apply(Event::Apply(secret("a", "one")));
+        index.apply(Event::Apply(secret("a", "two")));
+        index.apply(Event::Apply(secret("b", "one")));
         assert_eq!(index.in_namespace("a").len(), 2);
         assert!(!index.listed(), "not listed before the first InitDone");
-        index.apply(Event::Delete(secret("a", "two")), &mut pending);
+        index.apply(Event::Delete(secret("a", "two")));
         assert!(index.get("a", "two").is_none());
         assert!(index.get("a", "one").is_some());
         // A re-list: the old content stays readable until it is complete, then is replaced.
-        index.apply(Event::Init, &mut pending);
-        index.apply(Event::InitApply(secret("c", "one")), &mut pending);
+        index.apply(Event::Init);
+        index.apply(Event::InitApply(secret("c", "one")));
         assert!(index.get("a", "one").is_some());
         assert!(index.get("c", "one").is_none());
-        index.apply(Event::InitDone, &mut pending);
+        index.apply(Event::InitDone);
         assert!(index.listed());
         assert!(index.get("a", "one").is_none(), "gone after the re-list");
         assert!(index.get("c", "one").is_some());
