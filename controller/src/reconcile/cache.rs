@@ -438,6 +438,29 @@ mod tests {
         assert!(index.in_namespace("a").is_empty());
     }
 
+    #[tokio::test]
+    async fn a_trigger_passes_an_object_on_only_once_its_cache_holds_it() {
+        let index = Arc::new(Index::<Secret>::default());
+        let events = futures::stream::iter(vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(secret("a", "one"))),
+            Ok(Event::InitDone),
+            Ok(Event::Delete(secret("a", "one"))),
+        ]);
+        let mut trigger = index.clone().tee("test", events, trim_kubeconfig);
+        let first = trigger.next().await.expect("one").expect("ok");
+        assert_eq!(first.metadata.name.as_deref(), Some("one"));
+        // InitDone comes with the next object: the re-list is complete once it is passed on.
+        let deleted = trigger.next().await.expect("delete").expect("ok");
+        assert_eq!(deleted.metadata.name.as_deref(), Some("one"));
+        assert!(index.listed());
+        assert!(
+            index.get("a", "one").is_none(),
+            "the deletion is in the cache when it wakes the instance"
+        );
+        assert!(trigger.next().await.is_none());
+    }
+
     #[test]
     fn secrets_keep_only_the_kubeconfig_and_no_managed_fields() {
         let mut s: Secret = serde_json::from_value(serde_json::json!({
