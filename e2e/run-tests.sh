@@ -46,7 +46,15 @@ headlamp_npm_cache="${npm_config_cache:-${PLATFORM_OPERATOR_CACHE:-$HOME/.cache/
 background debian debian_packages
 background headlamp headlamp_packages
 background verdaccio bash e2e/tools/verdaccio/install.sh
-background crates cargo fetch --locked
+# The Rust workspace (the test binaries, then clippy's check) builds beside the Go tools: on a cold
+# machine neither keeps both cores busy all the time (links, the last crates), so each fills the
+# other's gaps. Warm, both are no-ops.
+rust_build() {
+  cargo fetch --locked
+  cargo test --workspace --locked --no-run
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+}
+background rust rust_build
 
 step "building the test control plane from pinned Go modules (cached)"
 await verdaccio
@@ -54,6 +62,11 @@ bash e2e/tools/build.sh
 
 step "a real Prometheus server and promtool (Debian's package, unpacked into the cache), Chromium"
 await debian
+
+# Before the plugin's tests, so that their timing-sensitive component tests never share the cores
+# with rustc.
+step "the Rust workspace, built in the background meanwhile (test binaries, clippy)"
+await rust
 
 step "Headlamp plugin: npm packages (cached), lint, types, unit and component tests"
 # The browser test itself runs under cargo test (e2e/tests/headlamp.rs) against the real API server.
@@ -65,8 +78,6 @@ await headlamp
   npm run tsc
   CI=true npm test
 )
-
-await crates
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -308,6 +308,8 @@ fn url_host(server: &str) -> String {
 /// most control plane pods seen at once per namespace.
 #[derive(Debug, Default)]
 struct State {
+    /// The instance namespaces whose host namespaces this syncer serves (`None`: every one).
+    scope: Option<std::collections::BTreeSet<String>>,
     started: BTreeMap<String, String>,
     pending: BTreeMap<String, String>,
     slots: Vec<Option<String>>,
@@ -384,6 +386,32 @@ impl StandInSyncer {
             thread: Some(thread),
             log,
         })
+    }
+
+    /// Serves only the host namespaces of instances in `namespaces` from now on (a real vCluster
+    /// syncer serves its own namespace only; tests that share one host API server each have a
+    /// syncer of their own, which must leave the others' vClusters alone). Empty: none.
+    pub fn serve_only(&self, namespaces: &[&str]) {
+        if let Ok(mut s) = self.state.lock() {
+            s.scope = Some(namespaces.iter().map(|n| n.to_string()).collect());
+        }
+    }
+
+    /// Adds the host namespaces of instances in `namespace` to those served (after
+    /// [`StandInSyncer::serve_only`]; without it every namespace is served already).
+    pub fn serve(&self, namespace: &str) {
+        if let Ok(mut s) = self.state.lock()
+            && let Some(scope) = s.scope.as_mut()
+        {
+            scope.insert(namespace.to_string());
+        }
+    }
+
+    /// Serves every host namespace again.
+    pub fn serve_all(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.scope = None;
+        }
     }
 
     /// The most control plane pods seen at once in `host_ns` (0 if none was seen).
@@ -511,9 +539,12 @@ async fn run(
     }
 }
 
-/// The host's vCluster configs, control plane pods and `service/vcluster`s, kept by watches.
+/// The host's vCluster configs, control plane pods, `service/vcluster`s and host namespaces, kept
+/// by watches.
 struct Watched {
     configs: Store<Secret>,
+    /// The operator's host namespaces (their annotation names the instance they serve).
+    namespaces: Store<Namespace>,
     pods: Store<Pod>,
     services: Store<Service>,
     /// Each config's values as parsed, by namespace, with the resourceVersion they were read at.
@@ -524,7 +555,7 @@ struct Watched {
 type Parsed = (String, Result<Value, String>);
 
 impl Watched {
-    /// Starts both watches on the current runtime.
+    /// Starts the watches on the current runtime.
     fn start(host: &kube::Client) -> Self {
         use futures::StreamExt as _;
         use kube::runtime::WatchStreamExt as _;
@@ -558,8 +589,19 @@ impl Watched {
                 .default_backoff()
                 .for_each(|_| std::future::ready(())),
         );
+        let (namespaces, namespaces_writer) = reflector::store();
+        let namespace_watch = watcher::watcher(
+            Api::<Namespace>::all(host.clone()),
+            watcher::Config::default().labels(common::names::HOST_NAMESPACE_LABEL),
+        );
+        tokio::spawn(
+            reflector::reflector(namespaces_writer, namespace_watch)
+                .default_backoff()
+                .for_each(|_| std::future::ready(())),
+        );
         Self {
             configs,
+            namespaces,
             pods,
             services,
             parsed: Mutex::new(BTreeMap::new()),
@@ -595,6 +637,19 @@ impl Watched {
         let _ = self.configs.wait_until_ready().await;
         let _ = self.pods.wait_until_ready().await;
         let _ = self.services.wait_until_ready().await;
+        let _ = self.namespaces.wait_until_ready().await;
+    }
+
+    /// The namespace of the instance that host namespace `ns` serves (from the operator's
+    /// annotation `namespace/name`), if the watch shows one.
+    fn owner(&self, ns: &str) -> Option<String> {
+        let namespace = self.namespaces.get(&ObjectRef::new(ns))?;
+        let instance = namespace
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(common::names::INSTANCE_ANNOTATION)?;
+        Some(instance.split('/').next()?.to_string())
     }
 
     /// The control plane pods by host namespace.
@@ -660,7 +715,22 @@ async fn pass(
     watched: &Watched,
     say: &mut impl FnMut(String),
 ) -> Result<(), String> {
-    let configs = watched.configs.state();
+    let scope = state.lock().ok().and_then(|s| s.scope.clone());
+    // A host namespace is served when its instance's namespace (from the operator's annotation)
+    // is in scope; a namespace the watch has not shown yet waits for a later pass.
+    let served = |ns: &str| {
+        scope.as_ref().is_none_or(|scope| {
+            watched
+                .owner(ns)
+                .is_some_and(|owner| scope.contains(&owner))
+        })
+    };
+    let configs: Vec<Arc<Secret>> = watched
+        .configs
+        .state()
+        .into_iter()
+        .filter(|s| s.metadata.namespace.as_deref().is_some_and(served))
+        .collect();
     let live: Vec<String> = configs
         .iter()
         .filter_map(|s| s.metadata.namespace.clone())

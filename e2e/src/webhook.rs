@@ -109,6 +109,27 @@ impl Webhook {
             .unwrap_or_default()
     }
 
+    /// The reviews it has answered so far, by webhook: (mutate, validate), the sums of its
+    /// `platform_operator_webhook_reviews_total` (which has no series before the first review).
+    /// Panics when /metrics does not answer.
+    pub async fn reviews_answered(&self) -> (u64, u64) {
+        let text = self.metrics().await;
+        assert!(
+            text.contains("platform_operator_build_info"),
+            "/metrics did not answer: {text}"
+        );
+        let sum = |which: &str| -> u64 {
+            let label = format!("webhook=\"{which}\"");
+            text.lines()
+                .filter(|l| l.starts_with("platform_operator_webhook_reviews_total{"))
+                .filter(|l| l.contains(&label))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .map(|v| v as u64)
+                .sum()
+        };
+        (sum("mutate"), sum("validate"))
+    }
+
     /// Stops it with SIGTERM (SIGKILL after ten seconds).
     pub fn stop(&mut self) {
         crate::process::terminate(&mut self.child, Duration::from_secs(10));
@@ -150,15 +171,43 @@ pub fn configurations(id: &str, port: u16) -> String {
 /// apart from their names, `clientConfig` and (for [`Scope::Labelled`]) the `namespaceSelector`,
 /// they are the chart's (`e2e/tests/chart.rs` compares them).
 pub fn configurations_in(id: &str, port: u16, scope: Scope) -> String {
-    let selector = match scope {
+    let mutate = common_part(port, "mutate", &scope_selector(id, scope), MUTATE_WHEN);
+    let validate = common_part(port, "validate", &scope_selector(id, scope), VALIDATE_WHEN);
+    format!(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: default.platform.di-framework.dev\n    failurePolicy: Ignore\n    reinvocationPolicy: Never\n{mutate}---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: validate.platform.di-framework.dev\n    failurePolicy: Fail\n{validate}",
+    )
+}
+
+/// The mutating webhook's own matchCondition (name, CEL): it only fills a missing `spec.version`.
+pub const MUTATE_WHEN: (&str, &str) = (
+    "spec-version-missing",
+    "!has(object.spec) || !has(object.spec.version) || object.spec.version == null",
+);
+
+/// The validating webhook's own matchCondition (name, CEL): a create, or an update that changes
+/// what its rules read of the request (the spec, or the allow-downgrade annotation); see
+/// docs/webhook.md.
+pub const VALIDATE_WHEN: (&str, &str) = (
+    "create-or-spec-or-downgrade-annotation-changed",
+    "oldObject == null || has(object.spec) != has(oldObject.spec) || (has(object.spec) && object.spec != oldObject.spec) || (has(object.metadata.annotations) && 'platform.di-framework.dev/allow-downgrade' in object.metadata.annotations ? object.metadata.annotations['platform.di-framework.dev/allow-downgrade'] : '') != (has(oldObject.metadata.annotations) && 'platform.di-framework.dev/allow-downgrade' in oldObject.metadata.annotations ? oldObject.metadata.annotations['platform.di-framework.dev/allow-downgrade'] : '')",
+);
+
+/// The `namespaceSelector` lines of `scope` (none: every namespace, like the chart).
+fn scope_selector(id: &str, scope: Scope) -> String {
+    match scope {
         Scope::Labelled => {
             format!("    namespaceSelector:\n      matchLabels: {{ e2e-webhook: \"{id}\" }}\n")
         }
         Scope::LikeTheChart => String::new(),
-    };
-    let common = format!(
+    }
+}
+
+/// One webhook's entry apart from its name and failure policy, with its own matchCondition `when`.
+fn common_part(port: u16, path: &str, selector: &str, when: (&str, &str)) -> String {
+    let (when_name, when) = when;
+    format!(
         r#"    clientConfig:
-      url: https://127.0.0.1:{port}/PATH
+      url: https://127.0.0.1:{port}/{path}
     rules:
       - apiGroups: ["platform.di-framework.dev"]
         apiVersions: ["v1alpha1"]
@@ -168,16 +217,13 @@ pub fn configurations_in(id: &str, port: u16, scope: Scope) -> String {
 {selector}    matchConditions:
       - name: not-being-deleted-or-changing-version
         expression: "!has(object.metadata.deletionTimestamp) || has(object.spec.version) != has(oldObject.spec.version) || (has(object.spec.version) && object.spec.version != oldObject.spec.version)"
+      - name: {when_name}
+        expression: "{when}"
     admissionReviewVersions: ["v1"]
     sideEffects: None
     matchPolicy: Equivalent
     timeoutSeconds: 5
 "#
-    );
-    format!(
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: default.platform.di-framework.dev\n    failurePolicy: Ignore\n    reinvocationPolicy: Never\n{}---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: e2e-{id}\nwebhooks:\n  - name: validate.platform.di-framework.dev\n    failurePolicy: Fail\n{}",
-        common.replace("PATH", "mutate"),
-        common.replace("PATH", "validate")
     )
 }
 

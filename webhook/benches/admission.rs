@@ -3,8 +3,15 @@
 //! 1. Direct: one webhook process, one TLS keep-alive HTTP/1.1 connection on loopback, N
 //!    sequential `POST /validate` reviews of two sizes; beside it, on the same loopback with the
 //!    same client, certificate and bodies, an in-process TLS echo server as the floor.
-//! 2. Through the API server: p50/p99 of a PlatformInstance server-side apply in a namespace
-//!    the webhook is registered for, and in one it is not, interleaved in one run.
+//! 2. Throughput: the webhook process pinned to one core (`taskset`), 16 concurrent TLS
+//!    keep-alive connections from this process (pinned to the other core) sending the seed's
+//!    review; beside it the TLS echo floor, run as a process of its own (this binary again) pinned
+//!    the same way.
+//! 3. Through the API server: p50/p99 of a PlatformInstance server-side apply in a namespace
+//!    the webhooks are registered for, in one where the same local rules are a
+//!    ValidatingAdmissionPolicy (CEL in the API server, the side-by-side peer), and in one with
+//!    neither, interleaved in one run; for a write that changes only an annotation (no work for
+//!    either webhook) and for one that changes the spec (work for the validating webhook).
 //!
 //! Run: `cargo bench -p webhook --bench admission` (env `BENCH_N` sets the request count).
 
@@ -61,6 +68,15 @@ async fn drive(conn: &mut HttpsConnection, path: &str, body: &Bytes, n: usize) -
     figures(samples, start.elapsed())
 }
 
+/// A TLS 1.3, HTTP/1.1 keep-alive connection to `addr`, verified as `name` against `ca`.
+async fn connect_h1(
+    addr: std::net::SocketAddr,
+    name: &str,
+    ca: &str,
+) -> Result<HttpsConnection, e2e::HarnessError> {
+    HttpsConnection::connect(addr, name, ca, &[b"http/1.1"], &[&rustls::version::TLS13]).await
+}
+
 fn review(object: Value) -> Bytes {
     Bytes::from(
         serde_json::to_vec(&json!({
@@ -108,8 +124,307 @@ fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// The peer: the webhook's local rules that CEL in the API server can express, as two
+/// ValidatingAdmissionPolicies (refusals, and warnings) bound to namespaces labelled
+/// `bench-vap=<id>`, with the validating webhook's matchConditions. Not expressible there: the
+/// NodePort conflict (other objects) and the Secret rule (left out: the webhook's
+/// SubjectAccessReview could be CEL's `authorizer`, but it is not a local rule). The supported
+/// range is the webhook's default (6.0).
+fn peer_policy(id: &str) -> String {
+    let (when_name, when) = e2e::webhook::VALIDATE_WHEN;
+    let deleting = "!has(object.metadata.deletionTimestamp) || has(object.spec.version) != has(oldObject.spec.version) || (has(object.spec.version) && object.spec.version != oldObject.spec.version)";
+    let annotation = "(has(object.metadata.annotations) && 'platform.di-framework.dev/allow-downgrade' in object.metadata.annotations ? object.metadata.annotations['platform.di-framework.dev/allow-downgrade'] : '')";
+    let gw = "has(object.spec.platform) && has(object.spec.platform.gateway)";
+    let endpoint = "object.spec.platform.gateway.httpEndpoint";
+    let port = "object.spec.platform.gateway.httpNodePort";
+    let policy = |name: &str, validations: &[(&str, String)], action: &str| {
+        let validations: String = validations
+            .iter()
+            .map(|(message, rule)| {
+                format!(
+                    "      - expression: {}\n        message: {}\n",
+                    json!(rule),
+                    json!(message)
+                )
+            })
+            .collect();
+        format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata:\n  name: bench-{name}-{id}\n  labels: {{ bench-peer: \"{id}\" }}\nspec:\n  failurePolicy: Fail\n  matchConstraints:\n    resourceRules:\n      - apiGroups: [platform.di-framework.dev]\n        apiVersions: [v1alpha1]\n        operations: [CREATE, UPDATE]\n        resources: [platforminstances]\n  matchConditions:\n    - name: not-being-deleted-or-changing-version\n      expression: {}\n    - name: {when_name}\n      expression: {}\n  validations:\n{validations}---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicyBinding\nmetadata:\n  name: bench-{name}-{id}\n  labels: {{ bench-peer: \"{id}\" }}\nspec:\n  policyName: bench-{name}-{id}\n  validationActions: [{action}]\n  matchResources:\n    namespaceSelector:\n      matchLabels: {{ bench-vap: \"{id}\" }}\n---\n",
+            json!(deleting),
+            json!(when),
+        )
+    };
+    let refusals = [
+        (
+            "spec.version cannot change while the instance is being deleted",
+            "oldObject == null || !has(oldObject.metadata.deletionTimestamp)".to_string(),
+        ),
+        (
+            "spec.version is outside the versions this operator supports (6.0.x to 6.0.x)",
+            "!has(object.spec) || !has(object.spec.version) || (isSemver(object.spec.version) && semver(object.spec.version).major() == 6 && semver(object.spec.version).minor() == 0)".to_string(),
+        ),
+        (
+            "spec.version is below the installed version; set the annotation platform.di-framework.dev/allow-downgrade=true to downgrade on purpose",
+            format!("oldObject == null || !has(oldObject.status) || !has(oldObject.status.installedVersion) || !isSemver(oldObject.status.installedVersion) || !has(object.spec.version) || !isSemver(object.spec.version) || !semver(object.spec.version).isLessThan(semver(oldObject.status.installedVersion)) || {annotation} == 'true'"),
+        ),
+        (
+            "spec.platform.gateway.httpNodePort is outside the API server's NodePort range 30000-32767",
+            format!("!({gw}) || {port} == 0 || ({port} >= 30000 && {port} <= 32767)"),
+        ),
+    ];
+    let url_port = format!(
+        "(url({endpoint}).getPort() != '' ? int(url({endpoint}).getPort()) : (url({endpoint}).getScheme() == 'https' ? 443 : 80))"
+    );
+    let host = format!("url({endpoint}).getHostname()");
+    let warnings = [
+        (
+            "spec.platform.gateway.httpEndpoint names another port than httpNodePort; make sure something forwards it to the NodePort",
+            format!("!({gw}) || {port} == 0 || !has({endpoint}) || !isURL({endpoint}) || {url_port} == {port}"),
+        ),
+        (
+            "spec.platform.gateway.httpEndpoint is not a loopback URL, so the platform cannot derive tenant route URLs from it; set spec.platform.gateway.routeUrlPattern",
+            format!("!({gw}) || !has({endpoint}) || has(object.spec.platform.gateway.routeUrlPattern) || !isURL({endpoint}) || {host} == 'localhost' || {host}.endsWith('.localhost') || {host} == '::1' || {host}.matches('^127\\\\.[0-9]{{1,3}}\\\\.[0-9]{{1,3}}\\\\.[0-9]{{1,3}}$')"),
+        ),
+        (
+            "spec.deletionPolicy is Delete: deleting this instance removes its storage and Pulumi state for good",
+            "!has(object.spec) || !has(object.spec.deletionPolicy) || object.spec.deletionPolicy != 'Delete' || (oldObject != null && has(oldObject.spec.deletionPolicy) && oldObject.spec.deletionPolicy == 'Delete')".to_string(),
+        ),
+    ];
+    policy("refuse", &refusals, "Deny") + &policy("warn", &warnings, "Warn")
+}
+
+/// Counts this process's heap allocations, for the parse profile.
+struct Counting;
+
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether [`Counting`] counts: only while the parse profile runs, so the other rows pay nothing.
+static COUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn count_allocation() {
+    if COUNTING.load(std::sync::atomic::Ordering::Relaxed) {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; only counts.
+#[allow(unsafe_code)]
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count_allocation();
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        count_allocation();
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Time and allocations per call of `parse` on `body`, over `n` calls on this thread.
+fn parse_cost(body: &[u8], n: usize, parse: impl Fn(&[u8]) -> bool) -> (Duration, f64) {
+    for _ in 0..n / 10 {
+        assert!(parse(body));
+    }
+    let before = ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed);
+    let start = Instant::now();
+    for _ in 0..n {
+        assert!(parse(body));
+    }
+    let elapsed = start.elapsed();
+    let allocations = ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed) - before;
+    (elapsed / n as u32, allocations as f64 / n as f64)
+}
+
+/// Where a review's time goes before the rules run: the body parsed as the webhook parses it
+/// (into the typed review), into a JSON tree, and only scanned (serde's `IgnoredAny`, the least
+/// any parser must do), on this thread, for both bodies.
+fn parse_profile(n: usize) {
+    use kube::core::admission::AdmissionReview;
+    COUNTING.store(true, std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "\n# Parse profile (in this process, one thread, {n} parses per cell; load average {})\n",
+        load_average()
+    );
+    println!(
+        "| body | size | typed review: time / allocations | JSON tree: time / allocations | scan only: time / allocations |\n|---|---|---|---|---|"
+    );
+    for (label, object) in [
+        ("seed example", small()),
+        ("32 tenants / 128 users", large()),
+    ] {
+        let body = review(object);
+        let typed = parse_cost(&body, n, |b| {
+            serde_json::from_slice::<AdmissionReview<common::crd::PlatformInstance>>(b).is_ok()
+        });
+        let tree = parse_cost(&body, n, |b| serde_json::from_slice::<Value>(b).is_ok());
+        let scan = parse_cost(&body, n, |b| {
+            serde_json::from_slice::<serde::de::IgnoredAny>(b).is_ok()
+        });
+        let cell = |(t, a): (Duration, f64)| format!("{:.1} µs / {a:.0}", t.as_secs_f64() * 1e6);
+        println!(
+            "| {label} | {} B | {} | {} | {} |",
+            body.len(),
+            cell(typed),
+            cell(tree),
+            cell(scan)
+        );
+    }
+    COUNTING.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Set (to a file path) when this binary runs as the TLS echo process of the throughput row: it
+/// writes its CA there, prints its port and serves until killed.
+const ECHO_PROCESS: &str = "ADMISSION_BENCH_ECHO_CA_FILE";
+
+/// The TLS echo floor, served by the same server code, certificate kind and limits as the webhook.
+async fn serve_echo(listener: tokio::net::TcpListener, generation: &webhook::certs::Generation) {
+    let config = Arc::new(
+        webhook::tls::server_config(Arc::new(
+            webhook::certs::Resolver::new(generation).expect("resolver"),
+        ))
+        .expect("tls"),
+    );
+    let echo = Router::new().route("/validate", post(|body: Bytes| async move { body }));
+    let counter = prometheus::IntCounter::new("echo_failures", "unused").expect("counter");
+    webhook::tls::serve(
+        listener,
+        config,
+        echo,
+        counter,
+        common::server::Limits::default(),
+        std::future::pending::<()>(),
+    )
+    .await;
+}
+
+fn echo_certificate() -> webhook::certs::Generation {
+    let subject = webhook::certs::Subject {
+        service: "platform-operator-webhook".into(),
+        namespace: "bench".into(),
+        extra_sans: vec![],
+    };
+    webhook::certs::issue(&subject, webhook::keeper::now(), 3600).expect("certificate")
+}
+
+/// This binary as the echo process: CA to `ca_file`, port on stdout, then serve.
+async fn echo_process(ca_file: &str) {
+    let generation = echo_certificate();
+    std::fs::write(ca_file, &generation.ca_cert).expect("CA file");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    println!("{}", listener.local_addr().expect("addr").port());
+    serve_echo(listener, &generation).await;
+}
+
+/// Pins every thread of process `pid` to `cpus` (a `taskset` list such as `0` or `0-1`).
+fn pin(pid: u32, cpus: &str) {
+    let out = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .output()
+        .expect("taskset runs");
+    assert!(out.status.success(), "taskset: {out:?}");
+}
+
+/// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_name = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of stat (utime, stime), counted from the state (field 3) here.
+    let ticks: f64 =
+        fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
+    let hz = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    ticks / hz
+}
+
+/// What one throughput run measured.
+struct Throughput {
+    per_second: f64,
+    latency: Figures,
+    cpu_per_review: Duration,
+}
+
+/// `conns` keep-alive connections to `addr`, each sending `per_conn` reviews back to back after a
+/// warm-up, all started together; the server is process `pid`.
+async fn throughput(
+    addr: std::net::SocketAddr,
+    server_name: &str,
+    ca: &str,
+    body: &Bytes,
+    conns: usize,
+    per_conn: usize,
+    pid: u32,
+) -> Throughput {
+    let barrier = Arc::new(tokio::sync::Barrier::new(conns + 1));
+    let mut tasks = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        let (barrier, body, ca, name) = (
+            barrier.clone(),
+            body.clone(),
+            ca.to_string(),
+            server_name.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut conn = connect_h1(addr, &name, &ca).await.expect("connect");
+            for _ in 0..per_conn / 10 {
+                let (status, _) = conn.post("/validate", body.clone()).await.expect("warm-up");
+                assert_eq!(status, 200);
+            }
+            barrier.wait().await;
+            let mut samples = Vec::with_capacity(per_conn);
+            for _ in 0..per_conn {
+                let t = Instant::now();
+                let (status, _) = conn.post("/validate", body.clone()).await.expect("request");
+                samples.push(t.elapsed());
+                assert_eq!(status, 200);
+            }
+            samples
+        }));
+    }
+    barrier.wait().await;
+    let cpu_before = cpu_seconds(pid);
+    let start = Instant::now();
+    let mut samples = Vec::with_capacity(conns * per_conn);
+    for task in tasks {
+        samples.extend(task.await.expect("client task"));
+    }
+    let elapsed = start.elapsed();
+    let cpu = cpu_seconds(pid) - cpu_before;
+    let count = samples.len();
+    Throughput {
+        per_second: count as f64 / elapsed.as_secs_f64(),
+        latency: figures(samples, elapsed),
+        cpu_per_review: Duration::from_secs_f64(cpu / count as f64),
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 #[tokio::main]
 async fn main() {
+    if let Ok(ca_file) = std::env::var(ECHO_PROCESS) {
+        return echo_process(&ca_file).await;
+    }
     let n: usize = std::env::var("BENCH_N")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -144,33 +459,13 @@ async fn main() {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
 
     // The floor: a TLS echo on the same loopback, same certificate shape, same client.
-    let subject = webhook::certs::Subject {
-        service: "platform-operator-webhook".into(),
-        namespace: "bench".into(),
-        extra_sans: vec![],
-    };
-    let generation =
-        webhook::certs::issue(&subject, webhook::keeper::now(), 3600).expect("certificate");
+    let generation = echo_certificate();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let echo_addr = listener.local_addr().expect("addr");
-    let config = Arc::new(
-        webhook::tls::server_config(Arc::new(
-            webhook::certs::Resolver::new(&generation).expect("resolver"),
-        ))
-        .expect("tls"),
-    );
-    let echo = Router::new().route("/validate", post(|body: Bytes| async move { body }));
-    let counter = prometheus::IntCounter::new("echo_failures", "unused").expect("counter");
-    tokio::spawn(webhook::tls::serve(
-        listener,
-        config,
-        echo,
-        counter,
-        common::server::Limits::default(),
-        std::future::pending::<()>(),
-    ));
+    let echo_generation = generation.clone();
+    tokio::spawn(async move { serve_echo(listener, &echo_generation).await });
 
     println!(
         "# Admission benchmark ({n} sequential requests per row, one TLS 1.3 HTTP/1.1 keep-alive connection, loopback)\n"
@@ -185,25 +480,13 @@ async fn main() {
         ("validate, 32 tenants / 128 users", large()),
     ] {
         let body = review(object);
-        let mut conn = HttpsConnection::connect(
-            addr,
-            &webhook_server_name,
-            &ca,
-            &[b"http/1.1"],
-            &[&rustls::version::TLS13],
-        )
-        .await
-        .expect("webhook");
+        let mut conn = connect_h1(addr, &webhook_server_name, &ca)
+            .await
+            .expect("webhook");
         let w = drive(&mut conn, "/validate", &body, n).await;
-        let mut conn = HttpsConnection::connect(
-            echo_addr,
-            NAME,
-            &generation.ca_cert,
-            &[b"http/1.1"],
-            &[&rustls::version::TLS13],
-        )
-        .await
-        .expect("echo");
+        let mut conn = connect_h1(echo_addr, NAME, &generation.ca_cert)
+            .await
+            .expect("echo");
         let e = drive(&mut conn, "/validate", &body, n).await;
         println!(
             "| {label} | {} B | {} | {} | {:.0} | {} | {} | {:.0} | {:.2} |",
@@ -218,52 +501,222 @@ async fn main() {
         );
     }
 
-    // Through the API server: server-side apply with and without the webhook, interleaved.
+    parse_profile(n);
+
+    // Throughput: the webhook pinned to one core, 16 connections from this process on the other;
+    // the echo floor as a process of its own, pinned the same way; alternated twice.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let all = format!("0-{}", cores.saturating_sub(1));
+    let ca_file =
+        std::env::temp_dir().join(format!("admission-echo-ca-{}.pem", std::process::id()));
+    let mut echo_cmd = std::process::Command::new(std::env::current_exe().expect("this binary"));
+    echo_cmd
+        .env(ECHO_PROCESS, &ca_file)
+        .stdout(std::process::Stdio::piped())
+        .stdin(std::process::Stdio::null());
+    e2e::process::die_with_parent(&mut echo_cmd);
+    let mut echo_child = echo_cmd.spawn().expect("echo process");
+    let echo_port: u16 = {
+        use std::io::BufRead as _;
+        let stdout = echo_child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("echo port");
+        line.trim().parse().expect("port number")
+    };
+    let echo_ca = std::fs::read_to_string(&ca_file).expect("echo CA");
+    let echo_process_addr = std::net::SocketAddr::from(([127, 0, 0, 1], echo_port));
+    pin(webhook.pid(), "0");
+    pin(echo_child.id(), "0");
+    if cores > 1 {
+        pin(std::process::id(), &format!("1-{}", cores - 1));
+    }
+    let conns = 16;
+    let per_conn = (n / 2).max(100);
+    let small_body = review(small());
+    println!(
+        "\n# Throughput, servers pinned to CPU 0 (`taskset`), {conns} concurrent TLS 1.3 HTTP/1.1 keep-alive connections from a client on the other CPUs, {per_conn} sequential reviews each (seed example, {} B); load average at start {}\n",
+        small_body.len(),
+        load_average()
+    );
+    println!(
+        "| run | server | reviews/s | p50 | p99 | server CPU per review | reviews per server CPU-second |\n|---|---|---|---|---|---|---|"
+    );
+    let mut ratios = Vec::new();
+    for run in 1..=2 {
+        let w = throughput(
+            addr,
+            &webhook_server_name,
+            &ca,
+            &small_body,
+            conns,
+            per_conn,
+            webhook.pid(),
+        )
+        .await;
+        let e = throughput(
+            echo_process_addr,
+            NAME,
+            &echo_ca,
+            &small_body,
+            conns,
+            per_conn,
+            echo_child.id(),
+        )
+        .await;
+        for (label, t) in [("webhook", &w), ("TLS echo", &e)] {
+            println!(
+                "| {run} | {label} | {:.0} | {} | {} | {:.1} µs | {:.0} |",
+                t.per_second,
+                ms(t.latency.p50),
+                ms(t.latency.p99),
+                t.cpu_per_review.as_secs_f64() * 1e6,
+                1.0 / t.cpu_per_review.as_secs_f64()
+            );
+        }
+        ratios.push(w.per_second / e.per_second);
+    }
+    println!(
+        "\nwebhook / echo throughput: {}",
+        ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    pin(webhook.pid(), &all);
+    pin(std::process::id(), &all);
+    let _ = echo_child.kill();
+    let _ = echo_child.wait();
+    let _ = std::fs::remove_file(&ca_file);
+
+    // Through the API server: the webhooks, the peer ValidatingAdmissionPolicy, neither;
+    // interleaved, for an annotation-only write and a spec write.
+    let vap_ns = cluster
+        .create_namespace("bench-vap", &[("bench-vap", id)])
+        .expect("namespace");
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "--field-manager=bench", "-f", "-"],
+            Some(&peer_policy(id)),
+        )
+        .expect("the peer ValidatingAdmissionPolicy applies");
     let client = cluster.client().await.expect("client");
-    let with: kube::Api<common::crd::PlatformInstance> = kube::Api::namespaced(client.clone(), &ns);
-    let without: kube::Api<common::crd::PlatformInstance> =
-        kube::Api::namespaced(client, &ns_without);
+    let targets: Vec<(&str, kube::Api<common::crd::PlatformInstance>)> = vec![
+        ("the webhooks", kube::Api::namespaced(client.clone(), &ns)),
+        (
+            "the ValidatingAdmissionPolicy",
+            kube::Api::namespaced(client.clone(), &vap_ns),
+        ),
+        ("neither", kube::Api::namespaced(client, &ns_without)),
+    ];
     let params = kube::api::PatchParams::apply("bench");
-    let rounds = (n / 4).max(50);
-    let (mut a, mut b) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
-    for i in 0..rounds + rounds / 10 {
-        let patch = json!({
+    // The peer and the webhooks both refuse a version out of range (the policy takes a moment to
+    // be loaded by the API server); neither does without them.
+    for (label, api) in &targets {
+        let bad = json!({
             "apiVersion": "platform.di-framework.dev/v1alpha1", "kind": "PlatformInstance",
-            "metadata": {"name": "applied", "annotations": {"bench/round": i.to_string()}},
-            "spec": {"version": "6.0.22", "platform": {"gateway": {"httpNodePort": 0}}}
+            "metadata": {"name": "out-of-range"}, "spec": {"version": "7.0.0"}
         });
-        let t = Instant::now();
-        with.patch("applied", &params, &kube::api::Patch::Apply(&patch))
-            .await
-            .expect("apply with webhook");
-        let with_time = t.elapsed();
-        let t = Instant::now();
-        without
-            .patch("applied", &params, &kube::api::Patch::Apply(&patch))
-            .await
-            .expect("apply without webhook");
-        let without_time = t.elapsed();
-        if i >= rounds / 10 {
-            a.push(with_time);
-            b.push(without_time);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = api
+                .patch("out-of-range", &params, &kube::api::Patch::Apply(&bad))
+                .await;
+            let refused = matches!(&out, Err(kube::Error::Api(s)) if s.message.contains("outside the versions"));
+            if *label == "neither" {
+                assert!(out.is_ok(), "{label}: {out:?}");
+                break;
+            }
+            if refused {
+                break;
+            }
+            if out.is_ok() {
+                let _ = api.delete("out-of-range", &Default::default()).await;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{label} never refused 7.0.0: {out:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    let total_a: Duration = a.iter().sum();
-    let total_b: Duration = b.iter().sum();
-    let fa = figures(a, total_a);
-    let fb = figures(b, total_b);
-    println!("\n# Server-side apply through the API server ({rounds} applies each, interleaved)\n");
-    println!("| | p50 | p99 |\n|---|---|---|");
+    let rounds = (n / 4).max(50);
+    let warm = rounds / 10;
+    let reviews_before = webhook.reviews_answered().await;
+    // samples[write][target]
+    let mut samples = vec![vec![Vec::with_capacity(rounds); targets.len()]; 2];
+    for i in 0..rounds + warm {
+        let writes = [
+            json!({
+                "apiVersion": "platform.di-framework.dev/v1alpha1", "kind": "PlatformInstance",
+                "metadata": {"name": "applied", "annotations": {"bench/round": i.to_string()}},
+                "spec": {"version": "6.0.22", "platform": {"gateway": {"httpNodePort": 0}}}
+            }),
+            json!({
+                "apiVersion": "platform.di-framework.dev/v1alpha1", "kind": "PlatformInstance",
+                "metadata": {"name": "changed"},
+                "spec": {"version": "6.0.22", "platform": {"gateway": {"httpNodePort": 0, "httpEndpoint": format!("http://127.0.0.1:{}", 20000 + i)}}}
+            }),
+        ];
+        for (w, patch) in writes.iter().enumerate() {
+            let name = patch["metadata"]["name"].as_str().unwrap_or_default();
+            for (t, (label, api)) in targets.iter().enumerate() {
+                let start = Instant::now();
+                api.patch(name, &params, &kube::api::Patch::Apply(patch))
+                    .await
+                    .unwrap_or_else(|e| panic!("apply with {label}: {e}"));
+                if i >= warm {
+                    samples[w][t].push(start.elapsed());
+                }
+            }
+        }
+    }
+    let reviews_after = webhook.reviews_answered().await;
     println!(
-        "| with the webhooks (mutate + validate) | {} | {} |",
-        ms(fa.p50),
-        ms(fa.p99)
+        "\n# Server-side apply through the API server ({rounds} applies of each write to each namespace, interleaved; load average at the end {})\n",
+        load_average()
     );
-    println!("| without | {} | {} |", ms(fb.p50), ms(fb.p99));
     println!(
-        "| ratio | {:.2} | {:.2} |",
-        fa.p50.as_secs_f64() / fb.p50.as_secs_f64(),
-        fa.p99.as_secs_f64() / fb.p99.as_secs_f64()
+        "| write | admission | p50 | p99 | p50 / neither | p99 / neither |\n|---|---|---|---|---|---|"
+    );
+    for (w, write) in [
+        "an annotation only (no work for the webhooks)",
+        "the spec (work for the validating webhook)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let figs: Vec<Figures> = samples[w]
+            .iter()
+            .map(|s| figures(s.clone(), s.iter().sum()))
+            .collect();
+        let base = &figs[targets.len() - 1];
+        for ((label, _), f) in targets.iter().zip(&figs) {
+            println!(
+                "| {write} | {label} | {} | {} | {:.2} | {:.2} |",
+                ms(f.p50),
+                ms(f.p99),
+                f.p50.as_secs_f64() / base.p50.as_secs_f64(),
+                f.p99.as_secs_f64() / base.p99.as_secs_f64()
+            );
+        }
+    }
+    println!(
+        "\nreviews the webhook answered during the applies: mutate {}, validate {}",
+        reviews_after.0 - reviews_before.0,
+        reviews_after.1 - reviews_before.1,
+    );
+    let _ = cluster.kubectl_ok(
+        &[
+            "delete",
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            "-l",
+            &format!("bench-peer={id}"),
+            "--ignore-not-found",
+        ],
+        None,
     );
     webhook.stop();
     e2e::webhook::unregister(&cluster, id);

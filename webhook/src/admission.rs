@@ -113,6 +113,93 @@ where
     deserializer.deserialize_any(ObjectOnly(std::marker::PhantomData))
 }
 
+/// Just `request.object.spec` of a review, read only for its JSON kind.
+#[derive(Deserialize)]
+struct SpecEnvelope {
+    #[serde(default)]
+    request: Option<SpecRequest>,
+}
+
+#[derive(Deserialize)]
+struct SpecRequest {
+    #[serde(default)]
+    object: Option<SpecObject>,
+}
+
+#[derive(Deserialize)]
+struct SpecObject {
+    #[serde(default)]
+    spec: JsonKind,
+}
+
+/// Whether a JSON value is an object; its content is skipped, never kept.
+#[derive(Default, PartialEq)]
+enum JsonKind {
+    Object,
+    #[default]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for JsonKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Kind;
+        impl<'de> serde::de::Visitor<'de> for Kind {
+            type Value = JsonKind;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<JsonKind, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(JsonKind::Object)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<JsonKind, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(JsonKind::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<JsonKind, E> {
+                Ok(JsonKind::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<JsonKind, E> {
+                Ok(JsonKind::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<JsonKind, E> {
+                Ok(JsonKind::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<JsonKind, E> {
+                Ok(JsonKind::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<JsonKind, E> {
+                Ok(JsonKind::Other)
+            }
+            fn visit_unit<E>(self) -> Result<JsonKind, E> {
+                Ok(JsonKind::Other)
+            }
+        }
+        deserializer.deserialize_any(Kind)
+    }
+}
+
+/// Whether the review's `request.object.spec` is a JSON object. The typed review also reads a
+/// spec from an array (serde's derived structs take positional fields), and a defaults patch
+/// that adds `/spec/version` does not apply to one; such an object is left to the API server's
+/// schema validation, which refuses it naming the field.
+fn spec_is_object(body: &[u8]) -> bool {
+    serde_json::from_slice::<SpecEnvelope>(body).is_ok_and(|e| {
+        e.request
+            .and_then(|r| r.object)
+            .is_some_and(|o| o.spec == JsonKind::Object)
+    })
+}
+
 const API_VERSION: &str = "admission.k8s.io/v1";
 const KIND: &str = "AdmissionReview";
 
@@ -223,6 +310,7 @@ fn count(metrics: &Metrics, webhook: &str, op: &str, result: &str, rule: &str) {
 
 async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     let _timer = state.metrics.timer("mutate").start_timer();
+    let raw = body.clone();
     let request = match read(body).await {
         Ok(request) => request,
         Err(response) => {
@@ -242,7 +330,17 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         return Json(response.into_review());
     };
     let ops = rules::defaults(&state.settings, object);
-    if ops.is_empty() {
+    // Read again only when there is a default to add (a create without a version), off the
+    // runtime's workers for a large body as [`read`] does.
+    let spec_ok = !ops.is_empty()
+        && if raw.len() as u64 <= common::server::SMALL_BODY {
+            spec_is_object(&raw)
+        } else {
+            tokio::task::spawn_blocking(move || spec_is_object(&raw))
+                .await
+                .unwrap_or(false)
+        };
+    if !spec_ok {
         count(&state.metrics, "mutate", op, "allowed", "none");
         return Json(response.into_review());
     }

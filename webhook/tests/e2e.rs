@@ -474,3 +474,238 @@ async fn replicas_started_together_share_one_ca() {
     );
     unregister(&cluster, id);
 }
+
+/// Runs kubectl with `args` and returns its outcome.
+fn kubectl(cluster: &Shared, args: &[&str]) -> e2e::cmd::Outcome {
+    let mut cmd = cluster.kubectl();
+    cmd.args(args);
+    e2e::cmd::run(cmd, None).expect("kubectl runs")
+}
+
+/// The matchConditions (docs/webhook.md#when-the-api-server-calls-the-webhooks), against the real
+/// API server: every write that has work for a webhook still reaches it and is judged as before
+/// (defaulted, refused, warned, the cross-object NodePort check), and the writes that have none
+/// (metadata-only, status, no-op re-applies, a finalizer) never reach it, counted from the
+/// webhook's own review counter.
+#[tokio::test]
+async fn the_webhooks_are_called_exactly_when_they_have_work() {
+    let cluster = cluster();
+    let id = "when";
+    let ns = cluster
+        .create_namespace("wh-when", &[("e2e-webhook", id)])
+        .expect("namespace");
+    let port = free_port().expect("port");
+    register(&cluster, id, port);
+    let mut webhook = start(&cluster, id, &ns, &[], port);
+    webhook.wait_ready().await;
+    wait_for_bundle(&cluster, id).await;
+
+    // Each step: what it does, and whether each webhook must receive it (1: at least one review;
+    // the API server runs admission again when it retries an update whose cached object was
+    // stale) or must not (0: no review at all).
+    let mut seen = webhook.reviews_answered().await;
+    let mut expect = async |step: &str, mutate: u64, validate: u64| {
+        let now = webhook.reviews_answered().await;
+        let got = (now.0 - seen.0, now.1 - seen.1);
+        assert_eq!(
+            (got.0.min(1), got.1.min(1)),
+            (mutate, validate),
+            "{step}: (mutate, validate) reviews received: {got:?}"
+        );
+        seen = now;
+    };
+
+    let patch_given = |body: &str| {
+        kubectl(
+            &cluster,
+            &[
+                "-n",
+                &ns,
+                "patch",
+                "pi",
+                "given",
+                "--type=merge",
+                "-p",
+                body,
+            ],
+        )
+    };
+
+    // A create without a version: defaulted (both called).
+    let bare = instance(&ns, "bare", "  target: { type: vcluster }\n");
+    let out = apply(&cluster, &bare, &[]);
+    assert!(out.success, "{out:?}");
+    let version = |name: &str| {
+        cluster
+            .kubectl_ok(
+                &[
+                    "-n",
+                    &ns,
+                    "get",
+                    "pi",
+                    name,
+                    "-o",
+                    "jsonpath={.spec.version}",
+                ],
+                None,
+            )
+            .expect("get")
+    };
+    assert_eq!(version("bare"), "6.0.22");
+    expect("create without spec.version", 1, 1).await;
+
+    // A create with a version: validated, not mutated.
+    let given = instance(
+        &ns,
+        "given",
+        "  version: 6.0.22\n  platform: { gateway: { httpNodePort: 30580, httpEndpoint: \"http://apps.example:30580\" } }\n",
+    );
+    let out = apply(&cluster, &given, &[]);
+    assert!(out.success, "{out:?}");
+    assert!(
+        out.stderr.contains("is not a loopback URL"),
+        "the route-pattern warning on create: {out:?}"
+    );
+    expect("create with spec.version", 0, 1).await;
+
+    // Writes with no work for either webhook.
+    let out = apply(&cluster, &given, &[]);
+    assert!(out.success, "{out:?}");
+    expect("the same manifest applied again", 0, 0).await;
+    for args in [
+        &["-n", &ns, "label", "pi", "given", "team=a"][..],
+        &["-n", &ns, "annotate", "pi", "given", "note=hello"],
+        &[
+            "-n",
+            &ns,
+            "patch",
+            "pi",
+            "given",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":["platform.di-framework.dev/instance"]}}"#,
+        ],
+        &[
+            "-n",
+            &ns,
+            "patch",
+            "pi",
+            "given",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"installedVersion":"6.0.22"}}"#,
+        ],
+        &[
+            "-n",
+            &ns,
+            "patch",
+            "pi",
+            "given",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        ],
+    ] {
+        let out = kubectl(&cluster, args);
+        assert!(out.success, "{args:?}: {out:?}");
+        expect(&format!("{args:?}"), 0, 0).await;
+    }
+
+    // A spec change: validated again (and its warnings given), not mutated.
+    let out = patch_given(r#"{"spec":{"deletionPolicy":"Delete"}}"#);
+    assert!(
+        out.success && out.stderr.contains("removes its storage"),
+        "the deletion-policy warning: {out:?}"
+    );
+    expect("a spec change", 0, 1).await;
+
+    // An invalid change is still refused: out of the version range, and a downgrade.
+    let out = patch_given(r#"{"spec":{"version":"7.0.0"}}"#);
+    assert!(
+        !out.success
+            && out
+                .stderr
+                .contains("outside the versions this operator supports"),
+        "{out:?}"
+    );
+    expect("a version out of range", 0, 1).await;
+    let out = patch_given(r#"{"spec":{"version":"6.0.21"}}"#);
+    assert!(
+        !out.success && out.stderr.contains("below the installed version 6.0.22"),
+        "{out:?}"
+    );
+    expect("a downgrade", 0, 1).await;
+
+    // The downgrade annotation is read by a rule, so changing only it reaches the webhook: opting
+    // in admits the downgrade, and taking the opt-in back (spec unchanged) is refused again.
+    let out = patch_given(
+        r#"{"metadata":{"annotations":{"platform.di-framework.dev/allow-downgrade":"true"}},"spec":{"version":"6.0.21"}}"#,
+    );
+    assert!(
+        out.success && out.stderr.contains("downgrading from 6.0.22 to 6.0.21"),
+        "{out:?}"
+    );
+    expect("an opted-in downgrade", 0, 1).await;
+    let out = kubectl(
+        &cluster,
+        &[
+            "-n",
+            &ns,
+            "annotate",
+            "pi",
+            "given",
+            "platform.di-framework.dev/allow-downgrade-",
+        ],
+    );
+    assert!(
+        !out.success && out.stderr.contains("below the installed version 6.0.22"),
+        "{out:?}"
+    );
+    expect("the downgrade opt-in taken back", 0, 1).await;
+
+    // The cross-object check: another instance's port is refused.
+    let out = apply(
+        &cluster,
+        &instance(
+            &ns,
+            "taker",
+            "  version: 6.0.22\n  platform: { gateway: { httpNodePort: 30580 } }\n",
+        ),
+        &[],
+    );
+    assert!(
+        !out.success
+            && out
+                .stderr
+                .contains("httpNodePort 30580 is already used by PlatformInstance"),
+        "{out:?}"
+    );
+    expect("a NodePort held by another instance", 0, 1).await;
+
+    // Taking spec.version out of an existing instance: defaulted again.
+    let out = kubectl(
+        &cluster,
+        &[
+            "-n",
+            &ns,
+            "patch",
+            "pi",
+            "bare",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/version"}]"#,
+        ],
+    );
+    assert!(out.success, "{out:?}");
+    assert_eq!(version("bare"), "6.0.22");
+    expect(
+        "spec.version removed (defaulted back to what it was: no change left to validate)",
+        1,
+        0,
+    )
+    .await;
+
+    webhook.stop();
+    unregister(&cluster, id);
+}

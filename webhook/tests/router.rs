@@ -134,6 +134,18 @@ async fn mutate_defaults_the_version_only_when_missing() {
         response.get("patch").is_none_or(Value::is_null),
         "a deleting instance is left alone: {response}"
     );
+
+    // A spec that is no object reads as an empty one, but a patch adding /spec/version would
+    // not apply to it: no patch, and the API server's schema validation refuses the object.
+    for spec in [json!([]), json!(["6.0.22"]), json!("x")] {
+        let mut odd = instance("a", "x", json!({}));
+        odd["spec"] = spec.clone();
+        let response = answer(&h, "/mutate", &review("u-m4", "CREATE", odd, None, admin())).await;
+        assert!(
+            response.get("patch").is_none_or(Value::is_null),
+            "spec {spec}: no patch that cannot apply: {response}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -30,7 +30,7 @@ impl Controller {
     /// As [`Controller::start`], watching every namespace: only for a process that has the API
     /// server to itself (the benchmarks).
     pub fn start_watching_all(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
-        Self::spawn_scoped(
+        Self::spawn(
             cluster,
             fixture,
             (&fixture.chart, &fixture.digest),
@@ -53,6 +53,7 @@ impl Controller {
             (&fixture.chart, &fixture.digest),
             extra,
             env,
+            true,
         )
     }
 
@@ -63,20 +64,11 @@ impl Controller {
         chart: (&std::path::Path, &str),
         extra: &[&str],
     ) -> Self {
-        Self::spawn(cluster, fixture, chart, extra, &[])
+        Self::spawn(cluster, fixture, chart, extra, &[], true)
     }
 
+    /// Starts the controller; `scoped`: it must watch one namespace (`--watch-namespace`).
     fn spawn(
-        cluster: &Shared,
-        fixture: &Fixture,
-        chart: (&std::path::Path, &str),
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        Self::spawn_scoped(cluster, fixture, chart, extra, env, true)
-    }
-
-    fn spawn_scoped(
         cluster: &Shared,
         fixture: &Fixture,
         chart: (&std::path::Path, &str),
@@ -87,10 +79,18 @@ impl Controller {
         // Tests share one API server: a controller that watched every namespace would reconcile
         // the instances of the tests running beside it (with other flags), and each test would
         // see a mix of both controllers' work.
+        let watched = extra
+            .iter()
+            .position(|a| *a == "--watch-namespace")
+            .and_then(|i| extra.get(i + 1));
         assert!(
-            !scoped || extra.contains(&"--watch-namespace"),
+            !scoped || watched.is_some(),
             "start the controller with --watch-namespace <the test's namespace>"
         );
+        match watched {
+            Some(namespace) if scoped => fixture.syncer.serve(namespace),
+            _ => fixture.syncer.serve_all(),
+        }
         let ops_port = free_port().expect("port");
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
         let file = std::fs::File::create(&log).expect("log");
@@ -271,6 +271,9 @@ pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixt
     .await
     .expect("inner API server");
     let syncer = StandInSyncer::start(&cluster.kubeconfig, &inner).expect("stand-in syncer");
+    // Other tests' vClusters on the shared API server are not this fixture's: the syncer serves
+    // the namespaces its controllers watch (added as each starts).
+    syncer.serve_only(&[]);
     // --vcluster-extra-values is exercised, with nothing to add: the stand-in syncer, like
     // vCluster, exports the kubeconfig itself.
     let values = dir.join("standin-values.yaml");

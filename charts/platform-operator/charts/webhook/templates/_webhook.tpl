@@ -185,7 +185,8 @@ spec:
           {{- end }}
 {{- end -}}
 
-{{/* The rules, scope and conditions both webhooks share; call with (dict "root" $ "path" "/mutate"). */}}
+{{/* The rules, scope and conditions both webhooks share; call with (dict "root" $ "path" "/mutate"
+"condition" (list name expression)), the condition saying when that webhook has work to do. */}}
 {{- define "platform-operator-webhook.common" -}}
 clientConfig:
   service:
@@ -204,6 +205,9 @@ rules:
 matchConditions:
   - name: not-being-deleted-or-changing-version
     expression: "!has(object.metadata.deletionTimestamp) || has(object.spec.version) != has(oldObject.spec.version) || (has(object.spec.version) && object.spec.version != oldObject.spec.version)"
+  # The API server calls the webhook only when it has work to do (docs/webhook.md#when-the-api-server-calls-the-webhooks).
+  - name: {{ index .condition 0 }}
+    expression: {{ index .condition 1 | quote }}
 admissionReviewVersions: [v1]
 sideEffects: None
 matchPolicy: Equivalent
@@ -224,7 +228,7 @@ webhooks:
   - name: default.platform.di-framework.dev
     failurePolicy: Ignore
     reinvocationPolicy: Never
-    {{- include "platform-operator-webhook.common" (dict "root" . "path" "/mutate") | nindent 4 }}
+    {{- include "platform-operator-webhook.common" (dict "root" . "path" "/mutate" "condition" (list "spec-version-missing" "!has(object.spec) || !has(object.spec.version) || object.spec.version == null")) | nindent 4 }}
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingWebhookConfiguration
@@ -235,5 +239,5 @@ metadata:
 webhooks:
   - name: validate.platform.di-framework.dev
     failurePolicy: {{ .Values.webhook.failurePolicy }}
-    {{- include "platform-operator-webhook.common" (dict "root" . "path" "/validate") | nindent 4 }}
+    {{- include "platform-operator-webhook.common" (dict "root" . "path" "/validate" "condition" (list "create-or-spec-or-downgrade-annotation-changed" "oldObject == null || has(object.spec) != has(oldObject.spec) || (has(object.spec) && object.spec != oldObject.spec) || (has(object.metadata.annotations) && 'platform.di-framework.dev/allow-downgrade' in object.metadata.annotations ? object.metadata.annotations['platform.di-framework.dev/allow-downgrade'] : '') != (has(oldObject.metadata.annotations) && 'platform.di-framework.dev/allow-downgrade' in oldObject.metadata.annotations ? oldObject.metadata.annotations['platform.di-framework.dev/allow-downgrade'] : '')")) | nindent 4 }}
 {{- end -}}
