@@ -33,13 +33,32 @@ fn proc_stat(pid: u32) -> (f64, f64) {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0))
         / ticks;
+    (cpu, memory(pid).0)
+}
+
+/// Resident memory in MiB from `/proc/<pid>/status`: all of it (`VmRSS`), its anonymous part
+/// (heap, stacks) and its file-backed part (mostly the binary's own code).
+fn memory(pid: u32) -> (f64, f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    (cpu, rss_kib / 1024.0)
+    let mib = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (mib("VmRSS:"), mib("RssAnon:"), mib("RssFile:"))
+}
+
+/// The machine's load averages over 1, 5 and 15 minutes (`/proc/loadavg`).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The process id of the kube-apiserver whose command line names `dir` (the control plane's).
@@ -159,6 +178,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let provisioned = start.elapsed();
+    let load_provisioned = loadavg();
     let (cpu_provisioned, _) = proc_stat(pid);
     let api_cpu_provisioned = api_cpu();
     let helm_seconds = controller
@@ -204,6 +224,7 @@ async fn main() {
         .await;
     let (cached1, live1) = (observations("cache").await, observations("api").await);
     let (p99_bound, counted) = p99(&buckets0, &buckets(&controller).await);
+    let load_window = loadavg();
     let still_installing = installing(&cluster, &team);
     let sample = support::get(&cluster, &["-n", &team, "get", "pi", "i0000"])
         .map(|pi| pi["status"]["conditions"].to_string())
@@ -253,7 +274,10 @@ async fn main() {
         "| controller CPU seconds over the window (one full resync) | {:.2} s |",
         cpu1 - cpu0
     );
-    println!("| controller resident memory | {rss:.1} MiB |");
+    let (_, anon, file) = memory(pid);
+    println!(
+        "| controller resident memory (VmRSS) / of it anonymous (RssAnon) / file-backed (RssFile) | {rss:.1} MiB / {anon:.1} MiB / {file:.1} MiB |"
+    );
     println!(
         "| API writes during the resync (nothing changed) | {:.0} |",
         writes1 - writes0
@@ -262,6 +286,9 @@ async fn main() {
         "| reconcile p99 (histogram bucket bound, {counted:.0} reconciles) | <= {p99_bound} s |"
     );
     println!("| instances still Installing after the window | {still_installing} of {n} |");
+    println!(
+        "| load average (1, 5, 15 min) when provisioned / after the window | {load_provisioned} / {load_window} |"
+    );
     if still_installing != n {
         eprintln!("conditions of i0000: {sample}");
     }

@@ -23,7 +23,7 @@ use controller::tasks::Tasks;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 
 /// Command-line flags of the controller.
 #[derive(Debug, Parser)]
@@ -430,7 +430,14 @@ async fn run(
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
-    let controller = Controller::new(instances, watcher::Config::default().any_semantic());
+    // The instances' cache keeps no managed fields: nothing reads them, and with server-side
+    // apply they are the largest part of each object.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = watcher(instances, watcher::Config::default().any_semantic())
+        .modify(|pi| pi.metadata.managed_fields = None)
+        .reflect(writer)
+        .applied_objects();
+    let controller = Controller::for_stream(stream, reader);
     // The instances' conditions, read from the controller's own cache at each scrape.
     registry
         .register(Box::new(InstanceConditions::new(controller.store())?))

@@ -63,6 +63,10 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = Self::new()?;
+        // Every phase is shown from the start (at 0 until an instance reaches it).
+        for phase in common::crd::Phase::ALL {
+            m.instances.with_label_values(&[phase.as_str()]).set(0);
+        }
         for collector in m.collectors() {
             registry.register(collector)?;
         }

@@ -6,7 +6,8 @@
 //! instances' kubeconfig Secrets), indexed by namespace and name. What observe does not read is
 //! dropped before it is stored: managed fields always, and per kind the rest (metadata only for
 //! objects whose existence, labels or UID are all that matter; the pod template of the
-//! Deployment; every data key of a Secret but the kubeconfig).
+//! Deployment; every data key of a Secret but the kubeconfig, and of the instances' own
+//! kubeconfig Secrets only its SHA-256).
 //!
 //! A cache may be stale. [`super::reconcile`] therefore believes it only to conclude that
 //! nothing is to be done: any action or status change is decided again from a fresh read of the
@@ -242,8 +243,22 @@ fn trim_exported(secret: &mut Secret) {
     keep_key(secret, EXPORTED_KUBECONFIG_KEY);
 }
 
+/// Keeps the SHA-256 of the instance's kubeconfig instead of the kubeconfig: a cached observation
+/// only compares it with what the vCluster exported ([`kubeconfig_matches`]).
 fn trim_kubeconfig(secret: &mut Secret) {
     keep_key(secret, KUBECONFIG_KEY);
+    if let Some(value) = secret.data.as_mut().and_then(|d| d.get_mut(KUBECONFIG_KEY)) {
+        value.0 = super::vclusters::digest(&value.0).to_vec();
+    }
+}
+
+/// Whether a kubeconfig Secret from the cache (which keeps its key's SHA-256) holds `kubeconfig`.
+pub fn kubeconfig_matches(cached: &Secret, kubeconfig: &str) -> bool {
+    cached
+        .data
+        .as_ref()
+        .and_then(|d| d.get(KUBECONFIG_KEY))
+        .is_some_and(|v| v.0 == super::vclusters::digest(kubeconfig.as_bytes()))
 }
 
 /// The watch caches observe reads.
@@ -261,7 +276,8 @@ pub struct Caches {
     pub deployments: Arc<Index<Deployment>>,
     /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key only).
     pub exported: Arc<Index<Secret>>,
-    /// The Secrets the operator manages (the instances' kubeconfigs; their `kubeconfig` key only).
+    /// The Secrets the operator manages (the instances' kubeconfigs; the SHA-256 of their
+    /// `kubeconfig` key only).
     pub kubeconfigs: Arc<Index<Secret>>,
 }
 
@@ -474,6 +490,10 @@ mod tests {
         assert!(s.metadata.annotations.is_none());
         let keys: Vec<_> = s.data.as_ref().expect("data").keys().cloned().collect();
         assert_eq!(keys, vec!["kubeconfig".to_string()]);
+        // "YQ==" is "a": the cache keeps its digest, which matches "a" and nothing else.
+        assert_eq!(s.data.as_ref().expect("data")["kubeconfig"].0.len(), 32);
+        assert!(kubeconfig_matches(&s, "a"));
+        assert!(!kubeconfig_matches(&s, "b"));
     }
 
     #[test]

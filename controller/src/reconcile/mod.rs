@@ -200,7 +200,6 @@ fn finish(
 ) -> Requeue {
     // Reset only once the status is written too: a status write that keeps failing backs off.
     ctx.backoff.succeeded(key);
-    report::refresh_phase_gauge(ctx);
     ctx.metrics
         .reconciles
         .with_label_values(&["ok", "none"])

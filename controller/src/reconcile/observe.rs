@@ -362,12 +362,20 @@ async fn kubeconfig_secret_state(
     {
         return Ok((false, Some(name)));
     }
-    let data = current
-        .as_ref()
-        .and_then(|s| s.data.as_ref()?.get(KUBECONFIG_KEY).map(|b| b.0.clone()));
+    let holds = |k: &str| {
+        current.as_ref().is_some_and(|s| match source {
+            // The cache keeps the kubeconfig's digest.
+            Source::Cached(_) => super::cache::kubeconfig_matches(s, k),
+            Source::Live => s
+                .data
+                .as_ref()
+                .and_then(|d| d.get(KUBECONFIG_KEY))
+                .is_some_and(|b| b.0 == k.as_bytes()),
+        })
+    };
     Ok((
         match exported {
-            Some(k) => data.as_deref() == Some(k.as_bytes()),
+            Some(k) => holds(k),
             None => current.is_some(),
         },
         None,
