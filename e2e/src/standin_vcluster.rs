@@ -23,7 +23,10 @@
 //! One inside API server may stand for several instances of a test: each host namespace then
 //! receives every NetworkPolicy of the shared inside.
 //!
-//! The host's control plane pods and `service/vcluster`s are read from watches, and each pass
+//! The host's control plane pods and `service/vcluster`s are read from watches (the Service is
+//! read live once when a vCluster starts, as the real syncer does: a lagging watch could still
+//! hold a deleted namespace's Service, whose uid as the export's owner would have the export
+//! collected), and each pass
 //! (every 250 ms) lists the policies inside and the synced host copies once for all vClusters, so
 //! the syncer's load on the API servers does not grow with the number of vClusters it stands for
 //! (as the real syncer's, one per vCluster with watches of its own, does not). The syncer runs on its own thread and
@@ -851,7 +854,20 @@ async fn one(
     let set_owner = values["experimental"]["syncSettings"]["setOwner"]
         .as_bool()
         .unwrap_or(true);
-    let service = seen.service.clone();
+    let starting = started.as_deref() != Some(pod_uid.as_str());
+    // At start-up the real syncer reads its Service from the API server. The watch may still
+    // hold the Service of a namespace deleted and created again under the same name: an export
+    // owned by that dead uid would be collected at once by the garbage collector, and never
+    // written again. So the start-up path reads it live; the steady path (policies, re-synced
+    // every pass) takes the watch's copy.
+    let service = if starting {
+        Api::<Service>::namespaced(host.clone(), ns)
+            .get_opt(RELEASE)
+            .await
+            .map_err(|e| format!("reading service/{RELEASE}: {e}"))?
+    } else {
+        seen.service.clone()
+    };
     let owner = match (&service, set_owner) {
         (Some(svc), true) => Some(json!({
             "apiVersion": "v1",
@@ -866,7 +882,7 @@ async fn one(
         }
         _ => None,
     };
-    if started.as_deref() != Some(pod_uid.as_str()) {
+    if starting {
         if pending.as_deref() == Some(pod_uid.as_str()) {
             if served(inside, ns).await {
                 export(host, inside, ns, owner.as_ref(), values).await?;
