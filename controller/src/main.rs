@@ -425,6 +425,16 @@ async fn run(
         None => Api::all(client.clone()),
     };
     let controller = Controller::new(instances, watcher::Config::default().any_semantic());
+    // A tracked task's end (Helm, an install, a preview) wakes its instance at once, so its
+    // next step does not wait for the next --target-poll.
+    let finished = futures::stream::unfold(ctx.tasks.finished(), |mut rx| async move {
+        let key = rx.recv().await?;
+        Some((key, rx))
+    })
+    .filter_map(|key| async move {
+        let (namespace, name) = key.split_once('/')?;
+        Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
+    });
     // The instances' conditions, read from the controller's own cache at each scrape.
     registry
         .register(Box::new(InstanceConditions::new(controller.store())?))
@@ -446,6 +456,7 @@ async fn run(
                 })
             },
         )
+        .reconcile_on(finished)
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

@@ -1,7 +1,8 @@
 //! Tracked long-running work (Helm), so a reconcile never holds a worker for minutes: one task per
 //! instance at most, installs bounded by `--max-concurrent-installs` and queued in order (with
 //! their position reported), and failures remembered with a capped backoff. Reconciles poll the
-//! registry every `--target-poll`.
+//! registry every `--target-poll`; a task's end also wakes its instance at once
+//! ([`Tasks::finished`]), so the next step does not wait for the poll.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,7 @@ pub struct Tasks {
     limit: usize,
     running_gauge: prometheus::IntGauge,
     queued_gauge: prometheus::IntGauge,
+    finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Key>>>,
 }
 
 /// The delay before retry number `attempts` (1-based).
@@ -58,6 +60,7 @@ impl Tasks {
             limit: limit.max(1),
             running_gauge,
             queued_gauge,
+            finished: Mutex::new(None),
         })
     }
 
@@ -97,6 +100,16 @@ impl Tasks {
         {
             f.at = Instant::now() - BACKOFF_CAP;
         }
+    }
+
+    /// The keys of tasks as they end (done or failed; not cancelled ones), for the reconcile
+    /// loop to wake their instances. One receiver: a later call replaces the earlier one.
+    pub fn finished(&self) -> tokio::sync::mpsc::UnboundedReceiver<Key> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        if let Ok(mut finished) = self.finished.lock() {
+            *finished = Some(tx);
+        }
+        rx
     }
 
     /// Submits `work` for `key`. Returns false (and drops `work`) when the key already has a task
@@ -165,6 +178,11 @@ impl Tasks {
                 }
             }
             this.dispatch();
+            if let Ok(finished) = this.finished.lock()
+                && let Some(tx) = finished.as_ref()
+            {
+                let _ = tx.send(key);
+            }
         });
         handle
     }
@@ -244,6 +262,47 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(10));
         assert_eq!(backoff(4), Duration::from_secs(40));
         assert_eq!(backoff(30), BACKOFF_CAP);
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_wakes_its_key_and_a_cancelled_one_does_not() {
+        let tasks = registry(2);
+        let mut finished = tasks.finished();
+        assert!(tasks.submit("ns/ok", true, async { Ok(()) }.boxed()));
+        assert!(tasks.submit(
+            "ns/failed",
+            false,
+            async { Err(TaskError::from("boom".to_string())) }.boxed()
+        ));
+        let (_keep, never) = tokio::sync::oneshot::channel::<()>();
+        assert!(
+            tasks.submit(
+                "ns/cancelled",
+                true,
+                async move {
+                    let _ = never.await;
+                    Ok(())
+                }
+                .boxed()
+            )
+        );
+        let mut woken = Vec::new();
+        for _ in 0..2 {
+            let key = tokio::time::timeout(Duration::from_secs(5), finished.recv())
+                .await
+                .expect("a wake-up")
+                .expect("open");
+            woken.push(key);
+        }
+        woken.sort();
+        assert_eq!(woken, ["ns/failed", "ns/ok"]);
+        assert!(tasks.cancel("ns/cancelled"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), finished.recv())
+                .await
+                .is_err(),
+            "a cancelled task wakes nothing"
+        );
     }
 
     #[tokio::test]

@@ -15,6 +15,8 @@ mod support;
 use support::{Controller, Fixture, condition, fixture, get, wait_for};
 
 const CLIENT_SECRET: &str = "oauth-client-secret-e2e-7f3a";
+/// How many npm runs the controller made (`_count` of its npm tool time).
+const NPM_RUNS: &str = "platform_operator_controller_tool_duration_seconds_count";
 
 fn instance(ns: &str, name: &str, version: &str, policy: &str, extra: &str) -> String {
     format!(
@@ -112,6 +114,33 @@ fn tree_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     }
     out.sort();
     out
+}
+
+/// `pulumi <args> --stack dev` of the real CLI in an instance's project, the way the operator
+/// runs it (its file backend, the passphrase file); its JSON output.
+fn pulumi_json(fx: &Fixture, project: &Path, args: &[&str]) -> Value {
+    let tools = e2e::tools::Tools::locate().expect("tools");
+    let out = Command::new(tools.bin("pulumi"))
+        .current_dir(project)
+        .args(args)
+        .args(["--stack", "dev", "--non-interactive"])
+        .env(
+            "PULUMI_BACKEND_URL",
+            format!("file://{}", project.join("state").display()),
+        )
+        .env("PULUMI_CONFIG_PASSPHRASE_FILE", &fx.passphrase)
+        .env_remove("PULUMI_CONFIG_PASSPHRASE")
+        .env("PULUMI_HOME", fx.dir.join("pulumi-home-of-the-test"))
+        .env("PULUMI_SKIP_UPDATE_CHECK", "true")
+        .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true")
+        .output()
+        .expect("pulumi runs");
+    assert!(
+        out.status.success(),
+        "pulumi {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
@@ -289,6 +318,42 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         stack_config.contains("pulumi:disable-default-providers")
             && stack_config.contains("- kubernetes"),
         "{stack_config}"
+    );
+    // The operator wrote that config file itself (no `pulumi config set` runs), its secrets
+    // sealed with the passphrase: the real CLI reads every value back, and the outputs the
+    // operator reads from the checkpoint are the ones `pulumi stack output` prints.
+    assert!(!stack_config.contains(CLIENT_SECRET), "{stack_config}");
+    let cli_config = pulumi_json(&fx, &project, &["config", "--json", "--show-secrets"]);
+    assert_eq!(
+        cli_config["platform:tenantAuthClientSecret"],
+        serde_json::json!({"value": CLIENT_SECRET, "secret": true})
+    );
+    assert_eq!(cli_config["platform:kubeconfig"]["secret"], true);
+    assert!(
+        cli_config["platform:kubeconfig"]["value"]
+            .as_str()
+            .is_some_and(|k| k.contains("clusters:")),
+        "the kubeconfig opens"
+    );
+    assert_eq!(cli_config["platform:settings"]["secret"], false);
+    let cli_outputs = pulumi_json(
+        &fx,
+        &project,
+        &["stack", "output", "--json", "--show-secrets"],
+    );
+    let checkpoint = std::fs::read(project.join("state/.pulumi/stacks/di-platform/dev.json"))
+        .expect("checkpoint");
+    let passphrase = std::fs::read(&fx.passphrase).expect("passphrase");
+    assert_eq!(
+        controller::installer::pulumi::checkpoint_outputs(&checkpoint, passphrase.trim_ascii())
+            .expect("the checkpoint's outputs are readable"),
+        cli_outputs
+    );
+    assert!(
+        cli_outputs["kubeconfigs"]
+            .as_array()
+            .is_some_and(|k| !k.is_empty()),
+        "{cli_outputs}"
     );
     assert_eq!(settings["networkPolicyEngine"], "existing");
     assert_eq!(settings["tenantAuth"]["clientId"], "console");
@@ -504,6 +569,68 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         before,
         "the second instance at 6.0.22 installed from the shared npm cache"
     );
+    // It ran no npm at all: its project links to the tree one's install built.
+    let npm_runs = || controller.metric_with(NPM_RUNS, "tool=\"npm\"");
+    let runs = npm_runs().await;
+    let link = |name: &str| {
+        std::fs::read_link(instance_dir(&fx, &team, name).join("platform/node_modules"))
+            .expect("platform/node_modules is a link to the shared tree")
+    };
+    assert_eq!(link("two"), link("one"), "one tree for one version");
+    let tree = instance_dir(&fx, &team, "two")
+        .join("platform")
+        .join(link("two"));
+    let tree = tree.parent().expect("the tree").to_path_buf();
+    assert!(tree.join("manifest.json").is_file(), "{}", tree.display());
+    let npm_log = |name: &str| {
+        controller
+            .log()
+            .lines()
+            .filter(|l| l.contains("shared dependency tree") && l.contains(name))
+            .count()
+    };
+    assert!(npm_log("reusing") >= 1, "{}", controller.log());
+
+    // A file of the tree changed after it was written: the next install there (two's, for a
+    // changed setting) rebuilds the tree with npm instead of using it.
+    let sdk = tree.join("node_modules/@pulumi/pulumi/package.json");
+    let original = std::fs::read(&sdk).expect("read");
+    let mut damaged = original.clone();
+    damaged.extend_from_slice(b"\n");
+    std::fs::write(&sdk, &damaged).expect("root writes the read-only file");
+    let hash = |pi: &Value| pi["status"]["lastInstall"]["summary"]["configHash"].clone();
+    let old_hash = hash(&get(&cluster, &["-n", &team, "get", "pi", "two"]).expect("two"));
+    apply(
+        &cluster,
+        &instance(
+            &other,
+            "two",
+            "6.0.22",
+            "Retain",
+            "    egressAllowedDestinations: [\"api.example:443\"]\n",
+        ),
+    );
+    wait_phase(
+        &cluster,
+        &controller,
+        &other,
+        "two",
+        "two to be Ready with its new settings",
+        Duration::from_secs(300),
+        |pi| is_ready(pi, "6.0.22") && hash(pi) != old_hash && !hash(pi).is_null(),
+    )
+    .await;
+    assert_eq!(
+        npm_runs().await,
+        runs + 1.0,
+        "the damaged tree was rebuilt by one npm run"
+    );
+    assert_eq!(
+        std::fs::read(&sdk).expect("read"),
+        original,
+        "rebuilt whole"
+    );
+    assert!(npm_log("rebuilt") >= 1, "{}", controller.log());
 
     // Delete removes the instance's state; Retain keeps it.
     cluster

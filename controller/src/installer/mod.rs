@@ -10,6 +10,8 @@
 //! bounded by `--install-timeout`; the tools run as process groups that die with the task.
 
 pub mod config;
+pub mod crypter;
+pub mod modules;
 pub mod npm;
 pub mod passphrase;
 pub mod process;
@@ -281,6 +283,9 @@ impl Installer {
             });
         }
         rec.failure = outcome.as_ref().err().and_then(|e| e.failure);
+        // Before the record: the record's outcome is read as the task's end, so nothing of the
+        // task may follow it.
+        self.collect_trees().await;
         if let Err(e) = record::store(&dir, &rec) {
             tracing::warn!(dir = %dir.display(), error = %e, "writing the install record failed");
         }
@@ -313,42 +318,24 @@ impl Installer {
         )
         .map_err(|e| TaskError::new(Failure::StateUnavailable, e))?;
 
-        let registry = self
-            .registry()
-            .map_err(|e| TaskError::new(Failure::RegistryUnreachable, e))?;
-        let npm = npm::Npm {
-            binary: self.npm_binary.clone(),
-            registry,
-            cache: self.state_dir.join(".cache").join("npm"),
-            allow_scripts: self.allow_scripts,
-            heap_limit_mib: self.npm_heap_limit_mib,
-        };
-        let started = std::time::Instant::now();
-        let installed = npm
-            .install(&stack.project, PACKAGE, &job.version, dir)
-            .await;
-        self.observe_tool("npm", installed.is_ok(), started.elapsed().as_secs_f64());
-        installed.map_err(|e| {
-            let failure = match e {
-                npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
-                npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
-                npm::NpmError::Spawn { .. } => Failure::ToolMissing,
-                npm::NpmError::OutOfMemory { .. } => Failure::PackageInstallOutOfMemory,
-                npm::NpmError::Failed { .. } | npm::NpmError::Contract { .. } => {
-                    Failure::PackageInstallFailed
-                }
-            };
-            TaskError::new(failure, e.to_string())
-        })?;
+        self.dependencies(&stack.project, dir, job).await?;
 
         let started = std::time::Instant::now();
-        let applied = self.apply(&stack, &job.config).await;
-        self.observe_tool("pulumi", applied.is_ok(), started.elapsed().as_secs_f64());
+        let (applied, up_seconds) = self.apply(&stack, &job.config).await;
+        self.observe_tool(
+            "pulumi",
+            applied.is_ok(),
+            (started.elapsed().as_secs_f64() - up_seconds).max(0.0),
+        );
         let (counts, outputs) = applied.map_err(|e| {
             let failure = match e {
                 pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
                 pulumi::PulumiError::Io { .. } => Failure::StateUnavailable,
                 pulumi::PulumiError::OutOfMemory { .. } => Failure::ProgramOutOfMemory,
+                pulumi::PulumiError::Secrets {
+                    source: crypter::CrypterError::IncorrectPassphrase { .. },
+                    ..
+                } => Failure::PassphraseMismatch,
                 _ => Failure::InstallFailed,
             };
             TaskError::new(failure, e.to_string())
@@ -367,33 +354,155 @@ impl Installer {
         Ok((counts, endpoints, secrets))
     }
 
+    /// The shared dependency tree of the job's version: checked and reused, or built with npm
+    /// (see [`modules`]), then linked into the project.
+    async fn dependencies(&self, project: &Path, dir: &Path, job: &Job) -> Result<(), TaskError> {
+        let files = project_files(&project.join("state"), &job.version, &self.sdk_version);
+        let file = |name: &str| {
+            files
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default()
+        };
+        let (package_json, npmrc) = (file("package.json"), file(".npmrc"));
+        let key = modules::key(&package_json, &npmrc, self.allow_scripts);
+        let trees = self.trees();
+        let tree_error =
+            |e: modules::TreeError| TaskError::new(Failure::StateUnavailable, e.to_string());
+        let lock = trees.lock(&key).await.map_err(tree_error)?;
+        let build = |build_dir: PathBuf| async move {
+            for (name, content) in [("package.json", &package_json), (".npmrc", &npmrc)] {
+                let path = build_dir.join(name);
+                std::fs::write(&path, content).map_err(|e| {
+                    TaskError::new(
+                        Failure::StateUnavailable,
+                        format!(
+                            "writing {} failed: {e}; check the state volume",
+                            path.display()
+                        ),
+                    )
+                })?;
+            }
+            self.npm_install(&build_dir, dir, &job.version).await
+        };
+        let outcome = trees
+            .ensure(&key, &lock, build)
+            .await
+            .map_err(|e| match e {
+                modules::EnsureError::Tree(e) => tree_error(e),
+                modules::EnsureError::Build(e) => e,
+            })?;
+        match &outcome {
+            modules::Outcome::Reused => {
+                tracing::info!(version = %job.version, %key, "reusing the shared dependency tree: no npm install")
+            }
+            modules::Outcome::Built => {
+                tracing::info!(version = %job.version, %key, "built the shared dependency tree")
+            }
+            modules::Outcome::Rebuilt(reason) => {
+                tracing::warn!(version = %job.version, %key, %reason, "rebuilt the shared dependency tree")
+            }
+        }
+        trees
+            .link(project, &key, &self.state_dir)
+            .map_err(tree_error)
+    }
+
+    /// The shared dependency trees (`<--state-dir>/.cache/modules`).
+    pub fn trees(&self) -> modules::Trees {
+        modules::Trees {
+            root: self.state_dir.join(".cache").join("modules"),
+        }
+    }
+
+    /// Runs `npm install` of the job's version in `folder` (a tree being built); `dir` is the
+    /// instance's folder (its tool pid file).
+    async fn npm_install(&self, folder: &Path, dir: &Path, version: &str) -> Result<(), TaskError> {
+        let registry = self
+            .registry()
+            .map_err(|e| TaskError::new(Failure::RegistryUnreachable, e))?;
+        let npm = npm::Npm {
+            binary: self.npm_binary.clone(),
+            registry,
+            cache: self.state_dir.join(".cache").join("npm"),
+            allow_scripts: self.allow_scripts,
+            heap_limit_mib: self.npm_heap_limit_mib,
+        };
+        let started = std::time::Instant::now();
+        let installed = npm.install(folder, PACKAGE, version, dir).await;
+        self.observe_tool("npm", installed.is_ok(), started.elapsed().as_secs_f64());
+        installed.map(|_| ()).map_err(|e| {
+            let failure = match e {
+                npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
+                npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
+                npm::NpmError::Spawn { .. } => Failure::ToolMissing,
+                npm::NpmError::OutOfMemory { .. } => Failure::PackageInstallOutOfMemory,
+                npm::NpmError::Failed { .. } | npm::NpmError::Contract { .. } => {
+                    Failure::PackageInstallFailed
+                }
+            };
+            TaskError::new(failure, e.to_string())
+        })
+    }
+
+    /// Removes the shared dependency trees no instance links to any more.
+    pub async fn collect_trees(&self) {
+        let (trees, state_dir) = (self.trees(), self.state_dir.clone());
+        let removed = tokio::task::spawn_blocking(move || trees.collect(&state_dir))
+            .await
+            .unwrap_or_default();
+        if !removed.is_empty() {
+            tracing::info!(
+                ?removed,
+                "removed shared dependency trees no instance links to"
+            );
+        }
+    }
+
+    /// Runs the stack's `pulumi up` with its config; also returns the seconds `pulumi up`
+    /// itself ran.
     async fn apply(
         &self,
         stack: &pulumi::Stack,
         config: &ProgramConfig,
+    ) -> (Result<(pulumi::Counts, Value), pulumi::PulumiError>, f64) {
+        let mut up_seconds = 0.0;
+        let result = self.apply_steps(stack, config, &mut up_seconds).await;
+        (result, up_seconds)
+    }
+
+    async fn apply_steps(
+        &self,
+        stack: &pulumi::Stack,
+        config: &ProgramConfig,
+        up_seconds: &mut f64,
     ) -> Result<(pulumi::Counts, Value), pulumi::PulumiError> {
         let cleared = stack.clear_locks()?;
         if cleared > 0 {
             tracing::info!(project = %stack.project.display(), cleared, "cleared a stale state lock");
         }
-        stack.select_or_create().await?;
+        // The config file first: a stack created next keeps its salt.
+        let values = config_values(config);
+        let writer = stack.clone();
+        tokio::task::spawn_blocking(move || writer.write_config(&values))
+            .await
+            .map_err(|e| pulumi::PulumiError::Io {
+                what: "writing the stack config",
+                path: stack.config_file(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+        if !stack.exists() && !stack.create_in_empty_backend()? {
+            stack.select_or_create().await?;
+        }
         let pending = stack.clear_pending().await?;
         if pending > 0 {
             tracing::info!(project = %stack.project.display(), pending, "resolved pending operations an interrupted run left");
         }
-        stack
-            .set_config(config::SETTINGS_KEY, &config.settings.to_string(), false)
-            .await?;
-        stack
-            .set_config_path(
-                config::DISABLE_DEFAULT_PROVIDERS_KEY,
-                &DISABLED_DEFAULT_PROVIDERS,
-            )
-            .await?;
-        for (key, value) in &config.secrets {
-            stack.set_config(key, value, true).await?;
-        }
+        let started = std::time::Instant::now();
         let up = stack.up().await;
+        *up_seconds = started.elapsed().as_secs_f64();
+        self.observe_tool("pulumi-up", up.is_ok(), *up_seconds);
         // Every update, a failed one too, leaves a history record and a backup: keep a few.
         match stack.prune_history(self.history_keep) {
             Ok(0) => {}
@@ -483,6 +592,30 @@ pub fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
     }
 }
 
+/// The stack config of one install: the settings, the packages whose default providers are
+/// disabled, and the secrets.
+fn config_values(config: &ProgramConfig) -> Vec<(&'static str, pulumi::ConfigValue)> {
+    let mut values = vec![
+        (
+            config::SETTINGS_KEY,
+            pulumi::ConfigValue::Plain(config.settings.to_string()),
+        ),
+        (
+            config::DISABLE_DEFAULT_PROVIDERS_KEY,
+            pulumi::ConfigValue::List(
+                DISABLED_DEFAULT_PROVIDERS
+                    .iter()
+                    .map(|p| (*p).to_string())
+                    .collect(),
+            ),
+        ),
+    ];
+    for (key, value) in &config.secrets {
+        values.push((key, pulumi::ConfigValue::Secret(value.clone())));
+    }
+    values
+}
+
 /// Records a successful install in `rec`; returns its message.
 fn succeeded(
     rec: &mut Record,
@@ -527,7 +660,8 @@ pub fn project_files(
     sdk_version: &str,
 ) -> Vec<(&'static str, String)> {
     let pulumi_yaml = format!(
-        "# Generated by platform-operator.\nname: di-platform\nruntime:\n  name: nodejs\n  options:\n    typescript: false\ndescription: the di-framework platform (existing-cluster program)\nbackend:\n  url: {}\n",
+        "# Generated by platform-operator.\nname: {}\nruntime:\n  name: nodejs\n  options:\n    typescript: false\ndescription: the di-framework platform (existing-cluster program)\nbackend:\n  url: {}\n",
+        pulumi::PROJECT,
         pulumi::backend_url(backend)
     );
     let package = json!({

@@ -70,7 +70,8 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn derive(passphrase: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
+/// A 32-byte PBKDF2-HMAC-SHA256 key of `passphrase` and `salt`.
+pub(super) fn derive(passphrase: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
     let mut out = [0u8; 32];
     let iterations = NonZeroU32::new(iterations.max(1)).unwrap_or(NonZeroU32::MIN);
     ring::pbkdf2::derive(

@@ -183,6 +183,21 @@ impl Controller {
             .sum()
     }
 
+    /// The sum of the samples of metric `name` (exactly that name) whose labels contain
+    /// `label` (such as `tool="npm"`).
+    #[allow(dead_code)]
+    pub async fn metric_with(&self, name: &str, label: &str) -> f64 {
+        let text = plain_get(self.ops_port, "/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter(|l| l.contains(label))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -1,0 +1,938 @@
+//! The shared dependency trees: the program's `node_modules` is installed once per
+//! (`package.json`, `.npmrc`, `--npm-allow-scripts`) into `<--state-dir>/.cache/modules/<key>/`
+//! and each instance's project links to it (`platform/node_modules`, a relative symlink), so a
+//! second instance at a version runs no npm at all.
+//!
+//! A tree is built in a private folder (`.build-<key>-<nonce>`), made read-only, described by a
+//! manifest (every entry's path and kind, each file's size and SHA-256, each link's target)
+//! written last, and only then renamed to `<key>`; a tree without a readable manifest is never
+//! used. Before each reuse the tree is checked against its manifest: a missing, extra or
+//! changed entry gets the tree discarded and rebuilt. A file whose inode and change time are the
+//! ones recorded when it was hashed is unchanged (any write changes its change time, which no
+//! user can set back); any other file is hashed again. One install at a time per key builds or
+//! checks a tree, under an advisory lock (`<key>.lock`, `flock`); trees no instance links to are
+//! removed after each install ([`Trees::collect`]).
+
+use std::fs;
+use std::future::Future;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The manifest's file name at the top of a tree; written last.
+pub const MANIFEST: &str = "manifest.json";
+/// The manifest format this operator writes and reads.
+const FORMAT: u32 = 1;
+/// The folder inside a tree that instances link to.
+pub const MODULES: &str = "node_modules";
+/// npm's lockfile, kept at the top of a tree and copied into each linked project.
+pub const LOCKFILE: &str = "package-lock.json";
+/// How often a waiting install tries the key's lock again.
+const LOCK_POLL: Duration = Duration::from_millis(100);
+
+/// Errors of the shared trees.
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    /// A file or folder of the tree store could not be read, written or removed.
+    #[error("{what} {path} failed: {source}; check the state volume")]
+    Io {
+        /// What was done.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A blocking task of the store was lost (the runtime is shutting down).
+    #[error("checking the dependency tree was interrupted: {0}; the install retries")]
+    Interrupted(String),
+}
+
+/// An error of [`Trees::ensure`]: the store's own, or the build's.
+#[derive(Debug)]
+pub enum EnsureError<E> {
+    /// The store failed.
+    Tree(TreeError),
+    /// The build (npm) failed.
+    Build(E),
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TreeError + 'a {
+    move |source| TreeError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What [`Trees::ensure`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A checked tree was there and is used as it is: no npm ran.
+    Reused,
+    /// There was no tree: it was built.
+    Built,
+    /// The tree failed its check (the reason) and was built again.
+    Rebuilt(String),
+}
+
+/// One entry of a tree as the manifest records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+enum Entry {
+    /// A folder.
+    Dir { path: String },
+    /// A symbolic link and its target.
+    Link { path: String, target: String },
+    /// A regular file.
+    File {
+        path: String,
+        size: u64,
+        sha256: String,
+        /// The inode and change time (seconds, nanoseconds) when it was hashed.
+        ino: u64,
+        ctime: (i64, i64),
+    },
+}
+
+impl Entry {
+    fn path(&self) -> &str {
+        match self {
+            Entry::Dir { path } | Entry::Link { path, .. } | Entry::File { path, .. } => path,
+        }
+    }
+}
+
+/// The manifest of a complete tree.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    format: u32,
+    key: String,
+    entries: Vec<Entry>,
+}
+
+/// The key of a tree: a digest of the inputs that decide what npm installs.
+pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in [
+        package_json.as_bytes(),
+        npmrc.as_bytes(),
+        if allow_scripts {
+            b"scripts"
+        } else {
+            b"noscripts"
+        },
+    ] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part);
+    }
+    hex(ctx.finish().as_ref())[..32].to_string()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn is_key(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn sha256_file(path: &Path) -> Result<String, TreeError> {
+    use std::io::Read;
+    let mut file = fs::File::open(path).map_err(io("reading", path))?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file.read(&mut buf).map_err(io("reading", path))?;
+        if n == 0 {
+            break;
+        }
+        ctx.update(&buf[..n]);
+    }
+    Ok(hex(ctx.finish().as_ref()))
+}
+
+/// Every entry under `top` (sorted by path, `/`-separated, relative), the manifest excluded,
+/// each with its metadata.
+fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, TreeError> {
+    let mut out = Vec::new();
+    let mut dirs = vec![(String::new(), top.to_path_buf())];
+    while let Some((rel, dir)) = dirs.pop() {
+        for entry in fs::read_dir(&dir).map_err(io("listing", &dir))? {
+            let entry = entry.map_err(io("listing", &dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if rel.is_empty() && name == MANIFEST {
+                continue;
+            }
+            let path = entry.path();
+            let meta = fs::symlink_metadata(&path).map_err(io("reading", &path))?;
+            let child = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            if meta.is_dir() {
+                dirs.push((child.clone(), path.clone()));
+            }
+            out.push((child, path, meta));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entry>, TreeError> {
+    let kind = meta.file_type();
+    Ok(Some(if kind.is_dir() {
+        Entry::Dir { path: rel }
+    } else if kind.is_symlink() {
+        let target = fs::read_link(path).map_err(io("reading the link", path))?;
+        Entry::Link {
+            path: rel,
+            target: target.to_string_lossy().into_owned(),
+        }
+    } else if kind.is_file() {
+        Entry::File {
+            path: rel,
+            size: meta.len(),
+            sha256: sha256_file(path)?,
+            ino: meta.ino(),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    } else {
+        // Sockets, fifos, devices: npm makes none; such a tree is not described (and fails
+        // its check).
+        return Ok(None);
+    }))
+}
+
+/// Makes every folder under `top` (but `top` itself) and every file read-only: the tree is
+/// shared, no instance may change it.
+fn make_read_only(top: &Path) -> Result<(), TreeError> {
+    // Deepest first, so a folder is still writable while its entries are changed.
+    let mut entries = walk(top)?;
+    entries.reverse();
+    for (_, path, meta) in entries {
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode();
+        let ro = mode & !0o222;
+        if ro != mode {
+            fs::set_permissions(&path, fs::Permissions::from_mode(ro))
+                .map_err(io("making read-only", &path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes every folder under `top` writable by its owner again, so that it can be removed.
+fn make_removable(top: &Path) {
+    let mut dirs = vec![top.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        if let Ok(meta) = fs::symlink_metadata(&dir)
+            && meta.is_dir()
+        {
+            let mode = meta.permissions().mode();
+            if mode & 0o700 != 0o700 {
+                let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(mode | 0o700));
+            }
+            if let Ok(entries) = fs::read_dir(&dir) {
+                dirs.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
+    }
+}
+
+/// Checks the tree at `top` against its manifest; the reason it fails otherwise.
+pub fn verify(top: &Path, key: &str) -> Result<(), String> {
+    let path = top.join(MANIFEST);
+    let text = match fs::read(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err("it has no manifest (its install never finished)".into());
+        }
+        Err(e) => return Err(format!("its manifest cannot be read: {e}")),
+    };
+    let manifest: Manifest = serde_json::from_slice(&text)
+        .map_err(|e| format!("its manifest cannot be parsed ({e}): it was cut short or changed"))?;
+    if manifest.format != FORMAT || manifest.key != key {
+        return Err(format!(
+            "its manifest is of format {} for key {}, not format {FORMAT} for {key}",
+            manifest.format, manifest.key
+        ));
+    }
+    let found = walk(top).map_err(|e| e.to_string())?;
+    let mut expected = manifest.entries.iter().peekable();
+    for (rel, path, meta) in &found {
+        let Some(want) = expected.next() else {
+            return Err(format!("{rel} is not in its manifest"));
+        };
+        if want.path() != rel {
+            return Err(if want.path() < rel.as_str() {
+                format!("{} is missing", want.path())
+            } else {
+                format!("{rel} is not in its manifest")
+            });
+        }
+        let kind = meta.file_type();
+        match want {
+            Entry::Dir { .. } if kind.is_dir() => {}
+            Entry::Link { target, .. } if kind.is_symlink() => {
+                let now = fs::read_link(path).map_err(|e| format!("{rel}: {e}"))?;
+                if now.to_string_lossy() != target.as_str() {
+                    return Err(format!("the link {rel} points elsewhere"));
+                }
+            }
+            Entry::File {
+                size,
+                sha256,
+                ino,
+                ctime,
+                ..
+            } if kind.is_file() => {
+                if meta.len() != *size {
+                    return Err(format!("{rel} changed size"));
+                }
+                let same_inode = meta.ino() == *ino && (meta.ctime(), meta.ctime_nsec()) == *ctime;
+                if !same_inode && sha256_file(path).map_err(|e| e.to_string())? != *sha256 {
+                    return Err(format!("{rel} changed after the tree was written"));
+                }
+            }
+            _ => return Err(format!("{rel} changed kind")),
+        }
+    }
+    if let Some(missing) = expected.next() {
+        return Err(format!("{} is missing", missing.path()));
+    }
+    Ok(())
+}
+
+/// Describes the complete tree at `top` in its manifest, written last and atomically.
+fn seal(top: &Path, key: &str) -> Result<(), TreeError> {
+    make_read_only(&top.join(MODULES))?;
+    let mut entries = Vec::new();
+    for (rel, path, meta) in walk(top)? {
+        if let Some(entry) = entry_of(rel, &path, &meta)? {
+            entries.push(entry);
+        }
+    }
+    let manifest = Manifest {
+        format: FORMAT,
+        key: key.to_string(),
+        entries,
+    };
+    let text = serde_json::to_vec(&manifest).map_err(|e| TreeError::Io {
+        what: "writing the manifest of",
+        path: top.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    let part = top.join(format!("{MANIFEST}.part"));
+    {
+        use std::io::Write;
+        let mut file = fs::File::create(&part).map_err(io("writing", &part))?;
+        file.write_all(&text).map_err(io("writing", &part))?;
+        file.sync_all().map_err(io("writing", &part))?;
+    }
+    let path = top.join(MANIFEST);
+    fs::rename(&part, &path).map_err(io("writing", &path))?;
+    Ok(())
+}
+
+static NONCE: AtomicU64 = AtomicU64::new(0);
+
+fn nonce() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NONCE.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The held lock of one key; released when dropped.
+#[derive(Debug)]
+pub struct KeyLock {
+    _file: fs::File,
+}
+
+/// Where the trees live (`<--state-dir>/.cache/modules`).
+#[derive(Clone, Debug)]
+pub struct Trees {
+    /// The folder of the trees.
+    pub root: PathBuf,
+}
+
+impl Trees {
+    /// The tree of `key`.
+    pub fn tree(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
+    fn lock_path(&self, key: &str) -> PathBuf {
+        self.root.join(format!("{key}.lock"))
+    }
+
+    /// Takes the lock of `key` if it is free.
+    fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, TreeError> {
+        let path = self.lock_path(key);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io("opening the lock", &path))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(fs::TryLockError::Error(e)) => return Err(io("locking", &path)(e)),
+        }
+        // A lock file removed (by [`Trees::collect`]) while this one waited on it locks
+        // nothing: only the file at the path counts.
+        let held = file.metadata().map_err(io("locking", &path))?;
+        match fs::metadata(&path) {
+            Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
+                Ok(Some(KeyLock { _file: file }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Waits for the lock of `key` (another install builds or checks that tree).
+    /// Cancellation-safe: dropping the future leaves the lock to the others.
+    pub async fn lock(&self, key: &str) -> Result<KeyLock, TreeError> {
+        fs::create_dir_all(&self.root).map_err(io("creating", &self.root))?;
+        loop {
+            if let Some(lock) = self.try_lock(key)? {
+                return Ok(lock);
+            }
+            tokio::time::sleep(LOCK_POLL).await;
+        }
+    }
+
+    /// Moves `path` out of the way at once and removes it.
+    fn discard(&self, path: &Path) -> Result<(), TreeError> {
+        let trash = self.root.join(format!(".trash-{}", nonce()));
+        match fs::rename(path, &trash) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io("moving aside", path)(e)),
+        }
+        make_removable(&trash);
+        fs::remove_dir_all(&trash).map_err(io("removing", &trash))
+    }
+
+    /// Makes sure a checked tree of `key` exists, building it with `build` (which fills the
+    /// folder it is given: the project files, then npm) when there is none or the one there
+    /// fails its check. The caller holds `_lock`, the lock of `key`.
+    pub async fn ensure<E, F, Fut>(
+        &self,
+        key: &str,
+        _lock: &KeyLock,
+        build: F,
+    ) -> Result<Outcome, EnsureError<E>>
+    where
+        F: FnOnce(PathBuf) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        let top = self.tree(key);
+        let checked = {
+            let (top, key) = (top.clone(), key.to_string());
+            tokio::task::spawn_blocking(move || {
+                if fs::symlink_metadata(&top).is_err() {
+                    None
+                } else {
+                    Some(verify(&top, &key))
+                }
+            })
+            .await
+            .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
+        };
+        let outcome = match checked {
+            Some(Ok(())) => return Ok(Outcome::Reused),
+            Some(Err(reason)) => {
+                tracing::warn!(tree = %top.display(), %reason, "the shared dependency tree failed its check; it is rebuilt");
+                self.discard(&top).map_err(EnsureError::Tree)?;
+                Outcome::Rebuilt(reason)
+            }
+            None => Outcome::Built,
+        };
+        // Leftovers of builds of this key that were stopped (no one else builds it: the lock).
+        self.remove_matching(&format!(".build-{key}-"));
+        let dir = self.root.join(format!(".build-{key}-{}", nonce()));
+        fs::create_dir_all(&dir)
+            .map_err(io("creating", &dir))
+            .map_err(EnsureError::Tree)?;
+        // A build stopped here (a timeout drops this future) leaves `dir`, which is never used
+        // and removed by the next build or collection.
+        build(dir.clone()).await.map_err(EnsureError::Build)?;
+        let sealed = {
+            let (dir, key) = (dir.clone(), key.to_string());
+            tokio::task::spawn_blocking(move || seal(&dir, &key))
+                .await
+                .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
+        };
+        sealed.map_err(EnsureError::Tree)?;
+        fs::rename(&dir, &top)
+            .map_err(io("moving the built tree to", &top))
+            .map_err(EnsureError::Tree)?;
+        Ok(outcome)
+    }
+
+    /// Removes the entries of the store whose names start with `prefix`.
+    fn remove_matching(&self, prefix: &str) {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(prefix) {
+                let path = entry.path();
+                make_removable(&path);
+                if let Err(e) = fs::remove_dir_all(&path) {
+                    tracing::warn!(path = %path.display(), error = %e, "removing a leftover of the dependency trees failed");
+                }
+            }
+        }
+    }
+
+    /// Links `project`'s `node_modules` to the tree of `key` (a relative link when both are
+    /// under `state_dir`) and copies the tree's lockfile into the project.
+    pub fn link(&self, project: &Path, key: &str, state_dir: &Path) -> Result<(), TreeError> {
+        let top = self.tree(key);
+        let target = match (project.strip_prefix(state_dir), top.strip_prefix(state_dir)) {
+            (Ok(from), Ok(to)) => {
+                let mut rel = PathBuf::new();
+                for _ in from.components() {
+                    rel.push("..");
+                }
+                rel.join(to).join(MODULES)
+            }
+            _ => top.join(MODULES),
+        };
+        let link = project.join(MODULES);
+        match fs::symlink_metadata(&link) {
+            Ok(meta)
+                if meta.file_type().is_symlink()
+                    && fs::read_link(&link).ok().as_deref() == Some(target.as_path()) =>
+            {
+                return self.copy_lockfile(&top, project);
+            }
+            // A project of an earlier layout has its own node_modules.
+            Ok(meta) if meta.is_dir() => {
+                make_removable(&link);
+                fs::remove_dir_all(&link).map_err(io("removing", &link))?;
+            }
+            _ => {}
+        }
+        let part = project.join(format!("{MODULES}.link-{}", nonce()));
+        std::os::unix::fs::symlink(&target, &part).map_err(io("linking", &part))?;
+        fs::rename(&part, &link).map_err(io("linking", &link))?;
+        self.copy_lockfile(&top, project)
+    }
+
+    fn copy_lockfile(&self, top: &Path, project: &Path) -> Result<(), TreeError> {
+        let from = top.join(LOCKFILE);
+        let to = project.join(LOCKFILE);
+        let text = fs::read(&from).map_err(io("reading", &from))?;
+        if fs::read(&to).ok().as_deref() == Some(text.as_slice()) {
+            return Ok(());
+        }
+        // Replaced, not written through: an earlier copy may be read-only.
+        let _ = fs::remove_file(&to);
+        fs::write(&to, text).map_err(io("writing", &to))
+    }
+
+    /// The keys instances under `state_dir` (`<namespace>/<name>/platform/node_modules`) link to.
+    pub fn linked_keys(&self, state_dir: &Path) -> std::collections::BTreeSet<String> {
+        let mut keys = std::collections::BTreeSet::new();
+        let Ok(namespaces) = fs::read_dir(state_dir) else {
+            return keys;
+        };
+        for ns in namespaces.flatten() {
+            if ns.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let Ok(instances) = fs::read_dir(ns.path()) else {
+                continue;
+            };
+            for instance in instances.flatten() {
+                let link = instance.path().join("platform").join(MODULES);
+                if let Ok(target) = fs::read_link(&link)
+                    && let Some(key) = target
+                        .parent()
+                        .and_then(Path::file_name)
+                        .map(|k| k.to_string_lossy().into_owned())
+                    && is_key(&key)
+                {
+                    keys.insert(key);
+                }
+            }
+        }
+        keys
+    }
+
+    /// Removes the trees no instance under `state_dir` links to (and the leftovers of stopped
+    /// builds and removals), skipping any tree an install holds the lock of. Returns the keys
+    /// removed.
+    pub fn collect(&self, state_dir: &Path) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let names: Vec<String> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        self.remove_matching(".trash-");
+        let linked = self.linked_keys(state_dir);
+        let mut removed = Vec::new();
+        for key in names.iter().filter(|n| is_key(n) && !linked.contains(*n)) {
+            let Ok(Some(_lock)) = self.try_lock(key) else {
+                continue;
+            };
+            // Linked while this looked? Look again under the lock: a link is made under it.
+            if self.linked_keys(state_dir).contains(key) {
+                continue;
+            }
+            match self.discard(&self.tree(key)) {
+                Ok(()) => {
+                    self.remove_matching(&format!(".build-{key}-"));
+                    let _ = fs::remove_file(self.lock_path(key));
+                    removed.push(key.clone());
+                }
+                Err(e) => tracing::warn!(error = %e, "removing an unused dependency tree failed"),
+            }
+        }
+        // Builds stopped half-way whose key has no tree and no install building it.
+        for name in names.iter().filter_map(|n| n.strip_prefix(".build-")) {
+            let Some((key, _)) = name.split_once('-') else {
+                continue;
+            };
+            if is_key(key)
+                && !removed.iter().any(|k| k == key)
+                && let Ok(Some(_lock)) = self.try_lock(key)
+            {
+                self.remove_matching(&format!(".build-{key}-"));
+            }
+        }
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef";
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("modules-{name}-{}", std::process::id()));
+        if dir.exists() {
+            make_removable(&dir);
+            let _ = fs::remove_dir_all(&dir);
+        }
+        fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    /// A scratch folder and a tree store in it.
+    fn store(name: &str) -> (PathBuf, Trees) {
+        let root = scratch(name);
+        let trees = Trees {
+            root: root.join("modules"),
+        };
+        (root, trees)
+    }
+
+    fn cleanup(dir: &Path) {
+        make_removable(dir);
+        let _ = fs::remove_dir_all(dir);
+    }
+
+    /// Fills `dir` the way an npm install does (a package, a `.bin` link, the lockfile),
+    /// counting the builds.
+    async fn fill(dir: PathBuf, builds: Arc<AtomicUsize>) -> Result<(), String> {
+        builds.fetch_add(1, Ordering::SeqCst);
+        let package = dir.join("node_modules/@scope/pkg");
+        fs::create_dir_all(&package).map_err(|e| e.to_string())?;
+        fs::create_dir_all(dir.join("node_modules/.bin")).map_err(|e| e.to_string())?;
+        fs::write(package.join("package.json"), r#"{"name":"@scope/pkg"}"#)
+            .map_err(|e| e.to_string())?;
+        // Yield between files, as a real install does: a concurrent check would see half.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fs::write(package.join("index.js"), "module.exports = 42;\n").map_err(|e| e.to_string())?;
+        std::os::unix::fs::symlink("../@scope/pkg/index.js", dir.join("node_modules/.bin/pkg"))
+            .map_err(|e| e.to_string())?;
+        fs::write(dir.join(LOCKFILE), r#"{"lockfileVersion":3}"#).map_err(|e| e.to_string())
+    }
+
+    async fn ensure(trees: &Trees, builds: &Arc<AtomicUsize>) -> Outcome {
+        let lock = trees.lock(KEY).await.expect("lock");
+        let builds = builds.clone();
+        trees
+            .ensure(KEY, &lock, |dir| fill(dir, builds))
+            .await
+            .map_err(|e| match e {
+                EnsureError::Tree(e) => e.to_string(),
+                EnsureError::Build(e) => e,
+            })
+            .expect("ensure")
+    }
+
+    fn writable(path: &Path) {
+        let mode = fs::metadata(path).expect("meta").permissions().mode();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode | 0o200)).expect("chmod");
+    }
+
+    #[test]
+    fn the_key_follows_every_input() {
+        let a = key("{\"x\":1}", "fund=false\n", false);
+        assert!(is_key(&a), "{a}");
+        assert_eq!(a, key("{\"x\":1}", "fund=false\n", false));
+        assert_ne!(a, key("{\"x\":2}", "fund=false\n", false));
+        assert_ne!(a, key("{\"x\":1}", "fund=true\n", false));
+        assert_ne!(a, key("{\"x\":1}", "fund=false\n", true));
+    }
+
+    #[tokio::test]
+    async fn a_tree_is_built_once_and_then_reused_read_only() {
+        let (root, trees) = store("reuse");
+        let builds = Arc::new(AtomicUsize::new(0));
+        assert_eq!(ensure(&trees, &builds).await, Outcome::Built);
+        assert_eq!(ensure(&trees, &builds).await, Outcome::Reused);
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        let top = trees.tree(KEY);
+        verify(&top, KEY).expect("a sealed tree passes its check");
+        let file = top.join("node_modules/@scope/pkg/index.js");
+        assert_eq!(
+            fs::metadata(&file).expect("meta").permissions().mode() & 0o222,
+            0,
+            "files are read-only"
+        );
+        let folder = top.join("node_modules/@scope/pkg");
+        assert_eq!(
+            fs::metadata(&folder).expect("meta").permissions().mode() & 0o222,
+            0,
+            "folders are read-only"
+        );
+        let left: Vec<_> = fs::read_dir(&trees.root)
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "no build folder is left: {left:?}");
+        cleanup(&root);
+    }
+
+    #[tokio::test]
+    async fn a_file_changed_after_the_tree_was_written_gets_it_rebuilt() {
+        let (root, trees) = store("changed");
+        let builds = Arc::new(AtomicUsize::new(0));
+        ensure(&trees, &builds).await;
+        let file = trees.tree(KEY).join("node_modules/@scope/pkg/index.js");
+        writable(&file);
+        // Same size, different content: only the hash tells.
+        fs::write(&file, "module.exports = 43;\n").expect("write");
+        let outcome = ensure(&trees, &builds).await;
+        let Outcome::Rebuilt(reason) = outcome else {
+            panic!("not rebuilt: {outcome:?}");
+        };
+        assert!(
+            reason.contains("node_modules/@scope/pkg/index.js changed"),
+            "{reason}"
+        );
+        assert_eq!(builds.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            fs::read_to_string(&file).expect("read"),
+            "module.exports = 42;\n"
+        );
+        verify(&trees.tree(KEY), KEY).expect("the rebuilt tree passes");
+        cleanup(&root);
+    }
+
+    #[tokio::test]
+    async fn a_missing_an_extra_or_a_relinked_entry_fails_the_check() {
+        let (root, trees) = store("entries");
+        let builds = Arc::new(AtomicUsize::new(0));
+        ensure(&trees, &builds).await;
+        let top = trees.tree(KEY);
+        let folder = top.join("node_modules/@scope/pkg");
+        writable(&folder);
+        fs::write(folder.join("extra.js"), "").expect("write");
+        let e = verify(&top, KEY).expect_err("an extra file");
+        assert!(e.contains("extra.js is not in its manifest"), "{e}");
+        fs::remove_file(folder.join("extra.js")).expect("remove");
+        verify(&top, KEY).expect("back as it was");
+        fs::remove_file(folder.join("package.json")).expect("remove");
+        let e = verify(&top, KEY).expect_err("a missing file");
+        assert!(e.contains("package.json is missing"), "{e}");
+        assert!(matches!(ensure(&trees, &builds).await, Outcome::Rebuilt(_)));
+        let bin = top.join("node_modules/.bin");
+        writable(&bin);
+        fs::remove_file(bin.join("pkg")).expect("remove");
+        std::os::unix::fs::symlink("/etc/passwd", bin.join("pkg")).expect("link");
+        let e = verify(&top, KEY).expect_err("a relinked entry");
+        assert!(e.contains("points elsewhere"), "{e}");
+        let e = verify(&top, "ffffffffffffffffffffffffffffffff").expect_err("another key");
+        assert!(e.contains("not format"), "{e}");
+        cleanup(&root);
+    }
+
+    #[tokio::test]
+    async fn a_copied_file_with_the_same_content_passes() {
+        let (root, trees) = store("copied");
+        ensure(&trees, &Arc::new(AtomicUsize::new(0))).await;
+        let top = trees.tree(KEY);
+        let file = top.join("node_modules/@scope/pkg/index.js");
+        let folder = top.join("node_modules/@scope/pkg");
+        writable(&folder);
+        // A new inode with the recorded content (a restored backup): hashed again, accepted.
+        let content = fs::read(&file).expect("read");
+        fs::remove_file(&file).expect("remove");
+        fs::write(&file, content).expect("write");
+        verify(&top, KEY).expect("same content");
+        cleanup(&root);
+    }
+
+    #[tokio::test]
+    async fn a_half_written_tree_is_rebuilt_never_used() {
+        let (root, trees) = store("half");
+        let builds = Arc::new(AtomicUsize::new(0));
+        // 1. An install killed half-way (the task's timeout drops it mid-build, with npm's
+        // process group): nothing is at the key's path; the next install builds a complete
+        // tree.
+        {
+            let lock = trees.lock(KEY).await.expect("lock");
+            let half = Arc::new(tokio::sync::Notify::new());
+            let signal = half.clone();
+            let build = trees.ensure(KEY, &lock, |dir| async move {
+                let package = dir.join("node_modules/@scope/pkg");
+                fs::create_dir_all(&package).map_err(|e| e.to_string())?;
+                fs::write(package.join("package.json"), "{").map_err(|e| e.to_string())?;
+                signal.notify_one();
+                std::future::pending::<Result<(), String>>().await
+            });
+            tokio::select! {
+                _ = build => panic!("the build never ends"),
+                () = half.notified() => {}
+            }
+        }
+        assert!(
+            !trees.tree(KEY).exists(),
+            "a half build is never at the key"
+        );
+        let leftovers = |trees: &Trees| {
+            fs::read_dir(&trees.root)
+                .expect("list")
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(".build-"))
+                .count()
+        };
+        assert_eq!(leftovers(&trees), 1, "the stopped build left its folder");
+        assert_eq!(ensure(&trees, &builds).await, Outcome::Built);
+        assert_eq!(leftovers(&trees), 0, "the leftover was removed");
+        verify(&trees.tree(KEY), KEY).expect("complete");
+
+        // 2. A tree at the key without its manifest (copied in, or cut short): rebuilt.
+        let top = trees.tree(KEY);
+        writable(&top);
+        fs::remove_file(top.join(MANIFEST)).expect("remove");
+        let outcome = ensure(&trees, &builds).await;
+        assert!(
+            matches!(&outcome, Outcome::Rebuilt(r) if r.contains("no manifest")),
+            "{outcome:?}"
+        );
+        // 3. A manifest cut short: rebuilt.
+        let text = fs::read(top.join(MANIFEST)).expect("manifest");
+        fs::write(top.join(MANIFEST), &text[..text.len() / 2]).expect("cut");
+        let outcome = ensure(&trees, &builds).await;
+        assert!(
+            matches!(&outcome, Outcome::Rebuilt(r) if r.contains("cannot be parsed")),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            builds.load(Ordering::SeqCst),
+            3,
+            "the stopped build is not counted"
+        );
+        verify(&trees.tree(KEY), KEY).expect("complete");
+        cleanup(&root);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_installs_at_one_version_at_once_build_the_tree_once() {
+        let (root, trees) = store("concurrent");
+        let builds = Arc::new(AtomicUsize::new(0));
+        let (a, b) = tokio::join!(
+            {
+                let (trees, builds) = (trees.clone(), builds.clone());
+                tokio::spawn(async move { ensure(&trees, &builds).await })
+            },
+            {
+                let (trees, builds) = (trees.clone(), builds.clone());
+                tokio::spawn(async move { ensure(&trees, &builds).await })
+            }
+        );
+        let mut outcomes = [a.expect("task"), b.expect("task")];
+        outcomes.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(outcomes, [Outcome::Built, Outcome::Reused]);
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        verify(&trees.tree(KEY), KEY).expect("one complete tree");
+        cleanup(&root);
+    }
+
+    #[tokio::test]
+    async fn projects_link_to_the_tree_and_unlinked_trees_are_collected() {
+        let state = scratch("link");
+        let trees = Trees {
+            root: state.join(".cache/modules"),
+        };
+        ensure(&trees, &Arc::new(AtomicUsize::new(0))).await;
+        let project = state.join("team/one/platform");
+        // A project of the earlier layout, with its own node_modules.
+        fs::create_dir_all(project.join("node_modules/old")).expect("dir");
+        trees.link(&project, KEY, &state).expect("link");
+        let link = project.join(MODULES);
+        assert_eq!(
+            fs::read_link(&link).expect("a link"),
+            PathBuf::from(format!("../../../.cache/modules/{KEY}/node_modules")),
+            "relative: the state volume may be mounted elsewhere"
+        );
+        assert_eq!(
+            fs::read_to_string(link.join("@scope/pkg/index.js")).expect("through the link"),
+            "module.exports = 42;\n"
+        );
+        assert_eq!(
+            fs::read_to_string(project.join(LOCKFILE)).expect("lockfile"),
+            r#"{"lockfileVersion":3}"#
+        );
+        trees
+            .link(&project, KEY, &state)
+            .expect("linking again changes nothing");
+        assert_eq!(
+            trees.linked_keys(&state).into_iter().collect::<Vec<_>>(),
+            [KEY]
+        );
+
+        // Another tree no one links to is removed; a locked one waits; the linked one stays.
+        let other = "ffffffffffffffffffffffffffffffff";
+        fs::create_dir_all(trees.tree(other).join("node_modules")).expect("dir");
+        let held = trees.lock(other).await.expect("lock");
+        assert!(trees.collect(&state).is_empty(), "a tree in use is kept");
+        drop(held);
+        assert_eq!(trees.collect(&state), [other]);
+        assert!(!trees.tree(other).exists());
+        assert!(trees.tree(KEY).exists(), "a linked tree is kept");
+        // Deleting the instance (its folder, the link with it) frees its tree.
+        fs::remove_dir_all(state.join("team/one")).expect("remove");
+        assert!(trees.tree(KEY).exists(), "the link's removal left the tree");
+        assert_eq!(trees.collect(&state), [KEY]);
+        cleanup(&state);
+    }
+}
