@@ -18,7 +18,7 @@ use controller::installer::Installer;
 use controller::leader::Election;
 use controller::metrics::{InstanceConditions, Metrics};
 use controller::reconcile::cache::Triggers;
-use controller::reconcile::{Context, Settings, error_policy, reconcile};
+use controller::reconcile::{Context, Settings, error_policy, instance_of, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
 use kube::api::Api;
@@ -438,14 +438,15 @@ async fn run(
         .reflect(writer)
         .applied_objects();
     let controller = Controller::for_stream(stream, reader);
-    // A tracked task's end (Helm, an install, a preview) wakes its instance at once, so its
-    // next step does not wait for the next --target-poll.
-    let finished = futures::stream::unfold(ctx.tasks.finished(), |mut rx| async move {
+    // The task queue wakes an instance when its tracked task (Helm, an install, a preview)
+    // ends, so its next step does not wait for the next --target-poll, and when a queued task
+    // starts or its place in the status changes: queued instances are not polled.
+    let woken = futures::stream::unfold(ctx.tasks.woken(), |mut rx| async move {
         let key = rx.recv().await?;
         Some((key, rx))
     })
     .filter_map(|key| async move {
-        let (namespace, name) = key.split_once('/')?;
+        let (namespace, name) = instance_of(&key)?;
         Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
     });
     // The instances' conditions, read from the controller's own cache at each scrape.
@@ -472,7 +473,7 @@ async fn run(
             by_exported(s.metadata.namespace)
         })
         .watches_stream(triggers.releases, move |s| by_release(s.metadata.namespace))
-        .reconcile_on(finished)
+        .reconcile_on(woken)
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

@@ -1,8 +1,10 @@
 //! Tracked long-running work (Helm), so a reconcile never holds a worker for minutes: one task per
 //! instance at most, installs bounded by `--max-concurrent-installs` and queued in order (with
-//! their position reported), and failures remembered with a capped backoff. Reconciles poll the
-//! registry every `--target-poll`; a task's end also wakes its instance at once
-//! ([`Tasks::finished`]), so the next step does not wait for the poll.
+//! their position reported), and failures remembered with a capped backoff. Reconciles poll a
+//! running task every `--target-poll`; the registry wakes an instance itself ([`Tasks::woken`])
+//! when its task ends (so the next step does not wait for the poll), when a queued task starts,
+//! and when a queued task's place, as the status words it ([`queue_place`]), changes: a queued
+//! instance is not polled, so n queued instances cost O(n log n) reconciles, not n² per queue.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::{AbortHandle, Abortable, BoxFuture};
 
-use crate::decide::model::{TaskError, TaskState};
+#[cfg(doc)]
+use crate::decide::model::queue_place;
+use crate::decide::model::{TaskError, TaskState, place_bound};
 
 /// The first retry delay; it doubles per consecutive failure.
 const BACKOFF_BASE: Duration = Duration::from_secs(5);
@@ -26,11 +30,35 @@ struct Failure {
     at: Instant,
 }
 
+/// A task waiting for a slot.
+struct Waiting {
+    key: Key,
+    work: BoxFuture<'static, Result<(), TaskError>>,
+    /// The [`place_bound`] of the place its instance was last woken (or submitted) at.
+    bound: usize,
+}
+
 #[derive(Default)]
 struct Inner {
     running: HashMap<Key, AbortHandle>,
-    queue: VecDeque<(Key, BoxFuture<'static, Result<(), TaskError>>)>,
+    queue: VecDeque<Waiting>,
     failed: HashMap<Key, Failure>,
+}
+
+impl Inner {
+    /// The queued keys whose place, as the status words it, changed since they were last woken;
+    /// each is marked as told. Integer comparisons over the queue, no allocation but the keys.
+    fn moved(&mut self) -> Vec<Key> {
+        let mut moved = Vec::new();
+        for (index, waiting) in self.queue.iter_mut().enumerate() {
+            let bound = place_bound(index + 1);
+            if waiting.bound != bound {
+                waiting.bound = bound;
+                moved.push(waiting.key.clone());
+            }
+        }
+        moved
+    }
 }
 
 /// The task registry.
@@ -39,7 +67,7 @@ pub struct Tasks {
     limit: usize,
     running_gauge: prometheus::IntGauge,
     queued_gauge: prometheus::IntGauge,
-    finished: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Key>>>,
+    woken: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Key>>>,
 }
 
 /// The delay before retry number `attempts` (1-based).
@@ -60,7 +88,7 @@ impl Tasks {
             limit: limit.max(1),
             running_gauge,
             queued_gauge,
-            finished: Mutex::new(None),
+            woken: Mutex::new(None),
         })
     }
 
@@ -72,7 +100,7 @@ impl Tasks {
         if inner.running.contains_key(key) {
             return TaskState::Running;
         }
-        if let Some(position) = inner.queue.iter().position(|(k, _)| k == key) {
+        if let Some(position) = inner.queue.iter().position(|w| w.key == key) {
             return TaskState::Queued(position + 1);
         }
         match inner.failed.get(key) {
@@ -102,14 +130,27 @@ impl Tasks {
         }
     }
 
-    /// The keys of tasks as they end (done or failed; not cancelled ones), for the reconcile
-    /// loop to wake their instances. One receiver: a later call replaces the earlier one.
-    pub fn finished(&self) -> tokio::sync::mpsc::UnboundedReceiver<Key> {
+    /// The keys whose instances the reconcile loop must look at again: a task that ended (done
+    /// or failed; not a cancelled one), a queued task that started, and a queued task whose
+    /// place as the status words it ([`queue_place`]) changed. One receiver: a later call
+    /// replaces the earlier one.
+    pub fn woken(&self) -> tokio::sync::mpsc::UnboundedReceiver<Key> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        if let Ok(mut finished) = self.finished.lock() {
-            *finished = Some(tx);
+        if let Ok(mut woken) = self.woken.lock() {
+            *woken = Some(tx);
         }
         rx
+    }
+
+    /// Sends `keys` to the receiver of [`Tasks::woken`], if there is one.
+    fn wake(&self, keys: impl IntoIterator<Item = Key>) {
+        if let Ok(woken) = self.woken.lock()
+            && let Some(tx) = woken.as_ref()
+        {
+            for key in keys {
+                let _ = tx.send(key);
+            }
+        }
     }
 
     /// Submits `work` for `key`. Returns false (and drops `work`) when the key already has a task
@@ -125,7 +166,7 @@ impl Tasks {
             let Ok(mut inner) = self.inner.lock() else {
                 return false;
             };
-            if inner.running.contains_key(key) || inner.queue.iter().any(|(k, _)| k == key) {
+            if inner.running.contains_key(key) || inner.queue.iter().any(|w| w.key == key) {
                 return false;
             }
             if let Some(f) = inner.failed.get(key)
@@ -134,7 +175,12 @@ impl Tasks {
                 return false;
             }
             if bounded {
-                inner.queue.push_back((key.to_string(), work));
+                let bound = place_bound(inner.queue.len() + 1);
+                inner.queue.push_back(Waiting {
+                    key: key.to_string(),
+                    work,
+                    bound,
+                });
             } else {
                 let handle = self.spawn(key.to_string(), work);
                 inner.running.insert(key.to_string(), handle);
@@ -178,30 +224,31 @@ impl Tasks {
                 }
             }
             this.dispatch();
-            if let Ok(finished) = this.finished.lock()
-                && let Some(tx) = finished.as_ref()
-            {
-                let _ = tx.send(key);
-            }
+            this.wake([key]);
         });
         handle
     }
 
-    /// Starts queued tasks while slots are free, oldest first.
+    /// Starts queued tasks while slots are free, oldest first, and wakes the instances whose
+    /// task started or whose place changed (also after a queued task was cancelled or forgotten).
     fn dispatch(self: &Arc<Self>) {
+        let mut woken = Vec::new();
         if let Ok(mut inner) = self.inner.lock() {
             while inner.running.len() < self.limit {
-                let Some((key, work)) = inner.queue.pop_front() else {
+                let Some(Waiting { key, work, .. }) = inner.queue.pop_front() else {
                     break;
                 };
                 // Spawned under the lock: the task cannot finish (and remove itself) before
                 // it is recorded as running.
                 let handle = self.spawn(key.clone(), work);
-                inner.running.insert(key, handle);
+                inner.running.insert(key.clone(), handle);
+                woken.push(key);
             }
+            woken.extend(inner.moved());
             self.running_gauge.set(inner.running.len() as i64);
             self.queued_gauge.set(inner.queue.len() as i64);
         }
+        self.wake(woken);
     }
 
     /// Stops the task of `key`, queued or running: a running one is dropped where it waits,
@@ -212,7 +259,7 @@ impl Tasks {
                 return false;
             };
             let queued = inner.queue.len();
-            inner.queue.retain(|(k, _)| k != key);
+            inner.queue.retain(|w| w.key != key);
             let running = inner.running.remove(key);
             if let Some(handle) = &running {
                 handle.abort();
@@ -225,11 +272,13 @@ impl Tasks {
     }
 
     /// Drops the record of `key` (the instance is gone).
-    pub fn forget(&self, key: &str) {
+    pub fn forget(self: &Arc<Self>, key: &str) {
         if let Ok(mut inner) = self.inner.lock() {
             inner.failed.remove(key);
-            inner.queue.retain(|(k, _)| k != key);
+            inner.queue.retain(|w| w.key != key);
         }
+        // The tasks behind it moved up.
+        self.dispatch();
     }
 }
 
@@ -267,7 +316,7 @@ mod tests {
     #[tokio::test]
     async fn a_task_that_ends_wakes_its_key_and_a_cancelled_one_does_not() {
         let tasks = registry(2);
-        let mut finished = tasks.finished();
+        let mut finished = tasks.woken();
         assert!(tasks.submit("ns/ok", true, async { Ok(()) }.boxed()));
         assert!(tasks.submit(
             "ns/failed",
@@ -286,22 +335,142 @@ mod tests {
                 .boxed()
             )
         );
-        let mut woken = Vec::new();
-        for _ in 0..2 {
+        // Starts wake their keys too; wait until both ends were seen.
+        let mut ended = Vec::new();
+        while ended.len() < 2 {
             let key = tokio::time::timeout(Duration::from_secs(5), finished.recv())
                 .await
                 .expect("a wake-up")
                 .expect("open");
-            woken.push(key);
+            if tasks.state(&key) != TaskState::Running && !ended.contains(&key) {
+                ended.push(key);
+            }
         }
-        woken.sort();
-        assert_eq!(woken, ["ns/failed", "ns/ok"]);
+        ended.sort();
+        assert_eq!(ended, ["ns/failed", "ns/ok"]);
+        // Whatever start the cancelled task's key was woken for is already sent.
+        while finished.try_recv().is_ok() {}
+        until(&tasks, "ns/cancelled", TaskState::Running).await;
+        while finished.try_recv().is_ok() {}
         assert!(tasks.cancel("ns/cancelled"));
         assert!(
             tokio::time::timeout(Duration::from_millis(200), finished.recv())
                 .await
                 .is_err(),
             "a cancelled task wakes nothing"
+        );
+    }
+
+    /// What `woken` has sent so far, sorted.
+    fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Key>) -> Vec<Key> {
+        let mut keys = Vec::new();
+        while let Ok(key) = rx.try_recv() {
+            keys.push(key);
+        }
+        keys.sort();
+        keys
+    }
+
+    #[tokio::test]
+    async fn the_queue_wakes_a_start_an_end_and_a_changed_place_and_nothing_else() {
+        let tasks = registry(1);
+        let mut woken = tasks.woken();
+        let mut releases = Vec::new();
+        let mut held = |tasks: &Arc<Tasks>, key: &str| {
+            let (release, wait) = tokio::sync::oneshot::channel::<()>();
+            releases.push(release);
+            assert!(tasks.submit(
+                key,
+                true,
+                async move { wait.await.map_err(|e| TaskError::from(e.to_string())) }.boxed()
+            ));
+        };
+        held(&tasks, "ns/a");
+        assert_eq!(drain(&mut woken), ["ns/a"], "a task that starts at once");
+        let queued: Vec<String> = (1..=10).map(|i| format!("ns/q{i:02}")).collect();
+        for key in &queued {
+            held(&tasks, key);
+        }
+        assert_eq!(tasks.state("ns/q10"), TaskState::Queued(10));
+        assert!(drain(&mut woken).is_empty(), "queueing moves no one");
+        // `a` ends: q01 starts; q02..q09 move to places the status words differently (2..8
+        // exactly, and 9 of "9 to 16" becomes 8); q10 moves from 10 to 9, still "9 to 16".
+        let _ = releases.remove(0).send(());
+        let mut seen = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut seen = Vec::new();
+            loop {
+                let key = woken.recv().await.expect("open");
+                seen.push(key.clone());
+                if key == "ns/a" {
+                    return seen;
+                }
+            }
+        })
+        .await
+        .expect("the end of a wakes it");
+        seen.sort();
+        let mut want = vec!["ns/a".to_string()];
+        want.extend(queued[..9].iter().cloned());
+        assert_eq!(seen, want, "the end, the start of q01, and q02..q09 moved");
+        assert!(
+            drain(&mut woken).is_empty(),
+            "the end's wake-up is the last"
+        );
+        assert_eq!(tasks.state("ns/q01"), TaskState::Running);
+        assert_eq!(tasks.state("ns/q10"), TaskState::Queued(9));
+        // Cancelling q05 (place 4) moves q06..q10 up one: q06..q09 change their words (5..8
+        // become 4..7) and q10 goes from "9 to 16" to 8; q02..q04 stay.
+        assert!(tasks.cancel("ns/q05"));
+        assert_eq!(
+            drain(&mut woken),
+            ["ns/q06", "ns/q07", "ns/q08", "ns/q09", "ns/q10"]
+        );
+        // Forgetting q02 (place 1) moves everyone behind it.
+        tasks.forget("ns/q02");
+        assert_eq!(
+            drain(&mut woken),
+            [
+                "ns/q03", "ns/q04", "ns/q06", "ns/q07", "ns/q08", "ns/q09", "ns/q10"
+            ]
+        );
+        assert!(tasks.cancel("ns/q10"), "the last moves no one");
+        assert!(drain(&mut woken).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_long_queue_wakes_each_instance_about_log_n_times() {
+        // 1,000 queued: every instance is woken for its start and for each change of its
+        // place's words (8 exact places and a range per power of two): O(n log n), where a
+        // poll of every queued instance at each move of the queue was O(n²).
+        let n = 1000;
+        let tasks = registry(1);
+        let mut woken = tasks.woken();
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        assert!(tasks.submit(
+            "ns/first",
+            true,
+            async move { wait.await.map_err(|e| TaskError::from(e.to_string())) }.boxed()
+        ));
+        for i in 0..n {
+            assert!(tasks.submit(&format!("ns/{i}"), true, async { Ok(()) }.boxed()));
+        }
+        let _ = release.send(());
+        until(&tasks, &format!("ns/{}", n - 1), TaskState::Idle).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let wakes = drain(&mut woken).len();
+        // Per instance at most: start + end + 7 exact places + 7 ranges (see queue_place).
+        assert!(
+            wakes <= (n + 1) * (2 + 14),
+            "{wakes} wake-ups for {n} queued"
+        );
+        assert!(
+            wakes >= 2 * n,
+            "{wakes} wake-ups: every start and end is one"
+        );
+        let polled = n * (n + 1) / 2;
+        assert!(
+            wakes * 20 < polled,
+            "{wakes} wake-ups against {polled} looks had each queued instance been looked at per move"
         );
     }
 

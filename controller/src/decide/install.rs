@@ -7,7 +7,7 @@ use common::crd::Phase;
 use common::names::{ALLOW_DOWNGRADE_ANNOTATION, RETRY_ANNOTATION};
 
 use super::model::{
-    Action, InstallObserved, InstallOutcome, Plan, PlanBuilder, Requeue, TaskError,
+    Action, InstallObserved, InstallOutcome, Plan, PlanBuilder, Requeue, TaskError, TaskState,
 };
 use super::status::{Cond, Kstatus, Reason, Step};
 use crate::installer::Mode;
@@ -140,6 +140,7 @@ pub fn decide(i: &InstallObserved, mut plan: PlanBuilder, vcluster: Requeue) -> 
     let requeue = match outcome.requeue {
         Requeue::Backoff => Requeue::Backoff,
         Requeue::Poll => Requeue::Poll,
+        Requeue::Queued => Requeue::Queued,
         Requeue::Idle if vcluster != Requeue::Idle || !plan.actions.is_empty() => Requeue::Poll,
         Requeue::Idle => Requeue::Idle,
     };
@@ -249,6 +250,11 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
                 format!("{}: npm and pulumi are running", x.what),
             ),
         };
+        // A queued install is woken by the task queue when it starts or its place changes.
+        let requeue = match &x.i.outcome {
+            InstallOutcome::Queued(_) => Requeue::Queued,
+            _ => Requeue::Poll,
+        };
         plan.condition(if x.at_requested && x.i.applied_hash.is_some() {
             Cond::yes(
                 c::INSTALLED,
@@ -265,7 +271,7 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
                 reconciling: Some(Step::new(reason, message)),
                 stalled: None,
             },
-            requeue: Requeue::Poll,
+            requeue,
         });
     }
     if x.i.preview_task.busy() {
@@ -281,7 +287,12 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
                 reconciling: Some(checking_drift()),
                 stalled: None,
             },
-            requeue: Requeue::Poll,
+            // A queued preview is woken by the task queue when it starts.
+            requeue: if matches!(x.i.preview_task, TaskState::Queued(_)) {
+                Requeue::Queued
+            } else {
+                Requeue::Poll
+            },
         });
     }
     None

@@ -64,11 +64,22 @@ pub enum TaskState {
 /// an exact number would change, and be written, for each of them every time the queue moved:
 /// n queued instances would cost n² status writes. With ranges each changes about log2(n) times.
 pub fn queue_place(position: usize) -> String {
-    if position <= 8 {
+    let high = place_bound(position);
+    if high <= 8 {
         return format!("position {position}");
     }
-    let high = position.next_power_of_two();
     format!("position {} to {high}", high / 2 + 1)
+}
+
+/// The highest position [`queue_place`] names for `position` (the position itself up to 8): two
+/// positions give the same words exactly when they have the same bound, so the task queue wakes
+/// a queued instance only when this changes.
+pub fn place_bound(position: usize) -> usize {
+    if position <= 8 {
+        position
+    } else {
+        position.next_power_of_two()
+    }
 }
 
 impl TaskState {
@@ -398,6 +409,9 @@ pub enum Requeue {
     Backoff,
     /// Only when something changes (plus the repair interval).
     Idle,
+    /// Waiting in the task queue: woken by the queue when the task starts or its place in the
+    /// status changes ([`crate::tasks::Tasks::woken`]), not polled (plus the repair interval).
+    Queued,
 }
 
 /// The decision.

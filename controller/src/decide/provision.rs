@@ -174,12 +174,16 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
         )
     };
     match (&o.task, &o.release) {
-        (TaskState::Queued(position), _) => waiting(
-            Reason::Queued,
-            &format!(
-                "waiting for an install slot: {} in the queue (--max-concurrent-installs)",
-                super::model::queue_place(*position)
+        (TaskState::Queued(position), _) => (
+            Cond::no(
+                c::VCLUSTER_READY,
+                Reason::Queued,
+                format!(
+                    "waiting for an install slot: {} in the queue (--max-concurrent-installs)",
+                    super::model::queue_place(*position)
+                ),
             ),
+            Requeue::Queued,
         ),
         (TaskState::Running, _) => waiting(Reason::Installing, "helm is installing the vCluster"),
         (TaskState::Failed(e), _) if !current => {

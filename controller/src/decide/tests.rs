@@ -147,6 +147,16 @@ fn queue_places_are_exact_near_the_front_then_ranges() {
         .filter(|p| queue_place(*p) != queue_place(p + 1))
         .count();
     assert_eq!(changes, 7 + 7, "8 exact places and 7 ranges above them");
+    // The task queue wakes an instance when this bound changes: it must change exactly when
+    // the words do, or a status would keep a stale place (or be woken for nothing).
+    for p in 1..2000 {
+        assert_eq!(
+            queue_place(p) == queue_place(p + 1),
+            crate::decide::model::place_bound(p) == crate::decide::model::place_bound(p + 1),
+            "positions {p} and {}",
+            p + 1
+        );
+    }
 }
 
 #[test]
@@ -171,6 +181,11 @@ fn queued_installs_say_their_position() {
             .actions
             .contains(&Action::InstallVCluster { recover: false }),
         "no second task while queued"
+    );
+    assert_eq!(
+        plan.requeue,
+        Requeue::Queued,
+        "a queued instance is woken by the queue, not polled"
     );
 }
 
@@ -262,6 +277,7 @@ fn a_first_install_runs_queues_and_reports() {
             .iter()
             .any(|w| w.message.contains("position 3"))
     );
+    assert_eq!(plan.requeue, Requeue::Queued);
     let mut running = fresh();
     running.install.outcome = InstallOutcome::Running;
     let plan = decide(&running);

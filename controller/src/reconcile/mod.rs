@@ -122,6 +122,16 @@ pub fn preview_key(pi: &PlatformInstance) -> String {
     format!("{}#preview", key(pi))
 }
 
+/// The instance (`namespace`, `name`) a task key belongs to: the inverse of [`key`],
+/// [`install_key`] and [`preview_key`].
+pub fn instance_of(task_key: &str) -> Option<(&str, &str)> {
+    let (namespace, name) = task_key.split_once('/')?;
+    Some((
+        namespace,
+        name.split_once('#').map_or(name, |(name, _)| name),
+    ))
+}
+
 /// Every task key of an instance.
 fn task_keys(pi: &PlatformInstance) -> [String; 3] {
     [key(pi), install_key(pi), preview_key(pi)]
@@ -215,7 +225,17 @@ fn finish(
                 .unwrap_or_default();
             Requeue::requeue(wait.max(Duration::from_secs(1)))
         }
-        decide::Requeue::Idle => Requeue::requeue(ctx.settings.repair_interval),
+        // What was just done is looked at on the next poll; a queued task is otherwise left
+        // to the task queue, which wakes the instance when the task starts or its place in the
+        // status changes (`Tasks::woken`, wired in main): polling every queued instance each
+        // --target-poll made the reconciles while provisioning grow with the square of the
+        // instances.
+        decide::Requeue::Queued if !plan.actions.is_empty() => {
+            Requeue::requeue(ctx.settings.target_poll)
+        }
+        decide::Requeue::Queued | decide::Requeue::Idle => {
+            Requeue::requeue(ctx.settings.repair_interval)
+        }
     }
 }
 
@@ -233,4 +253,17 @@ pub fn error_policy(
         .with_label_values(&["error", error.category()])
         .inc();
     Requeue::requeue(ctx.backoff.failed(&key(&pi)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance_of;
+
+    #[test]
+    fn every_task_key_maps_back_to_its_instance() {
+        for key in ["team/web", "team/web#install", "team/web#preview"] {
+            assert_eq!(instance_of(key), Some(("team", "web")), "{key}");
+        }
+        assert_eq!(instance_of("no-namespace"), None);
+    }
 }
