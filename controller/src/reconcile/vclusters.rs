@@ -2,25 +2,46 @@
 //!
 //! The probe (`GET /version` through the kubeconfig the vCluster exported) runs at most once per
 //! `--target-poll` per vCluster while that kubeconfig stays the same (by SHA-256): reconciles in
-//! between reuse its answer, and a changed kubeconfig is probed at once. Per vCluster only the
-//! digest and the last answer are kept; the client is built for the probe and dropped after it. A
-//! kept client (its TLS configuration with the CA, the client key and a session ticket, its
-//! connection pool and its request buffer task) cost about 17 KiB per vCluster, 17 MiB at a
-//! thousand, to save one TLS handshake per vCluster per poll. The instance's going drops its
-//! entry ([`VClusters::forget`]).
+//! between reuse its answer, and a changed kubeconfig is parsed and probed at once.
+//!
+//! Each kubeconfig is parsed once (not once per probe): what is kept per vCluster is its digest,
+//! the last answer and a small parsed form (the address, the server name, and the TLS
+//! configuration kube builds from the kubeconfig, with the exported CA as the only root and the
+//! client certificate as the identity), about 3 KiB. A probe is one TCP connection, one TLS
+//! handshake and one HTTP/1.1 request on it, closed after the answer: no connection and no
+//! `kube::Client` are kept (a kept client cost about 17 KiB per vCluster). The server's
+//! certificate is checked against the exported CA and the kubeconfig's server name (or
+//! `tls-server-name`) as kube checks it, and the client certificate is presented. The TLS
+//! configuration keeps one vCluster's TLS 1.3 session tickets, so the probes after the first
+//! resume the session (the server proved its certificate and saw the client's in the handshake
+//! that issued the ticket) instead of verifying and signing again; a server that declines the
+//! ticket gets a full handshake.
+//!
+//! A kubeconfig the light probe cannot honour exactly (authentication other than the client
+//! certificate: a token, exec, an auth provider; a proxy; extra headers; plain HTTP) is probed
+//! as before, through a `kube::Client` built for the probe and dropped after it. The instance's
+//! going drops its entry ([`VClusters::forget`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::client::ConfigExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use rustls::pki_types::ServerName;
 use tower::ServiceBuilder;
 
 /// The SHA-256 of a kubeconfig.
 type Digest = [u8; 32];
+
+/// The largest `/version` answer read.
+const VERSION_LIMIT: usize = 64 * 1024;
 
 /// The SHA-256 of `bytes`.
 pub fn digest(bytes: &[u8]) -> Digest {
@@ -29,10 +50,38 @@ pub fn digest(bytes: &[u8]) -> Digest {
     out
 }
 
-/// What is kept per vCluster: the kubeconfig probed, when the last probe started and what it
-/// found.
+/// An exported kubeconfig, parsed once.
+#[derive(Clone)]
+enum Parsed {
+    /// Probed by the light probe.
+    Light(Arc<Target>),
+    /// Needs what only a `kube::Client` does (see the module header): probed through one.
+    Kube,
+    /// Not a kubeconfig a client can use: never serves.
+    Unusable,
+}
+
+/// What the light probe needs of a kubeconfig.
+struct Target {
+    /// Host and port to connect to (an IPv6 literal without brackets).
+    host: String,
+    port: u16,
+    /// The `Host` header: the server URL's authority.
+    authority: String,
+    /// The server URL's path with `/version` after it.
+    path: String,
+    /// The name the server's certificate must have.
+    server_name: ServerName<'static>,
+    /// kube's TLS configuration for the kubeconfig, with a session store of its own.
+    tls: Arc<rustls::ClientConfig>,
+    connect_timeout: Option<Duration>,
+}
+
+/// What is kept per vCluster: the kubeconfig probed, its parsed form, when the last probe
+/// started and what it found.
 struct Entry {
     kubeconfig: Digest,
+    parsed: Parsed,
     probed: (Instant, bool),
 }
 
@@ -40,8 +89,9 @@ struct Entry {
 #[derive(Default)]
 pub struct VClusters {
     entries: Mutex<HashMap<String, Entry>>,
-    builds: std::sync::atomic::AtomicU64,
-    probes: std::sync::atomic::AtomicU64,
+    builds: AtomicU64,
+    probes: AtomicU64,
+    resumed: AtomicU64,
 }
 
 impl VClusters {
@@ -55,32 +105,57 @@ impl VClusters {
         every: Duration,
     ) -> bool {
         let wanted = digest(kubeconfig.as_bytes());
-        if let Ok(entries) = self.entries.lock()
-            && let Some(e) = entries.get(host_ns)
-            && e.kubeconfig == wanted
-            && e.probed.0.elapsed() < every
-        {
-            return e.probed.1;
-        }
-        self.builds
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = Instant::now();
-        let serves = match build(kubeconfig).await {
-            Some(client) => {
-                self.probes
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                matches!(
-                    tokio::time::timeout(timeout, client.apiserver_version()).await,
-                    Ok(Ok(_))
-                )
+        let known = match self.entries.lock() {
+            Ok(entries) => match entries.get(host_ns) {
+                Some(e) if e.kubeconfig == wanted => {
+                    if e.probed.0.elapsed() < every {
+                        return e.probed.1;
+                    }
+                    Some(e.parsed.clone())
+                }
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        let parsed = match known {
+            Some(parsed) => parsed,
+            None => {
+                self.builds.fetch_add(1, Ordering::Relaxed);
+                parse(kubeconfig).await
             }
-            None => false,
+        };
+        let started = Instant::now();
+        let serves = match &parsed {
+            Parsed::Light(target) => {
+                self.probes.fetch_add(1, Ordering::Relaxed);
+                match tokio::time::timeout(timeout, target.probe()).await {
+                    Ok(Some(resumed)) => {
+                        if resumed {
+                            self.resumed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            Parsed::Kube => match kube_client(kubeconfig).await {
+                Some(client) => {
+                    self.probes.fetch_add(1, Ordering::Relaxed);
+                    matches!(
+                        tokio::time::timeout(timeout, client.apiserver_version()).await,
+                        Ok(Ok(_))
+                    )
+                }
+                None => false,
+            },
+            Parsed::Unusable => false,
         };
         if let Ok(mut entries) = self.entries.lock() {
             entries.insert(
                 host_ns.to_string(),
                 Entry {
                     kubeconfig: wanted,
+                    parsed,
                     probed: (started, serves),
                 },
             );
@@ -105,18 +180,128 @@ impl VClusters {
         self.len() == 0
     }
 
-    /// How many clients were built and how many probes were sent, since the start.
+    /// How many kubeconfigs were parsed and how many probes were sent, since the start.
     pub fn counts(&self) -> (u64, u64) {
         (
-            self.builds.load(std::sync::atomic::Ordering::Relaxed),
-            self.probes.load(std::sync::atomic::Ordering::Relaxed),
+            self.builds.load(Ordering::Relaxed),
+            self.probes.load(Ordering::Relaxed),
         )
+    }
+
+    /// How many light probes that got an answer resumed a TLS session, since the start.
+    pub fn resumed(&self) -> u64 {
+        self.resumed.load(Ordering::Relaxed)
+    }
+}
+
+/// Parses `kubeconfig` into what its probes need, as kube reads it.
+async fn parse(kubeconfig: &str) -> Parsed {
+    let Ok(parsed) = Kubeconfig::from_yaml(kubeconfig) else {
+        return Parsed::Unusable;
+    };
+    let Ok(config) =
+        kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default()).await
+    else {
+        return Parsed::Unusable;
+    };
+    match Target::from_config(&config) {
+        Ok(Some(target)) => Parsed::Light(Arc::new(target)),
+        Ok(None) => Parsed::Kube,
+        Err(()) => Parsed::Unusable,
+    }
+}
+
+impl Target {
+    /// The light probe's form of `config`: `Ok(None)` when it needs a `kube::Client`, `Err` when
+    /// no client could use it.
+    fn from_config(config: &kube::Config) -> Result<Option<Self>, ()> {
+        let plain_https = config.cluster_url.scheme_str() == Some("https");
+        let client_certificate_only = matches!(config.auth_layer(), Ok(None));
+        if !plain_https
+            || !client_certificate_only
+            || config.proxy_url.is_some()
+            || !config.headers.is_empty()
+        {
+            return Ok(None);
+        }
+        let mut tls = config.rustls_client_config().map_err(|_| ())?;
+        // One server's TLS 1.3 tickets (up to 8), so the next probe resumes.
+        tls.resumption = rustls::client::Resumption::store(Arc::new(
+            rustls::client::ClientSessionMemoryCache::new(1),
+        ));
+        let url = &config.cluster_url;
+        let authority = url.authority().ok_or(())?.to_string();
+        let host = url
+            .host()
+            .ok_or(())?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = url.port_u16().unwrap_or(443);
+        let name = config.tls_server_name.as_deref().unwrap_or(&host);
+        let server_name = ServerName::try_from(name.to_string()).map_err(|_| ())?;
+        Ok(Some(Self {
+            path: format!("{}/version", url.path().trim_end_matches('/')),
+            host,
+            port,
+            authority,
+            server_name,
+            tls: Arc::new(tls),
+            connect_timeout: config.connect_timeout,
+        }))
+    }
+
+    /// One `GET /version` on a new connection: `Some(resumed)` when the server answered 200 with
+    /// a version, `resumed` telling whether the TLS session was resumed.
+    async fn probe(&self) -> Option<bool> {
+        let connect = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
+        let tcp = match self.connect_timeout {
+            Some(limit) => tokio::time::timeout(limit, connect).await.ok()?,
+            None => connect.await,
+        }
+        .ok()?;
+        let _ = tcp.set_nodelay(true);
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(self.server_name.clone(), tcp)
+            .await
+            .ok()?;
+        let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(tls))
+                .await
+                .ok()?;
+        let request = hyper::Request::get(self.path.as_str())
+            .header(hyper::header::HOST, self.authority.as_str())
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(Empty::new())
+            .ok()?;
+        let exchange = async {
+            let response = sender.send_request(request).await.ok()?;
+            if response.status() != hyper::StatusCode::OK {
+                return None;
+            }
+            let body = Limited::new(response.into_body(), VERSION_LIMIT)
+                .collect()
+                .await
+                .ok()?
+                .to_bytes();
+            // What kube's `apiserver_version` reads: an object with a `gitVersion`.
+            let info: serde_json::Value = serde_json::from_slice(&body).ok()?;
+            info.get("gitVersion")?.as_str()?;
+            Some(resumed)
+        };
+        tokio::pin!(connection);
+        tokio::select! {
+            answer = exchange => answer,
+            // The connection ended before the answer.
+            _ = &mut connection => None,
+        }
     }
 }
 
 /// A client of the API `kubeconfig` names, for one probe: kube's TLS (its server name, CA and
 /// client identity) and authentication, with no session cache and no idle connection kept.
-async fn build(kubeconfig: &str) -> Option<kube::Client> {
+async fn kube_client(kubeconfig: &str) -> Option<kube::Client> {
     let parsed = Kubeconfig::from_yaml(kubeconfig).ok()?;
     let config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
         .await
@@ -176,5 +361,131 @@ mod tests {
         assert_eq!(v.len(), 1);
         v.forget("h");
         assert!(v.is_empty());
+    }
+
+    use base64::Engine as _;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    /// STAND-IN for a vCluster's API server (the real one cannot run here; the controller's
+    /// end-to-end tests probe a real kube-apiserver): TLS with a serving certificate for
+    /// `vcluster.team` issued by `pki`'s CA, a client certificate of that CA required (as the
+    /// API server requires one or a token), TLS 1.3 session tickets issued as Go's server does,
+    /// and `GET /version` answered with a version object. Returns its port and a count of the
+    /// requests that reached HTTP.
+    async fn api_server(pki: &e2e::pki::Pki) -> (u16, Arc<AtomicU64>) {
+        let certs = |pem: &str| {
+            CertificateDer::pem_slice_iter(pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .expect("certificates")
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in certs(&pki.ca_cert) {
+            roots.add(ca).expect("CA");
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+            .build()
+            .expect("verifier");
+        let mut config = rustls::ServerConfig::builder()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                certs(&pki.serving_cert),
+                PrivateKeyDer::from_pem_slice(pki.serving_key.as_bytes()).expect("key"),
+            )
+            .expect("server config");
+        config.ticketer = rustls::crypto::ring::Ticketer::new().expect("ticketer");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let requests = Arc::new(AtomicU64::new(0));
+        let counted = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, counted) = (acceptor.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |request| {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        let (status, body) = if request.uri().path() == "/version" {
+                            (200, r#"{"major":"1","minor":"35","gitVersion":"v1.35.0"}"#)
+                        } else {
+                            (404, "{}")
+                        };
+                        async move {
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(Bytes::from(body)))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        (port, requests)
+    }
+
+    /// A kubeconfig for the stand-in at `port`, as vCluster exports it (server on loopback,
+    /// `tls-server-name` the name asked for), with `pki`'s CA and admin certificate.
+    fn kubeconfig(port: u16, pki: &e2e::pki::Pki, server_name: &str, identity: bool) -> String {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let user = if identity {
+            format!(
+                "{{client-certificate-data: {}, client-key-data: {}}}",
+                b64(&pki.admin_cert),
+                b64(&pki.admin_key)
+            )
+        } else {
+            "{}".to_string()
+        };
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: vc\n  cluster: {{server: \"https://127.0.0.1:{port}\", certificate-authority-data: {}, tls-server-name: {server_name}}}\nusers:\n- name: admin\n  user: {user}\ncontexts:\n- name: vc\n  context: {{cluster: vc, user: admin}}\ncurrent-context: vc\n",
+            b64(&pki.ca_cert)
+        )
+    }
+
+    #[tokio::test]
+    async fn the_light_probe_checks_the_server_presents_the_client_and_resumes() {
+        let pki = e2e::pki::Pki::issue_for(&["vcluster.team"]).expect("pki");
+        let (port, requests) = api_server(&pki).await;
+        let v = VClusters::default();
+        let (limit, every) = (Duration::from_secs(5), Duration::ZERO);
+        let good = kubeconfig(port, &pki, "vcluster.team", true);
+        assert!(v.serves("h", &good, limit, every).await, "the first probe");
+        assert!(v.serves("h", &good, limit, every).await, "the second probe");
+        assert!(v.serves("h", &good, limit, every).await, "the third probe");
+        assert_eq!(v.counts(), (1, 3), "parsed once, probed three times");
+        assert_eq!(v.resumed(), 2, "the probes after the first resume");
+        assert_eq!(requests.load(Ordering::Relaxed), 3);
+        // Within the poll the answer is reused: no new connection.
+        assert!(v.serves("h", &good, limit, Duration::from_secs(60)).await);
+        assert_eq!(requests.load(Ordering::Relaxed), 3);
+
+        // A server name the certificate does not have: the handshake fails, nothing is asked.
+        let wrong_name = kubeconfig(port, &pki, "vcluster.other", true);
+        assert!(!v.serves("h", &wrong_name, limit, every).await);
+        // Another CA: the server's certificate is not trusted.
+        let other = e2e::pki::Pki::issue_for(&["vcluster.team"]).expect("pki");
+        let wrong_ca = kubeconfig(port, &other, "vcluster.team", true);
+        assert!(!v.serves("h", &wrong_ca, limit, every).await);
+        // No client certificate: the server refuses the handshake.
+        let anonymous = kubeconfig(port, &pki, "vcluster.team", false);
+        assert!(!v.serves("h", &anonymous, limit, every).await);
+        assert_eq!(
+            requests.load(Ordering::Relaxed),
+            3,
+            "none of them reached HTTP"
+        );
+        // Nothing listening: no answer.
+        let closed = kubeconfig(1, &pki, "vcluster.team", true);
+        assert!(!v.serves("h", &closed, limit, every).await);
+        // The first kubeconfig again: parsed again (its entry was replaced), and it serves.
+        assert!(v.serves("h", &good, limit, every).await);
+        assert_eq!(v.counts().0, 6, "each changed kubeconfig parsed once");
     }
 }
