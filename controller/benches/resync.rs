@@ -6,8 +6,9 @@
 //! seconds and the controller's reconciles and writes). Once all are `Installing`, one full
 //! resync (every instance reconciled once, driven by `--repair-interval`) is measured: the
 //! controller's resident memory, its CPU seconds, its API writes (the goal is zero: nothing
-//! changed), where its observations came from (watch caches or the API server), and the
-//! reconcile p99.
+//! changed), where its observations came from (watch caches or the API server), how its vCluster
+//! API probes went (TLS sessions resumed, full handshakes, through a kube client, failed), and
+//! the reconcile p99.
 //!
 //! Run: `cargo bench -p controller --bench resync` (env `BENCH_INSTANCES` sets N).
 
@@ -195,17 +196,34 @@ async fn main() {
         .await;
     // Let the last status writes and their watch events settle, then measure one repair interval.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let observations = |source: &'static str| {
-        let controller = &controller;
-        async move {
-            controller
-                .metric(&format!(
-                    "platform_operator_controller_observations_total{{source=\"{source}\"}}"
-                ))
-                .await
-        }
+    let c = &controller;
+    let labelled = |metric: &'static str, label: &'static str, value: &'static str| async move {
+        c.metric_with(metric, &format!("{label}=\"{value}\"")).await
+    };
+    let observations = |source| {
+        labelled(
+            "platform_operator_controller_observations_total",
+            "source",
+            source,
+        )
     };
     let (cached0, live0) = (observations("cache").await, observations("api").await);
+    const HANDSHAKES: [&str; 4] = ["resumed", "full", "client", "failed"];
+    let probes = || async {
+        let mut counts = Vec::new();
+        for h in HANDSHAKES {
+            counts.push(
+                labelled(
+                    "platform_operator_controller_vcluster_probes_total",
+                    "handshake",
+                    h,
+                )
+                .await,
+            );
+        }
+        counts
+    };
+    let probes0 = probes().await;
     let (cpu0, _) = proc_stat(pid);
     let writes0 = controller
         .metric("platform_operator_controller_api_writes_total")
@@ -223,6 +241,7 @@ async fn main() {
         .metric("platform_operator_controller_reconciles_total")
         .await;
     let (cached1, live1) = (observations("cache").await, observations("api").await);
+    let probes1 = probes().await;
     let (p99_bound, counted) = p99(&buckets0, &buckets(&controller).await);
     let load_window = loadavg();
     let still_installing = installing(&cluster, &team);
@@ -269,6 +288,16 @@ async fn main() {
         "| observations in the window from the watch caches / the API server | {:.0} / {:.0} |",
         cached1 - cached0,
         live1 - live0
+    );
+    let window_probes: Vec<String> = probes1
+        .iter()
+        .zip(&probes0)
+        .map(|(after, before)| format!("{:.0}", after - before))
+        .collect();
+    println!(
+        "| vCluster API probes in the window, {} | {} |",
+        HANDSHAKES.join(" / "),
+        window_probes.join(" / ")
     );
     println!(
         "| controller CPU seconds over the window (one full resync) | {:.2} s |",

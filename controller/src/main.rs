@@ -408,7 +408,7 @@ impl Args {
             hosts,
             backoff: Default::default(),
             caches,
-            vclusters: Default::default(),
+            vclusters: controller::reconcile::vclusters::VClusters::counted(metrics.probes.clone()),
         }
     }
 }

@@ -38,6 +38,10 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// Writes to the API server by kind of object (to show that an idle resync writes nothing).
     pub writes: IntCounterVec,
+    /// vCluster API probes by how they went: `resumed` (a TLS session resumed), `full` (a full
+    /// TLS handshake), `client` (through a `kube::Client`, for a kubeconfig the light probe
+    /// cannot honour) or `failed` (no version answer).
+    pub probes: IntCounterVec,
     /// `--install-timeout` in seconds, for alerts on work stuck past it.
     pub install_timeout: Gauge,
     /// Bytes used on the state volume (`--state-dir`'s filesystem).
@@ -142,6 +146,13 @@ impl Metrics {
                 "platform_operator_controller_leader",
                 "1 while this replica leads.",
             )?,
+            probes: IntCounterVec::new(
+                Opts::new(
+                    "platform_operator_controller_vcluster_probes_total",
+                    "vCluster API probes by outcome: resumed, full, client or failed.",
+                ),
+                &["handshake"],
+            )?,
             writes: IntCounterVec::new(
                 Opts::new(
                     "platform_operator_controller_api_writes_total",
@@ -178,6 +189,7 @@ impl Metrics {
             Box::new(self.tool_seconds.clone()),
             Box::new(self.leader.clone()),
             Box::new(self.writes.clone()),
+            Box::new(self.probes.clone()),
             Box::new(self.install_timeout.clone()),
             Box::new(self.state_used.clone()),
             Box::new(self.state_capacity.clone()),
@@ -268,7 +280,7 @@ mod tests {
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
                 .expect("docs/metrics.md");
         let described = common::metrics::describe(&collectors);
-        assert_eq!(described.len(), 16);
+        assert_eq!(described.len(), 17);
         common::metrics::check_doc(&doc, "Controller", &described)
             .unwrap_or_else(|e| panic!("{e}"));
     }

@@ -92,9 +92,25 @@ pub struct VClusters {
     builds: AtomicU64,
     probes: AtomicU64,
     resumed: AtomicU64,
+    outcomes: Option<prometheus::IntCounterVec>,
 }
 
 impl VClusters {
+    /// Probes counted by outcome in `outcomes` (label `handshake`: `resumed`, `full`, `client`,
+    /// `failed`).
+    pub fn counted(outcomes: prometheus::IntCounterVec) -> Self {
+        Self {
+            outcomes: Some(outcomes),
+            ..Self::default()
+        }
+    }
+
+    fn count(&self, outcome: &str) {
+        if let Some(outcomes) = &self.outcomes {
+            outcomes.with_label_values(&[outcome]).inc();
+        }
+    }
+
     /// Whether the vCluster in `host_ns` serves its API through `kubeconfig` within `timeout`,
     /// asking it at most once per `every`.
     pub async fn serves(
@@ -129,22 +145,30 @@ impl VClusters {
             Parsed::Light(target) => {
                 self.probes.fetch_add(1, Ordering::Relaxed);
                 match tokio::time::timeout(timeout, target.probe()).await {
-                    Ok(Some(resumed)) => {
-                        if resumed {
-                            self.resumed.fetch_add(1, Ordering::Relaxed);
-                        }
+                    Ok(Some(true)) => {
+                        self.resumed.fetch_add(1, Ordering::Relaxed);
+                        self.count("resumed");
                         true
                     }
-                    _ => false,
+                    Ok(Some(false)) => {
+                        self.count("full");
+                        true
+                    }
+                    _ => {
+                        self.count("failed");
+                        false
+                    }
                 }
             }
             Parsed::Kube => match kube_client(kubeconfig).await {
                 Some(client) => {
                     self.probes.fetch_add(1, Ordering::Relaxed);
-                    matches!(
+                    let serves = matches!(
                         tokio::time::timeout(timeout, client.apiserver_version()).await,
                         Ok(Ok(_))
-                    )
+                    );
+                    self.count(if serves { "client" } else { "failed" });
+                    serves
                 }
                 None => false,
             },
@@ -453,7 +477,12 @@ mod tests {
     async fn the_light_probe_checks_the_server_presents_the_client_and_resumes() {
         let pki = e2e::pki::Pki::issue_for(&["vcluster.team"]).expect("pki");
         let (port, requests) = api_server(&pki).await;
-        let v = VClusters::default();
+        let outcomes = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("probes", "probes"),
+            &["handshake"],
+        )
+        .expect("counter");
+        let v = VClusters::counted(outcomes.clone());
         let (limit, every) = (Duration::from_secs(5), Duration::ZERO);
         let good = kubeconfig(port, &pki, "vcluster.team", true);
         assert!(v.serves("h", &good, limit, every).await, "the first probe");
@@ -461,6 +490,8 @@ mod tests {
         assert!(v.serves("h", &good, limit, every).await, "the third probe");
         assert_eq!(v.counts(), (1, 3), "parsed once, probed three times");
         assert_eq!(v.resumed(), 2, "the probes after the first resume");
+        let outcome = |o: &str| outcomes.with_label_values(&[o]).get();
+        assert_eq!((outcome("full"), outcome("resumed")), (1, 2));
         assert_eq!(requests.load(Ordering::Relaxed), 3);
         // Within the poll the answer is reused: no new connection.
         assert!(v.serves("h", &good, limit, Duration::from_secs(60)).await);
@@ -487,5 +518,7 @@ mod tests {
         // The first kubeconfig again: parsed again (its entry was replaced), and it serves.
         assert!(v.serves("h", &good, limit, every).await);
         assert_eq!(v.counts().0, 6, "each changed kubeconfig parsed once");
+        assert_eq!(outcome("failed"), 4);
+        assert_eq!(outcome("client"), 0);
     }
 }
