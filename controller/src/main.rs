@@ -79,6 +79,11 @@ struct Args {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_installs: u16,
 
+    /// How many reconciles may run at once (each holds at most one API connection while it
+    /// reads or writes; the client keeps every connection it ever opened at once).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_reconciles: u16,
+
     /// Namespace of the storage cleanup Jobs (default: the namespace the operator runs in).
     #[arg(long)]
     cleanup_namespace: Option<String>,
@@ -422,6 +427,7 @@ async fn run(
     hosts: Hosts,
     triggers: Triggers,
     watch_namespace: Option<&str>,
+    concurrency: u16,
     registry: &prometheus::Registry,
 ) -> anyhow::Result<()> {
     // Objects of other namespaces that map to an instance are dropped by the controller: it
@@ -437,7 +443,12 @@ async fn run(
         .modify(|pi| pi.metadata.managed_fields = None)
         .reflect(writer)
         .applied_objects();
-    let controller = Controller::for_stream(stream, reader);
+    // Bounded: kube's HTTP/1.1 client opens a connection per request in flight and keeps every
+    // one of them idle in its pool (it has no idle timer), so unbounded reconciles, hundreds at
+    // once while a thousand instances provision, left hundreds of idle TLS connections (each
+    // with its request channel, buffers, TLS state and task) for the life of the process.
+    let controller = Controller::for_stream(stream, reader)
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     // The task queue wakes an instance when its tracked task (Helm, an install, a preview)
     // ends, so its next step does not wait for the next --target-poll, and when a queued task
     // starts or its place in the status changes: queued instances are not polled.
@@ -581,6 +592,7 @@ async fn main() -> anyhow::Result<()> {
         hosts,
         triggers,
         args.watch_namespace.as_deref(),
+        args.max_concurrent_reconciles,
         &registry,
     );
 
@@ -641,6 +653,7 @@ mod tests {
         );
         assert_eq!(args.policy_interval, Duration::from_secs(60));
         assert_eq!(args.vcluster_api_timeout, Duration::from_secs(5));
+        assert_eq!(args.max_concurrent_reconciles, 16);
         assert_eq!(args.cleanup_backoff_limit, 3);
         assert_eq!(args.cleanup_ttl, Duration::from_secs(86400));
         let settings = args.settings("0.37.3".into());
