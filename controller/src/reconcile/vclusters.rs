@@ -7,7 +7,8 @@
 //! Each kubeconfig is parsed once (not once per probe): what is kept per vCluster is its digest,
 //! the last answer and a small parsed form (the address, the server name, and the TLS
 //! configuration kube builds from the kubeconfig, with the exported CA as the only root and the
-//! client certificate as the identity), about 3 KiB. A probe is one TCP connection, one TLS
+//! client certificate as the identity), about 5.5 KiB with a session ticket (heap profile of a
+//! 200-instance run). A probe is one TCP connection, one TLS
 //! handshake and one HTTP/1.1 request on it, closed after the answer: no connection and no
 //! `kube::Client` are kept (a kept client cost about 17 KiB per vCluster). The server's
 //! certificate is checked against the exported CA and the kubeconfig's server name (or
