@@ -85,5 +85,48 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo test (unit, router and end-to-end tests)"
-cargo test --workspace --locked --no-fail-fast
+step "cargo test (unit, router and end-to-end tests), in three lanes"
+# The longest end-to-end test binaries spend most of their time waiting (on npm, Pulumi, a browser,
+# control planes starting), so they run beside the rest instead of after it: lane 1 the installer,
+# lane 2 the Headlamp browser test and the stand-in platform, lane 3 every other test target
+# (found in the workspace's metadata, so a new test file runs without being named here), then the
+# doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
+# one. cargo holds its build lock only while it builds (everything is built above), not while
+# tests run. Each lane's output is printed whole when the lane ends; the run fails if any lane
+# failed.
+lane_one=(installer)
+lane_two=(headlamp standin_platform)
+mapfile -t lane_three < <(
+  cargo metadata --no-deps --format-version 1 --locked |
+    python3 -c '
+import json, sys
+taken = set(sys.argv[1:])
+names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"]
+                if "test" in t["kind"] and t["name"] not in taken})
+print("\n".join(names))
+' "${lane_one[@]}" "${lane_two[@]}"
+)
+test_args() { for t in "$@"; do printf -- '--test\n%s\n' "$t"; done; }
+lane() {
+  local name="$1"
+  shift
+  background "lane-$name" cargo test --workspace --locked --no-fail-fast "$@"
+}
+mapfile -t args_one < <(test_args "${lane_one[@]}")
+mapfile -t args_two < <(test_args "${lane_two[@]}")
+mapfile -t args_three < <(test_args "${lane_three[@]}")
+lane 1 "${args_one[@]}"
+lane 2 "${args_two[@]}"
+lane 3 --lib --bins "${args_three[@]}"
+failed=()
+for name in 3 2 1; do
+  if wait "$(cat "$bgdir/lane-$name.pid")"; then status=passed; else status=FAILED; failed+=("$name"); fi
+  step "lane $name ($status)"
+  cat "$bgdir/lane-$name.log"
+done
+step "cargo test --doc"
+cargo test --workspace --locked --no-fail-fast --doc || failed+=(doc)
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "failed lanes: ${failed[*]}" >&2
+  exit 1
+fi

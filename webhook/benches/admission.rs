@@ -1,12 +1,15 @@
 //! Admission benchmark (prints figures; asserts nothing about speed).
 //!
-//! 1. Direct: one webhook process, one TLS keep-alive HTTP/1.1 connection on loopback, N
-//!    sequential `POST /validate` reviews of two sizes; beside it, on the same loopback with the
-//!    same client, certificate and bodies, an in-process TLS echo server as the floor.
+//! 1. Direct: one webhook process, one TLS keep-alive HTTP/1.1 connection on loopback (what the
+//!    API server speaks to a webhook: its webhook client offers only `http/1.1`), N sequential
+//!    `POST /validate` reviews of two sizes; beside it, on the same loopback with the same client,
+//!    certificate and bodies, an in-process TLS echo server as the floor, and the same echo as a
+//!    process of its own (as the webhook is) as a second floor.
 //! 2. Throughput: the webhook process pinned to one core (`taskset`), 16 concurrent TLS
 //!    keep-alive connections from this process (pinned to the other core) sending the seed's
 //!    review; beside it the TLS echo floor, run as a process of its own (this binary again) pinned
-//!    the same way.
+//!    the same way. Twice: both processes pinned after they started (the first table), and a
+//!    second webhook and echo started on CPU 0, so that their runtimes are sized to one CPU.
 //! 3. Through the API server: p50/p99 of a PlatformInstance server-side apply in a namespace
 //!    the webhooks are registered for, in one where the same local rules are a
 //!    ValidatingAdmissionPolicy (CEL in the API server, the side-by-side peer), and in one with
@@ -391,6 +394,73 @@ async fn echo_process(ca_file: &str) {
     serve_echo(listener, &generation).await;
 }
 
+/// A TLS echo process (this binary again): the process, its address and its CA.
+struct EchoProcess {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    ca: String,
+    ca_file: std::path::PathBuf,
+}
+
+impl EchoProcess {
+    /// Starts this binary as the echo process; `tag` names its CA file.
+    fn start(tag: &str) -> Self {
+        let ca_file = std::env::temp_dir().join(format!(
+            "admission-echo-ca-{}-{tag}.pem",
+            std::process::id()
+        ));
+        let mut cmd = std::process::Command::new(std::env::current_exe().expect("this binary"));
+        cmd.env(ECHO_PROCESS, &ca_file)
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null());
+        e2e::process::die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().expect("echo process");
+        let port: u16 = {
+            use std::io::BufRead as _;
+            let stdout = child.stdout.take().expect("stdout");
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .expect("echo port");
+            line.trim().parse().expect("port number")
+        };
+        let ca = std::fs::read_to_string(&ca_file).expect("echo CA");
+        Self {
+            child,
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            ca,
+            ca_file,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for EchoProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.ca_file);
+    }
+}
+
+/// Runs `start` with this thread pinned to CPU 0, so that the process it starts begins its life
+/// on one CPU, as one given a single CPU does (a pod with a one-CPU limit, or started under
+/// `taskset -c 0`): its tokio runtimes size themselves from the CPUs it may use
+/// (`available_parallelism`), one worker each. The thread's affinity is restored after.
+fn started_on_cpu0<T>(start: impl FnOnce() -> T) -> T {
+    use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let before = sched_getaffinity(None).expect("this thread's CPU affinity");
+    let mut one = CpuSet::new();
+    one.set(0);
+    sched_setaffinity(None, &one).expect("pinning this thread to CPU 0");
+    let started = start();
+    sched_setaffinity(None, &before).expect("restoring this thread's CPU affinity");
+    started
+}
+
 /// Pins every thread of process `pid` to `cpus` (a `taskset` list such as `0` or `0-1`).
 fn pin(pid: u32, cpus: &str) {
     let out = std::process::Command::new("taskset")
@@ -523,6 +593,24 @@ async fn main() {
     .expect("pem");
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
 
+    // The webhook and the echo floor again, each started on CPU 0 (for the second throughput
+    // table), and the echo floor as a process of its own, not pinned (for the direct rows' second
+    // floor and the first throughput table).
+    let cpu0_port = e2e::control_plane::free_port().expect("port");
+    let mut webhook_cpu0 = started_on_cpu0(|| {
+        Webhook::start(
+            Path::new(env!("CARGO_BIN_EXE_webhook")),
+            &cluster,
+            id,
+            &ns,
+            &[],
+            Some(cpu0_port),
+        )
+    });
+    webhook_cpu0.wait_ready().await;
+    let echo_cpu0 = started_on_cpu0(|| EchoProcess::start("cpu0"));
+    let echo_free = EchoProcess::start("free");
+
     // The floor: a TLS echo on the same loopback, same certificate shape, same client.
     let generation = echo_certificate();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -533,13 +621,15 @@ async fn main() {
     tokio::spawn(async move { serve_echo(listener, &echo_generation).await });
 
     println!(
-        "# Admission benchmark ({n} sequential requests per row, one TLS 1.3 HTTP/1.1 keep-alive connection, loopback)\n"
+        "# Admission benchmark ({n} sequential requests per row, one TLS 1.3 HTTP/1.1 keep-alive connection, loopback; load average at start {})\n",
+        load_average()
     );
     println!(
         "| request | body | webhook p50 | webhook p99 | webhook req/s | TLS echo p50 | TLS echo p99 | TLS echo req/s | p50 ratio |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let webhook_server_name = format!("platform-operator-webhook.{ns}.svc");
+    let mut second_floor = Vec::new();
     for (label, object) in [
         ("validate, seed example", small()),
         ("validate, 32 tenants / 128 users", large()),
@@ -553,6 +643,10 @@ async fn main() {
             .await
             .expect("echo");
         let e = drive(&mut conn, "/validate", &body, n).await;
+        let mut conn = connect_h1(echo_free.addr, NAME, &echo_free.ca)
+            .await
+            .expect("echo process");
+        let p = drive(&mut conn, "/validate", &body, n).await;
         println!(
             "| {label} | {} B | {} | {} | {:.0} | {} | {} | {:.0} | {:.2} |",
             body.len(),
@@ -564,98 +658,115 @@ async fn main() {
             e.per_second,
             w.p50.as_secs_f64() / e.p50.as_secs_f64()
         );
+        second_floor.push((label, body.len(), w, p));
+    }
+    println!(
+        "\n# The same rows against the TLS echo as a process of its own (as the webhook is; the same webhook figures as above, the floor measured right after)\n"
+    );
+    println!(
+        "| request | body | webhook p50 | webhook p99 | TLS echo process p50 | TLS echo process p99 | TLS echo process req/s | p50 ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (label, size, w, p) in &second_floor {
+        println!(
+            "| {label} | {size} B | {} | {} | {} | {} | {:.0} | {:.2} |",
+            ms(w.p50),
+            ms(w.p99),
+            ms(p.p50),
+            ms(p.p99),
+            p.per_second,
+            w.p50.as_secs_f64() / p.p50.as_secs_f64()
+        );
     }
 
     parse_profile(n);
     handler_profile(n).await;
 
     // Throughput: the webhook pinned to one core, 16 connections from this process on the other;
-    // the echo floor as a process of its own, pinned the same way; alternated twice.
+    // the echo floor as a process of its own, pinned the same way; alternated twice. First both
+    // pinned after their start (their runtimes sized for every CPU), then the two started on CPU 0.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let all = format!("0-{}", cores.saturating_sub(1));
-    let ca_file =
-        std::env::temp_dir().join(format!("admission-echo-ca-{}.pem", std::process::id()));
-    let mut echo_cmd = std::process::Command::new(std::env::current_exe().expect("this binary"));
-    echo_cmd
-        .env(ECHO_PROCESS, &ca_file)
-        .stdout(std::process::Stdio::piped())
-        .stdin(std::process::Stdio::null());
-    e2e::process::die_with_parent(&mut echo_cmd);
-    let mut echo_child = echo_cmd.spawn().expect("echo process");
-    let echo_port: u16 = {
-        use std::io::BufRead as _;
-        let stdout = echo_child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("echo port");
-        line.trim().parse().expect("port number")
-    };
-    let echo_ca = std::fs::read_to_string(&ca_file).expect("echo CA");
-    let echo_process_addr = std::net::SocketAddr::from(([127, 0, 0, 1], echo_port));
     pin(webhook.pid(), "0");
-    pin(echo_child.id(), "0");
+    pin(echo_free.pid(), "0");
     if cores > 1 {
         pin(std::process::id(), &format!("1-{}", cores - 1));
     }
     let conns = 16;
     let per_conn = (n / 2).max(100);
     let small_body = review(small());
-    println!(
-        "\n# Throughput, servers pinned to CPU 0 (`taskset`), {conns} concurrent TLS 1.3 HTTP/1.1 keep-alive connections from a client on the other CPUs, {per_conn} sequential reviews each (seed example, {} B); load average at start {}\n",
-        small_body.len(),
-        load_average()
-    );
-    println!(
-        "| run | server | reviews/s | p50 | p99 | server CPU per review | reviews per server CPU-second |\n|---|---|---|---|---|---|---|"
-    );
-    let mut ratios = Vec::new();
-    for run in 1..=2 {
-        let w = throughput(
+    let cpu0_addr = std::net::SocketAddr::from(([127, 0, 0, 1], cpu0_port));
+    let tables = [
+        (
+            "pinned to CPU 0 (`taskset -a`) after they started, so their runtimes were sized for every CPU",
             addr,
-            &webhook_server_name,
-            &ca,
-            &small_body,
-            conns,
-            per_conn,
             webhook.pid(),
-        )
-        .await;
-        let e = throughput(
-            echo_process_addr,
-            NAME,
-            &echo_ca,
-            &small_body,
-            conns,
-            per_conn,
-            echo_child.id(),
-        )
-        .await;
-        for (label, t) in [("webhook", &w), ("TLS echo", &e)] {
-            println!(
-                "| {run} | {label} | {:.0} | {} | {} | {:.1} µs | {:.0} |",
-                t.per_second,
-                ms(t.latency.p50),
-                ms(t.latency.p99),
-                t.cpu_per_review.as_secs_f64() * 1e6,
-                1.0 / t.cpu_per_review.as_secs_f64()
-            );
+            &echo_free,
+        ),
+        (
+            "started on CPU 0 (their runtimes sized to the one CPU they may use, as in a pod given one CPU)",
+            cpu0_addr,
+            webhook_cpu0.pid(),
+            &echo_cpu0,
+        ),
+    ];
+    for (how, webhook_addr, webhook_pid, echo) in tables {
+        println!(
+            "\n# Throughput, servers {how}; {conns} concurrent TLS 1.3 HTTP/1.1 keep-alive connections from a client on the other CPUs, {per_conn} sequential reviews each (seed example, {} B); load average at start {}\n",
+            small_body.len(),
+            load_average()
+        );
+        println!(
+            "| run | server | reviews/s | p50 | p99 | server CPU per review | reviews per server CPU-second |\n|---|---|---|---|---|---|---|"
+        );
+        let mut ratios = Vec::new();
+        for run in 1..=2 {
+            let w = throughput(
+                webhook_addr,
+                &webhook_server_name,
+                &ca,
+                &small_body,
+                conns,
+                per_conn,
+                webhook_pid,
+            )
+            .await;
+            let e = throughput(
+                echo.addr,
+                NAME,
+                &echo.ca,
+                &small_body,
+                conns,
+                per_conn,
+                echo.pid(),
+            )
+            .await;
+            for (label, t) in [("webhook", &w), ("TLS echo", &e)] {
+                println!(
+                    "| {run} | {label} | {:.0} | {} | {} | {:.1} µs | {:.0} |",
+                    t.per_second,
+                    ms(t.latency.p50),
+                    ms(t.latency.p99),
+                    t.cpu_per_review.as_secs_f64() * 1e6,
+                    1.0 / t.cpu_per_review.as_secs_f64()
+                );
+            }
+            ratios.push(w.per_second / e.per_second);
         }
-        ratios.push(w.per_second / e.per_second);
+        println!(
+            "\nwebhook / echo throughput: {}",
+            ratios
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
-    println!(
-        "\nwebhook / echo throughput: {}",
-        ratios
-            .iter()
-            .map(|r| format!("{r:.2}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
     pin(webhook.pid(), &all);
     pin(std::process::id(), &all);
-    let _ = echo_child.kill();
-    let _ = echo_child.wait();
-    let _ = std::fs::remove_file(&ca_file);
+    drop(echo_free);
+    drop(echo_cpu0);
+    webhook_cpu0.stop();
 
     // Through the API server: the webhooks, the peer ValidatingAdmissionPolicy, neither;
     // interleaved, for an annotation-only write and a spec write.

@@ -9,20 +9,21 @@
 //! ordinary review, and large ones, over 256 KiB, each with a budget of their own) is decided
 //! before the body is read, by [`common::server`], which serves this router.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionResponse, AdmissionReview, Operation};
-use serde::Deserialize;
+use kube::core::admission::Operation;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::index::NodePortIndex;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Webhook};
 use crate::rules::{self, Settings};
 use crate::view::{self, Instance, Request, Review, Text};
 
@@ -52,23 +53,133 @@ pub fn router(state: Arc<Admission>) -> Router {
         .with_state(state)
 }
 
-type Reply = Json<AdmissionReview<DynamicObject>>;
-
-/// A denial for a body that is not a PlatformInstance review, keeping its uid when it has one.
-fn invalid(uid: &str, message: String) -> Box<AdmissionResponse> {
-    let mut response = AdmissionResponse::invalid(message);
-    response.uid = uid.to_string();
-    Box::new(response)
+/// The answer to one review: an `admission.k8s.io/v1` `AdmissionReview` with only a `response`,
+/// written straight from borrowed parts (no typed review, no copies of the uid). Its JSON is the
+/// JSON kube's `AdmissionResponse::into_review` writes, field for field and in the same order
+/// (`webhook/tests/views.rs` compares both on generated reviews): `apiVersion`, `kind`, then
+/// `response` with `uid`, `allowed`, `status` (a `Status` with only its set fields), `patch` (the
+/// JSON Patch's bytes as a list of numbers, as kube writes a `Vec<u8>`; the API server reads
+/// either form), `patchType`, `warnings`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Answer<'a> {
+    uid: Cow<'a, str>,
+    allowed: bool,
+    status: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<Vec<u8>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<Vec<String>>,
 }
 
-/// An empty admitting answer to the request `uid` (of an `admission.k8s.io/v1` review, the only
-/// kind read).
-fn admit(uid: &str) -> AdmissionResponse {
-    let mut response = AdmissionResponse::invalid("");
-    response.uid = uid.to_string();
-    response.allowed = true;
-    response.result = Default::default();
-    response
+/// The `status` of an answer (a `metav1.Status` with only the fields this webhook sets).
+#[derive(Default, Serialize)]
+struct Outcome {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'static str>,
+    #[serde(skip_serializing_if = "is_zero")]
+    code: u16,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    message: String,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reason: &'static str,
+}
+
+fn is_zero(code: &u16) -> bool {
+    *code == 0
+}
+
+/// The answer to a body that is not a PlatformInstance review: it owns its strings (a large
+/// body is read on another thread).
+type Refusal = Box<Answer<'static>>;
+
+/// The envelope around an [`Answer`].
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Envelope<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: &'a Answer<'a>,
+}
+
+impl<'a> Answer<'a> {
+    /// An empty admitting answer to the request `uid`.
+    fn admit(uid: &'a str) -> Self {
+        Self {
+            uid: Cow::Borrowed(uid),
+            allowed: true,
+            status: Outcome::default(),
+            patch: None,
+            patch_type: None,
+            warnings: None,
+        }
+    }
+
+    /// A denial for a body that is not a PlatformInstance review, keeping its uid when it has
+    /// one (as kube's `AdmissionResponse::invalid`).
+    fn invalid(uid: &str, message: String) -> Refusal {
+        Box::new(Answer {
+            uid: Cow::Owned(uid.to_string()),
+            allowed: false,
+            status: Outcome {
+                status: Some("Failure"),
+                message,
+                reason: "InvalidRequest",
+                ..Outcome::default()
+            },
+            patch: None,
+            patch_type: None,
+            warnings: None,
+        })
+    }
+
+    /// This answer, refusing with `message` (as kube's `AdmissionResponse::deny`).
+    fn deny(mut self, message: String) -> Self {
+        self.allowed = false;
+        self.status.message = message;
+        self
+    }
+}
+
+impl IntoResponse for &Answer<'_> {
+    fn into_response(self) -> Response {
+        let envelope = Envelope {
+            api_version: API_VERSION,
+            kind: KIND,
+            response: self,
+        };
+        let mut json = Vec::with_capacity(160 + self.status.message.len());
+        match serde_json::to_writer(&mut json, &envelope) {
+            Ok(()) => (
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                )],
+                Bytes::from(json),
+            )
+                .into_response(),
+            // Strings, numbers and lists of them always serialise; this is never reached.
+            Err(e) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("writing the answer failed: {e}"),
+            )
+                .into_response(),
+        }
+    }
+}
+
+impl IntoResponse for Answer<'_> {
+    fn into_response(self) -> Response {
+        (&self).into_response()
+    }
+}
+
+impl IntoResponse for Box<Answer<'_>> {
+    fn into_response(self) -> Response {
+        (&*self).into_response()
+    }
 }
 
 /// Just enough of a body that is not a valid review to say why, and under which uid: every field
@@ -90,8 +201,8 @@ struct ProbeRequest {
 const API_VERSION: &str = "admission.k8s.io/v1";
 const KIND: &str = "AdmissionReview";
 
-fn wrong_type(uid: &str, api_version: &str, kind: &str) -> Box<AdmissionResponse> {
-    invalid(
+fn wrong_type(uid: &str, api_version: &str, kind: &str) -> Refusal {
+    Answer::invalid(
         uid,
         format!(
             "expected an {API_VERSION} {KIND}, got {api_version:?} {kind:?}; register this webhook with admissionReviewVersions [v1]"
@@ -102,11 +213,11 @@ fn wrong_type(uid: &str, api_version: &str, kind: &str) -> Box<AdmissionResponse
 /// Reads a review of a PlatformInstance: the body is parsed once, into the borrowed views of
 /// [`view`] (only what the rules read is kept); only a body that fails that is scanned again
 /// (keeping nothing but its type and uid) to say why.
-fn parse(body: &[u8]) -> Result<Request<'_>, Box<AdmissionResponse>> {
+fn parse(body: &[u8]) -> Result<Request<'_>, Refusal> {
     let error = match serde_json::from_slice::<Review<'_>>(body) {
         Ok(review) => return accept(review),
         Err(e) if !e.is_data() => {
-            return Err(invalid(
+            return Err(Answer::invalid(
                 "",
                 format!("the request body is not JSON ({e}); send an {API_VERSION} {KIND}"),
             ));
@@ -114,7 +225,7 @@ fn parse(body: &[u8]) -> Result<Request<'_>, Box<AdmissionResponse>> {
         Err(e) => e,
     };
     let Ok(probe) = serde_json::from_slice::<Probe>(body) else {
-        return Err(invalid(
+        return Err(Answer::invalid(
             "",
             format!("the request body is not an {API_VERSION} {KIND} ({error})"),
         ));
@@ -130,7 +241,7 @@ fn parse(body: &[u8]) -> Result<Request<'_>, Box<AdmissionResponse>> {
     if api_version != API_VERSION || kind != KIND {
         return Err(wrong_type(&uid, &api_version, &kind));
     }
-    Err(invalid(
+    Err(Answer::invalid(
         &uid,
         format!(
             "the review does not carry a valid PlatformInstance ({error}); this webhook only reviews platforminstances"
@@ -142,7 +253,7 @@ fn parse(body: &[u8]) -> Result<Request<'_>, Box<AdmissionResponse>> {
 /// the runtime's workers while ordinary reviews wait (a large body is answered on
 /// [`common::server::bulk`], whose blocking threads run at the lowest CPU priority). The request
 /// of a large body keeps copies of the few strings the rules read; a small body's borrows them.
-async fn read(body: &Bytes) -> Result<Request<'_>, Box<AdmissionResponse>> {
+async fn read(body: &Bytes) -> Result<Request<'_>, Refusal> {
     if body.len() as u64 <= common::server::SMALL_BODY {
         return parse(body);
     }
@@ -151,13 +262,16 @@ async fn read(body: &Bytes) -> Result<Request<'_>, Box<AdmissionResponse>> {
         Ok(parsed) => parsed,
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => Err(invalid("", "the webhook is shutting down; retry".into())),
+            Err(_) => Err(Answer::invalid(
+                "",
+                "the webhook is shutting down; retry".into(),
+            )),
         },
     }
 }
 
 /// Checks a review read whole: its type, and that it has a request.
-fn accept(review: Review<'_>) -> Result<Request<'_>, Box<AdmissionResponse>> {
+fn accept(review: Review<'_>) -> Result<Request<'_>, Refusal> {
     let uid = review
         .request
         .as_ref()
@@ -172,7 +286,7 @@ fn accept(review: Review<'_>) -> Result<Request<'_>, Box<AdmissionResponse>> {
     }
     review
         .request
-        .ok_or_else(|| invalid("", "the AdmissionReview has no request".to_string()))
+        .ok_or_else(|| Answer::invalid("", "the AdmissionReview has no request".to_string()))
 }
 
 /// The object of a CREATE or UPDATE.
@@ -199,17 +313,17 @@ fn count(metrics: &Metrics, webhook: &str, op: &str, result: &str, rule: &str) {
         .inc();
 }
 
-async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
-    let _timer = state.metrics.timer("mutate").start_timer();
+async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Response {
+    let _timer = state.metrics.timer(Webhook::Mutate).start_timer();
     let request = match read(&body).await {
         Ok(request) => request,
-        Err(response) => {
+        Err(refusal) => {
             count(&state.metrics, "mutate", "unknown", "error", "parse");
-            return Json(response.into_review());
+            return refusal.into_response();
         }
     };
     let op = operation_label(&request.operation);
-    let response = admit(request.uid.as_str());
+    let mut answer = Answer::admit(request.uid.as_str());
     // A spec that is no JSON object (serde reads a struct from a positional array too) gets no
     // patch: one adding `/spec/version` would not apply. The API server's schema validation
     // refuses such an object, naming the field.
@@ -219,38 +333,40 @@ async fn mutate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         .unwrap_or_default();
     if ops.is_empty() {
         count(&state.metrics, "mutate", op, "allowed", "none");
-        return Json(response.into_review());
+        return answer.into_response();
     }
-    match response.with_patch(json_patch::Patch(ops)) {
-        Ok(patched) => {
+    match serde_json::to_vec(&json_patch::Patch(ops)) {
+        Ok(patch) => {
             count(&state.metrics, "mutate", op, "allowed", "default-version");
-            Json(patched.into_review())
+            answer.patch = Some(patch);
+            answer.patch_type = Some("JSONPatch");
+            answer.into_response()
         }
         Err(e) => {
             count(&state.metrics, "mutate", op, "error", "patch");
-            Json(
-                admit(request.uid.as_str())
-                    .deny(format!("building the defaults patch failed: {e}"))
-                    .into_review(),
-            )
+            answer
+                .deny(format!(
+                    "building the defaults patch failed: failed to serialize patch: {e}"
+                ))
+                .into_response()
         }
     }
 }
 
-async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
-    let _timer = state.metrics.timer("validate").start_timer();
+async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Response {
+    let _timer = state.metrics.timer(Webhook::Validate).start_timer();
     let request = match read(&body).await {
         Ok(parsed) => parsed,
-        Err(response) => {
+        Err(refusal) => {
             count(&state.metrics, "validate", "unknown", "error", "parse");
-            return Json(response.into_review());
+            return refusal.into_response();
         }
     };
     let op = operation_label(&request.operation);
-    let mut response = admit(request.uid.as_str());
+    let mut answer = Answer::admit(request.uid.as_str());
     let Some(new) = written(&request) else {
         count(&state.metrics, "validate", op, "allowed", "none");
-        return Json(response.into_review());
+        return answer.into_response();
     };
     let verdict = rules::validate(
         &state.settings,
@@ -265,10 +381,10 @@ async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
     if let Some(denial) = verdict.denial {
         tracing::info!(uid = request.uid.as_str(), name = request.name.as_str(), namespace = ?request.namespace.as_ref().map(Text::as_str), rule = denial.rule, message = %denial.message, "denied");
         count(&state.metrics, "validate", op, "denied", denial.rule);
-        let mut denied = response.deny(denial.message);
-        denied.result.code = 403;
-        denied.result.reason = "Forbidden".into();
-        return Json(denied.into_review());
+        let mut denied = answer.deny(denial.message);
+        denied.status.code = 403;
+        denied.status.reason = "Forbidden";
+        return denied.into_response();
     }
     if verdict.warnings.is_empty() {
         count(&state.metrics, "validate", op, "allowed", "none");
@@ -276,7 +392,131 @@ async fn validate(State(state): State<Arc<Admission>>, body: Bytes) -> Reply {
         for w in &verdict.warnings {
             count(&state.metrics, "validate", op, "warned", w.rule);
         }
-        response.warnings = Some(verdict.warnings.into_iter().map(|w| w.message).collect());
+        answer.warnings = Some(verdict.warnings.into_iter().map(|w| w.message).collect());
     }
-    Json(response.into_review())
+    answer.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::DynamicObject;
+    use kube::core::admission::{AdmissionResponse, AdmissionReview};
+    use proptest::prelude::*;
+
+    /// The bytes an answer is sent as.
+    fn written(answer: &Answer<'_>) -> Vec<u8> {
+        let envelope = Envelope {
+            api_version: API_VERSION,
+            kind: KIND,
+            response: answer,
+        };
+        serde_json::to_vec(&envelope).expect("json")
+    }
+
+    /// The bytes kube's `AdmissionReview` of `response` is written as (what axum's `Json` sent).
+    fn kube_bytes(response: AdmissionResponse) -> Vec<u8> {
+        serde_json::to_vec(&response.into_review()).expect("json")
+    }
+
+    /// kube's empty admitting answer, as the handlers built it before.
+    fn kube_admit(uid: &str) -> AdmissionResponse {
+        let mut response = AdmissionResponse::invalid("");
+        response.uid = uid.to_string();
+        response.allowed = true;
+        response.result = Default::default();
+        response
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9-]{0,12}",
+            "\\PC{0,24}",
+            "[a-z]{0,3}[\"\\\\\n\t\u{0}\u{1f}é\u{2028}]{1,4}",
+        ]
+    }
+
+    proptest! {
+        /// Every kind of answer the handlers write is byte for byte what kube's
+        /// `AdmissionResponse` wrote, and reads back as the same `AdmissionReview`.
+        #[test]
+        fn answers_are_the_bytes_kube_wrote(
+            uid in text(),
+            message in text(),
+            warnings in prop::collection::vec(text(), 1..4),
+            version in text(),
+        ) {
+            let ops = vec![json_patch::PatchOperation::Add(json_patch::AddOperation {
+                path: json_patch::jsonptr::PointerBuf::from_tokens(["spec", "version"]),
+                value: serde_json::Value::String(version),
+            })];
+            let patch = serde_json::to_vec(&json_patch::Patch(ops.clone())).expect("patch");
+
+            let mut patched = Answer::admit(&uid);
+            patched.patch = Some(patch);
+            patched.patch_type = Some("JSONPatch");
+            let mut forbidden = Answer::admit(&uid).deny(message.clone());
+            forbidden.status.code = 403;
+            forbidden.status.reason = "Forbidden";
+            let mut warned = Answer::admit(&uid);
+            warned.warnings = Some(warnings.clone());
+
+            let mut kube_forbidden = kube_admit(&uid).deny(message.clone());
+            kube_forbidden.result.code = 403;
+            kube_forbidden.result.reason = "Forbidden".into();
+            let mut kube_warned = kube_admit(&uid);
+            kube_warned.warnings = Some(warnings);
+            let mut kube_invalid = AdmissionResponse::invalid(message.clone());
+            kube_invalid.uid = uid.clone();
+
+            let cases = [
+                ("admit", written(&Answer::admit(&uid)), kube_bytes(kube_admit(&uid))),
+                (
+                    "patch",
+                    written(&patched),
+                    kube_bytes(kube_admit(&uid).with_patch(json_patch::Patch(ops)).expect("patch")),
+                ),
+                (
+                    "deny",
+                    written(&Answer::admit(&uid).deny(message.clone())),
+                    kube_bytes(kube_admit(&uid).deny(message.clone())),
+                ),
+                ("forbidden", written(&forbidden), kube_bytes(kube_forbidden)),
+                ("warned", written(&warned), kube_bytes(kube_warned)),
+                ("invalid", written(&Answer::invalid(&uid, message)), kube_bytes(kube_invalid)),
+            ];
+            for (kind, ours, theirs) in cases {
+                prop_assert_eq!(
+                    String::from_utf8_lossy(&ours),
+                    String::from_utf8_lossy(&theirs),
+                    "{} answer",
+                    kind
+                );
+                let read: AdmissionReview<DynamicObject> =
+                    serde_json::from_slice(&ours).expect("an AdmissionReview");
+                let expected: AdmissionReview<DynamicObject> =
+                    serde_json::from_slice(&theirs).expect("an AdmissionReview");
+                prop_assert_eq!(read.types, expected.types);
+                prop_assert_eq!(read.response, expected.response);
+                prop_assert!(read.request.is_none());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_sent_as_json() {
+        let response = Answer::admit("x").into_response();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers().get(header::CONTENT_TYPE),
+            Some(&HeaderValue::from_static("application/json"))
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        assert_eq!(
+            &body[..],
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"x","allowed":true,"status":{}}}"#
+        );
+    }
 }

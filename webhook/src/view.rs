@@ -20,7 +20,6 @@ use common::names::ALLOW_DOWNGRADE_ANNOTATION;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::core::admission::Operation;
-use kube::core::{GroupVersionKind, GroupVersionResource};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -129,16 +128,16 @@ pub struct Request<'a> {
     /// The request's uid, copied into the answer.
     #[serde(borrow)]
     pub uid: Text<'a>,
-    #[serde(rename = "kind")]
-    _kind: GroupVersionKind,
-    #[serde(rename = "resource")]
-    _resource: GroupVersionResource,
+    #[serde(borrow, rename = "kind")]
+    _kind: Gvk<'a>,
+    #[serde(borrow, rename = "resource")]
+    _resource: Gvr<'a>,
     #[serde(default, borrow, rename = "subResource")]
     _sub_resource: Option<Text<'a>>,
-    #[serde(default, rename = "requestKind")]
-    _request_kind: Option<GroupVersionKind>,
-    #[serde(default, rename = "requestResource")]
-    _request_resource: Option<GroupVersionResource>,
+    #[serde(default, borrow, rename = "requestKind")]
+    _request_kind: Option<Gvk<'a>>,
+    #[serde(default, borrow, rename = "requestResource")]
+    _request_resource: Option<Gvr<'a>>,
     #[serde(default, borrow, rename = "requestSubResource")]
     _request_sub_resource: Option<Text<'a>>,
     /// The object's name (for logs).
@@ -168,11 +167,11 @@ impl Request<'_> {
     pub fn into_owned(self) -> Request<'static> {
         Request {
             uid: self.uid.into_owned(),
-            _kind: self._kind,
-            _resource: self._resource,
+            _kind: self._kind.into_owned(),
+            _resource: self._resource.into_owned(),
             _sub_resource: owned(self._sub_resource),
-            _request_kind: self._request_kind,
-            _request_resource: self._request_resource,
+            _request_kind: self._request_kind.map(Gvk::into_owned),
+            _request_resource: self._request_resource.map(Gvr::into_owned),
             _request_sub_resource: owned(self._request_sub_resource),
             name: self.name.into_owned(),
             namespace: owned(self.namespace),
@@ -182,6 +181,57 @@ impl Request<'_> {
             old_object: self.old_object.map(Instance::into_owned),
             _dry_run: self._dry_run,
             _options: self._options,
+        }
+    }
+}
+
+/// A group, version and kind (`request.kind`, `request.requestKind`), read as kube's
+/// `GroupVersionKind` reads it (the same fields, all required, and the same messages), with its
+/// strings borrowed; no rule reads it.
+#[derive(Deserialize)]
+#[serde(rename = "GroupVersionKind")]
+struct Gvk<'a> {
+    #[serde(borrow, rename = "group")]
+    _group: Text<'a>,
+    #[serde(borrow, rename = "version")]
+    _version: Text<'a>,
+    #[serde(borrow, rename = "kind")]
+    _kind: Text<'a>,
+}
+
+impl Gvk<'_> {
+    fn into_owned(self) -> Gvk<'static> {
+        Gvk {
+            _group: self._group.into_owned(),
+            _version: self._version.into_owned(),
+            _kind: self._kind.into_owned(),
+        }
+    }
+}
+
+/// A group, version and resource (`request.resource`, `request.requestResource`), read as kube's
+/// `GroupVersionResource` reads it (its three required fields and its optional `api_version`),
+/// with its strings borrowed; no rule reads it.
+#[derive(Deserialize)]
+#[serde(rename = "GroupVersionResource")]
+struct Gvr<'a> {
+    #[serde(borrow, rename = "group")]
+    _group: Text<'a>,
+    #[serde(borrow, rename = "version")]
+    _version: Text<'a>,
+    #[serde(borrow, rename = "resource")]
+    _resource: Text<'a>,
+    #[serde(default, borrow, rename = "api_version")]
+    _api_version: Text<'a>,
+}
+
+impl Gvr<'_> {
+    fn into_owned(self) -> Gvr<'static> {
+        Gvr {
+            _group: self._group.into_owned(),
+            _version: self._version.into_owned(),
+            _resource: self._resource.into_owned(),
+            _api_version: self._api_version.into_owned(),
         }
     }
 }

@@ -2,7 +2,9 @@
 //! replaced, on generated reviews (proptest, no API server): for every review, each endpoint's
 //! whole answer equals the answer the old path builds, the body read whole into kube's typed
 //! `AdmissionReview<PlatformInstance>`, the rules run on that instance, and the answer built from
-//! the typed request as the old handlers built it. The reviews are valid PlatformInstances as the
+//! the typed request as the old handlers built it with kube's `AdmissionResponse` (the answer is
+//! now written without those types: the bytes sent must be the bytes kube's types wrote, and read
+//! back as the same `AdmissionReview`). The reviews are valid PlatformInstances as the
 //! API server sends them (what the schema admits) with random names, annotations (the
 //! allow-downgrade one or others, strings with escapes), versions, NodePorts, endpoints, route
 //! patterns, deletion policies, tenants and users (up to 40 and 160), tenant logins, deletion
@@ -19,6 +21,7 @@ use common::crd::{
     PlatformInstanceStatus, PlatformSettings, SecretKeyRef, Tenant, TenantAuth, User,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -235,8 +238,9 @@ fn review_of() -> impl Strategy<Value = Value> {
 }
 
 /// The answer of the old path: the body read into kube's typed review, the rules run on the typed
-/// instances, the answer built from the typed request.
-async fn typed_answer(h: &Harness, path: &str, body: &[u8]) -> Result<Value, TestCaseError> {
+/// instances, the answer built from the typed request with kube's `AdmissionResponse`, written as
+/// axum's `Json` wrote it.
+async fn typed_answer(h: &Harness, path: &str, body: &[u8]) -> Result<Vec<u8>, TestCaseError> {
     let review: AdmissionReview<PlatformInstance> = serde_json::from_slice(body)
         .map_err(|e| TestCaseError::fail(format!("the typed parse refused a valid review: {e}")))?;
     let request: AdmissionRequest<PlatformInstance> = review
@@ -288,7 +292,7 @@ async fn typed_answer(h: &Harness, path: &str, body: &[u8]) -> Result<Value, Tes
     } else {
         response
     };
-    serde_json::to_value(answer.into_review()).map_err(|e| TestCaseError::fail(e.to_string()))
+    serde_json::to_vec(&answer.into_review()).map_err(|e| TestCaseError::fail(e.to_string()))
 }
 
 #[test]
@@ -316,10 +320,26 @@ fn compare() {
         let body = serde_json::to_vec(&review).expect("json");
         runtime.block_on(async {
             for path in ["/mutate", "/validate"] {
-                let (status, answer) = send(&h, path, body.clone()).await;
-                prop_assert_eq!(status.as_u16(), 200, "{}: {}", path, answer);
+                let (status, content_type, bytes) = send_raw(&h, path, body.clone()).await;
+                let text = String::from_utf8_lossy(&bytes);
+                prop_assert_eq!(status.as_u16(), 200, "{}: {}", path, text);
+                prop_assert_eq!(content_type.as_deref(), Some("application/json"));
                 let expected = typed_answer(&h, path, &body).await?;
-                prop_assert_eq!(&answer, &expected, "{} answered differently", path);
+                prop_assert_eq!(
+                    &text,
+                    &String::from_utf8_lossy(&expected),
+                    "{} answered differently",
+                    path
+                );
+                // The bytes read back as the AdmissionReview the old path answered.
+                let read: AdmissionReview<DynamicObject> = serde_json::from_slice(&bytes)
+                    .map_err(|e| TestCaseError::fail(format!("not an AdmissionReview: {e}")))?;
+                let old: AdmissionReview<DynamicObject> =
+                    serde_json::from_slice(&expected).expect("kube's own review");
+                prop_assert_eq!(&read.types, &old.types);
+                prop_assert_eq!(&read.response, &old.response);
+                prop_assert!(read.request.is_none());
+                let answer: Value = serde_json::from_slice(&bytes).expect("json");
                 let response = &answer["response"];
                 let outcome = if response["allowed"] == false {
                     "denied"

@@ -132,7 +132,12 @@ pub fn admin() -> Value {
     json!({"username": "admin", "groups": ["system:masters", "system:authenticated"]})
 }
 
-pub async fn send(h: &Harness, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+/// Sends `body` to `path`; the status, the `Content-Type` and the answer's bytes as sent.
+pub async fn send_raw(
+    h: &Harness,
+    path: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Option<String>, axum::body::Bytes) {
     let request = Request::post(path)
         .header("content-type", "application/json")
         .body(Body::from(body))
@@ -144,9 +149,19 @@ pub async fn send(h: &Harness, path: &str, body: Vec<u8>) -> (StatusCode, Value)
         .await
         .expect("router answers");
     let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .expect("body");
+    (status, content_type, bytes)
+}
+
+pub async fn send(h: &Harness, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+    let (status, _, bytes) = send_raw(h, path, body).await;
     let value = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&bytes)}));
     (status, value)
