@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
-use common::names::{LEADER_LEASE, MANAGED_BY_SELECTOR, VCLUSTER};
+use common::names::LEADER_LEASE;
 use common::secure_metrics::{self, Secure};
 use common::telemetry::LogArgs;
 use controller::decide::model::Protection;
@@ -17,13 +17,13 @@ use controller::helm::Helm;
 use controller::installer::Installer;
 use controller::leader::Election;
 use controller::metrics::{InstanceConditions, Metrics};
+use controller::reconcile::cache::Triggers;
 use controller::reconcile::{Context, Settings, error_policy, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 
 /// Command-line flags of the controller.
 #[derive(Debug, Parser)]
@@ -367,6 +367,7 @@ impl Args {
         metrics: &Metrics,
         identity: String,
         hosts: Hosts,
+        caches: Arc<controller::reconcile::cache::Caches>,
     ) -> Context {
         Context {
             client,
@@ -406,15 +407,20 @@ impl Args {
             phases: Mutex::new(Default::default()),
             hosts,
             backoff: Default::default(),
+            caches,
+            vclusters: Default::default(),
         }
     }
 }
 
-/// The reconcile loop over every instance, woken by its Secrets and by its `service/vcluster`.
+/// The reconcile loop over every instance, woken by its Secrets, by its `service/vcluster` and
+/// by the vCluster's rollout (its Deployment, Helm release and exported kubeconfig); each of those
+/// watches feeds the controller's caches before it wakes an instance.
 async fn run(
     client: kube::Client,
     ctx: Arc<Context>,
     hosts: Hosts,
+    triggers: Triggers,
     watch_namespace: Option<&str>,
     registry: &prometheus::Registry,
 ) -> anyhow::Result<()> {
@@ -424,7 +430,14 @@ async fn run(
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
-    let controller = Controller::new(instances, watcher::Config::default().any_semantic());
+    // The instances' cache keeps no managed fields: nothing reads them, and with server-side
+    // apply they are the largest part of each object.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let stream = watcher(instances, watcher::Config::default().any_semantic())
+        .modify(|pi| pi.metadata.managed_fields = None)
+        .reflect(writer)
+        .applied_objects();
+    let controller = Controller::for_stream(stream, reader);
     // A tracked task's end (Helm, an install, a preview) wakes its instance at once, so its
     // next step does not wait for the next --target-poll.
     let finished = futures::stream::unfold(ctx.tasks.finished(), |mut rx| async move {
@@ -439,23 +452,26 @@ async fn run(
     registry
         .register(Box::new(InstanceConditions::new(controller.store())?))
         .context("registering the instance condition metrics")?;
+    // A change in a host namespace wakes the instance whose host namespace it is.
+    let owner = move |host: Option<String>| {
+        let host = host.unwrap_or_default();
+        let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
+        owner.map(|(namespace, name)| ObjectRef::<PlatformInstance>::new(&name).within(&namespace))
+    };
+    let (by_service, by_deployment, by_exported, by_release) =
+        (owner.clone(), owner.clone(), owner.clone(), owner);
     controller
-        .owns(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default().labels(MANAGED_BY_SELECTOR),
-        )
-        // A change to any service/vcluster wakes the instance whose host namespace holds it.
-        .watches(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default().fields(&format!("metadata.name={VCLUSTER}")),
-            move |svc| {
-                let host = svc.metadata.namespace.clone().unwrap_or_default();
-                let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
-                owner.map(|(namespace, name)| {
-                    ObjectRef::<PlatformInstance>::new(&name).within(&namespace)
-                })
-            },
-        )
+        .owns_stream(triggers.kubeconfigs)
+        .watches_stream(triggers.services, move |svc| {
+            by_service(svc.metadata.namespace)
+        })
+        .watches_stream(triggers.deployments, move |d| {
+            by_deployment(d.metadata.namespace)
+        })
+        .watches_stream(triggers.exported, move |s| {
+            by_exported(s.metadata.namespace)
+        })
+        .watches_stream(triggers.releases, move |s| by_release(s.metadata.namespace))
         .reconcile_on(finished)
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
@@ -547,18 +563,22 @@ async fn main() -> anyhow::Result<()> {
 
     let hosts = Hosts::default();
     let settings = args.settings(chart_version);
+    let (caches, triggers) =
+        controller::reconcile::cache::Caches::start(&client, args.watch_namespace.as_deref());
     let ctx = Arc::new(args.context(
         client.clone(),
         settings,
         &metrics,
         identity.clone(),
         hosts.clone(),
+        caches,
     ));
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
     let controller = run(
         client.clone(),
         ctx,
         hosts,
+        triggers,
         args.watch_namespace.as_deref(),
         &registry,
     );

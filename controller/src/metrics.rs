@@ -17,6 +17,9 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     /// Reconcile duration in seconds.
     pub reconcile_duration: Histogram,
+    /// Observations by source: `cache` (a reconcile that ended on the watch caches, nothing to
+    /// do) or `api` (read from the API server, to act or write the status).
+    pub observed: IntCounterVec,
     /// Instances by phase, as of their last reconcile.
     pub instances: IntGaugeVec,
     /// Helm tasks running.
@@ -60,6 +63,10 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = Self::new()?;
+        // Every phase is shown from the start (at 0 until an instance reaches it).
+        for phase in common::crd::Phase::ALL {
+            m.instances.with_label_values(&[phase.as_str()]).set(0);
+        }
         for collector in m.collectors() {
             registry.register(collector)?;
         }
@@ -81,8 +88,16 @@ impl Metrics {
                     "Time one reconcile took.",
                 )
                 .buckets(vec![
-                    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0, 2.5, 5.0, 10.0,
                 ]),
+            )?,
+            observed: IntCounterVec::new(
+                Opts::new(
+                    "platform_operator_controller_observations_total",
+                    "Observations of an instance by source: cache (nothing to do) or api.",
+                ),
+                &["source"],
             )?,
             instances: IntGaugeVec::new(
                 Opts::new(
@@ -154,6 +169,7 @@ impl Metrics {
         vec![
             Box::new(self.reconciles.clone()),
             Box::new(self.reconcile_duration.clone()),
+            Box::new(self.observed.clone()),
             Box::new(self.instances.clone()),
             Box::new(self.tasks_running.clone()),
             Box::new(self.tasks_queued.clone()),
@@ -252,7 +268,7 @@ mod tests {
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
                 .expect("docs/metrics.md");
         let described = common::metrics::describe(&collectors);
-        assert_eq!(described.len(), 15);
+        assert_eq!(described.len(), 16);
         common::metrics::check_doc(&doc, "Controller", &described)
             .unwrap_or_else(|e| panic!("{e}"));
     }

@@ -21,7 +21,15 @@
 //!   deletion in order, however short an overlap), so a test can prove a rollout never ran two.
 //!
 //! One inside API server may stand for several instances of a test: each host namespace then
-//! receives every NetworkPolicy of the shared inside. The syncer runs on its own thread and
+//! receives every NetworkPolicy of the shared inside.
+//!
+//! The host's control plane pods and `service/vcluster`s are read from watches (the Service is
+//! read live once when a vCluster starts, as the real syncer does: a lagging watch could still
+//! hold a deleted namespace's Service, whose uid as the export's owner would have the export
+//! collected), and each pass
+//! (every 250 ms) lists the policies inside and the synced host copies once for all vClusters, so
+//! the syncer's load on the API servers does not grow with the number of vClusters it stands for
+//! (as the real syncer's, one per vCluster with watches of its own, does not). The syncer runs on its own thread and
 //! runtime, so a test blocking on kubectl does not stall it; its log is
 //! `logs/standin-syncer.log` in the inside API server's folder.
 
@@ -32,10 +40,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use crate::{ControlPlane, HarnessError};
@@ -514,9 +524,15 @@ async fn run(
             return;
         }
     };
+    // The host's control plane pods and Services from watches: a pass reads them from memory, so
+    // its requests do not grow with the number of vClusters (a list per vCluster every 250 ms
+    // loaded the API server in proportion to them, and made the benchmarks' provisioning time
+    // grow with their square).
+    let watched = Watched::start(&host);
+    watched.ready().await;
     let mut last_error = String::new();
     while !stop.load(Ordering::SeqCst) {
-        if let Err(e) = pass(&host, &inner, &inside, &state, &mut say).await
+        if let Err(e) = pass(&host, &inner, &inside, &state, &watched, &mut say).await
             && e != last_error
         {
             say(format!("error: {e}"));
@@ -526,48 +542,195 @@ async fn run(
     }
 }
 
+/// The host's vCluster configs, control plane pods, `service/vcluster`s and host namespaces, kept
+/// by watches.
+struct Watched {
+    configs: Store<Secret>,
+    /// The operator's host namespaces (their annotation names the instance they serve).
+    namespaces: Store<Namespace>,
+    pods: Store<Pod>,
+    services: Store<Service>,
+    /// Each config's values as parsed, by namespace, with the resourceVersion they were read at.
+    parsed: Mutex<BTreeMap<String, Parsed>>,
+}
+
+/// A config's resourceVersion and its values as parsed (or why they are not YAML).
+type Parsed = (String, Result<Value, String>);
+
+impl Watched {
+    /// Starts the watches on the current runtime.
+    fn start(host: &kube::Client) -> Self {
+        use futures::StreamExt as _;
+        use kube::runtime::WatchStreamExt as _;
+        let (configs, configs_writer) = reflector::store();
+        let config_watch = watcher::watcher(
+            Api::<Secret>::all(host.clone()),
+            watcher::Config::default().fields(&format!("metadata.name=vc-config-{RELEASE}")),
+        );
+        tokio::spawn(
+            reflector::reflector(configs_writer, config_watch)
+                .default_backoff()
+                .for_each(|_| std::future::ready(())),
+        );
+        let (pods, pods_writer) = reflector::store();
+        let (services, services_writer) = reflector::store();
+        let pod_watch = watcher::watcher(
+            Api::<Pod>::all(host.clone()),
+            watcher::Config::default().labels(&format!("app=vcluster,release={RELEASE}")),
+        );
+        let service_watch = watcher::watcher(
+            Api::<Service>::all(host.clone()),
+            watcher::Config::default().fields(&format!("metadata.name={RELEASE}")),
+        );
+        tokio::spawn(
+            reflector::reflector(pods_writer, pod_watch)
+                .default_backoff()
+                .for_each(|_| std::future::ready(())),
+        );
+        tokio::spawn(
+            reflector::reflector(services_writer, service_watch)
+                .default_backoff()
+                .for_each(|_| std::future::ready(())),
+        );
+        let (namespaces, namespaces_writer) = reflector::store();
+        let namespace_watch = watcher::watcher(
+            Api::<Namespace>::all(host.clone()),
+            watcher::Config::default().labels(common::names::HOST_NAMESPACE_LABEL),
+        );
+        tokio::spawn(
+            reflector::reflector(namespaces_writer, namespace_watch)
+                .default_backoff()
+                .for_each(|_| std::future::ready(())),
+        );
+        Self {
+            configs,
+            namespaces,
+            pods,
+            services,
+            parsed: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The values of vCluster config `secret` (parsed again only when it changed).
+    fn values(&self, secret: &Secret) -> Result<Value, String> {
+        let ns = secret.metadata.namespace.clone().unwrap_or_default();
+        let version = secret.metadata.resource_version.clone().unwrap_or_default();
+        let Ok(mut parsed) = self.parsed.lock() else {
+            return Err("the syncer's parse cache is poisoned".into());
+        };
+        if let Some((v, values)) = parsed.get(&ns)
+            && *v == version
+        {
+            return values.clone();
+        }
+        let text = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("config.yaml"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_default();
+        let values = serde_saphyr::from_str::<Value>(&text)
+            .map_err(|e| format!("the vCluster config is not YAML: {e}"));
+        parsed.insert(ns, (version, values.clone()));
+        values
+    }
+
+    /// Waits until every watch has listed once.
+    async fn ready(&self) {
+        let _ = self.configs.wait_until_ready().await;
+        let _ = self.pods.wait_until_ready().await;
+        let _ = self.services.wait_until_ready().await;
+        let _ = self.namespaces.wait_until_ready().await;
+    }
+
+    /// The namespace of the instance that host namespace `ns` serves (from the operator's
+    /// annotation `namespace/name`), if the watch shows one.
+    fn owner(&self, ns: &str) -> Option<String> {
+        let namespace = self.namespaces.get(&ObjectRef::new(ns))?;
+        let instance = namespace
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(common::names::INSTANCE_ANNOTATION)?;
+        Some(instance.split('/').next()?.to_string())
+    }
+
+    /// The control plane pods by host namespace.
+    fn pods_by_namespace(&self) -> BTreeMap<String, Vec<Arc<Pod>>> {
+        let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        for pod in self.pods.state() {
+            by_ns
+                .entry(pod.metadata.namespace.clone().unwrap_or_default())
+                .or_default()
+                .push(pod);
+        }
+        by_ns
+    }
+
+    /// `service/vcluster` of `ns`.
+    fn service(&self, ns: &str) -> Option<Service> {
+        self.services
+            .get(&ObjectRef::new(RELEASE).within(ns))
+            .map(|s| (*s).clone())
+    }
+}
+
+/// What one pass reads once for every vCluster: the policies inside (one inside API server stands
+/// for every vCluster of a test) and the host copies synced so far, by host namespace.
+#[derive(Default)]
+struct Policies {
+    inside: Option<Vec<NetworkPolicy>>,
+    synced: BTreeMap<String, Vec<NetworkPolicy>>,
+}
+
+impl Policies {
+    async fn read(host: &kube::Client, inner: &kube::Client) -> Result<Self, String> {
+        let inside = Api::<NetworkPolicy>::all(inner.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| format!("listing NetworkPolicies inside: {e}"))?
+            .items;
+        let mut synced: BTreeMap<String, Vec<NetworkPolicy>> = BTreeMap::new();
+        for policy in Api::<NetworkPolicy>::all(host.clone())
+            .list(&ListParams::default().labels(&format!("{MARKER_LABEL}={RELEASE}")))
+            .await
+            .map_err(|e| format!("listing synced NetworkPolicies: {e}"))?
+            .items
+        {
+            synced
+                .entry(policy.metadata.namespace.clone().unwrap_or_default())
+                .or_default()
+                .push(policy);
+        }
+        Ok(Self {
+            inside: Some(inside),
+            synced,
+        })
+    }
+}
+
 /// One look at every stand-in release on the host.
 async fn pass(
     host: &kube::Client,
     inner: &kube::Client,
     inside: &Inside,
     state: &Arc<Mutex<State>>,
+    watched: &Watched,
     say: &mut impl FnMut(String),
 ) -> Result<(), String> {
-    let configs = Api::<Secret>::all(host.clone())
-        .list(&ListParams::default().fields(&format!("metadata.name=vc-config-{RELEASE}")))
-        .await
-        .map_err(|e| format!("listing vCluster configs: {e}"))?;
     let scope = state.lock().ok().and_then(|s| s.scope.clone());
-    // Host namespace -> the namespace of its instance (from the operator's annotation).
-    let owners: BTreeMap<String, String> = match scope {
-        None => BTreeMap::new(),
-        Some(_) => Api::<k8s_openapi::api::core::v1::Namespace>::all(host.clone())
-            .list(&ListParams::default().labels(common::names::HOST_NAMESPACE_LABEL))
-            .await
-            .map_err(|e| format!("listing host namespaces: {e}"))?
-            .items
-            .into_iter()
-            .filter_map(|n| {
-                let owner = n
-                    .metadata
-                    .annotations
-                    .as_ref()?
-                    .get(common::names::INSTANCE_ANNOTATION)?
-                    .split('/')
-                    .next()?
-                    .to_string();
-                Some((n.metadata.name?, owner))
-            })
-            .collect(),
-    };
+    // A host namespace is served when its instance's namespace (from the operator's annotation)
+    // is in scope; a namespace the watch has not shown yet waits for a later pass.
     let served = |ns: &str| {
-        scope
-            .as_ref()
-            .is_none_or(|scope| owners.get(ns).is_some_and(|owner| scope.contains(owner)))
+        scope.as_ref().is_none_or(|scope| {
+            watched
+                .owner(ns)
+                .is_some_and(|owner| scope.contains(&owner))
+        })
     };
-    let configs: Vec<Secret> = configs
-        .items
+    let configs: Vec<Arc<Secret>> = watched
+        .configs
+        .state()
         .into_iter()
         .filter(|s| s.metadata.namespace.as_deref().is_some_and(served))
         .collect();
@@ -587,19 +750,32 @@ async fn pass(
     }
     // One namespace's trouble (its Service deleted, say) holds up no other.
     let mut errors = Vec::new();
+    let pods = watched.pods_by_namespace();
+    let mut policies = Policies::default();
     for secret in configs {
         let Some(ns) = secret.metadata.namespace.clone() else {
             continue;
         };
-        let text = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get("config.yaml"))
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            .unwrap_or_default();
-        let result = match serde_saphyr::from_str::<Value>(&text) {
-            Ok(values) => one(host, inner, inside, state, &ns, &values, say).await,
-            Err(e) => Err(format!("the vCluster config is not YAML: {e}")),
+        let result = match watched.values(&secret) {
+            Ok(values) => {
+                let seen = Seen {
+                    pods: pods.get(&ns).map(Vec::as_slice).unwrap_or_default(),
+                    service: watched.service(&ns),
+                };
+                one(
+                    host,
+                    inner,
+                    inside,
+                    state,
+                    &ns,
+                    &values,
+                    &seen,
+                    &mut policies,
+                    say,
+                )
+                .await
+            }
+            Err(e) => Err(e),
         };
         if let Err(e) = result {
             errors.push(format!("{ns}: {e}"));
@@ -628,6 +804,13 @@ pub fn check_pod_security(values: &Value) -> Result<(), String> {
     }
 }
 
+/// What the watches show of one host namespace.
+struct Seen<'a> {
+    pods: &'a [Arc<Pod>],
+    service: Option<Service>,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn one(
     host: &kube::Client,
     inner: &kube::Client,
@@ -635,16 +818,15 @@ async fn one(
     state: &Arc<Mutex<State>>,
     ns: &str,
     values: &Value,
+    seen: &Seen<'_>,
+    policies: &mut Policies,
     say: &mut impl FnMut(String),
 ) -> Result<(), String> {
     check_pod_security(values)?;
-    let pods = Api::<Pod>::namespaced(host.clone(), ns)
-        .list(&ListParams::default().labels(&format!("app=vcluster,release={RELEASE}")))
-        .await
-        .map_err(|e| format!("listing pods: {e}"))?
-        .items;
-    let existing: Vec<&Pod> = pods
+    let existing: Vec<&Pod> = seen
+        .pods
         .iter()
+        .map(Arc::as_ref)
         .filter(|p| {
             let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
             !matches!(phase, Some("Succeeded") | Some("Failed"))
@@ -672,10 +854,20 @@ async fn one(
     let set_owner = values["experimental"]["syncSettings"]["setOwner"]
         .as_bool()
         .unwrap_or(true);
-    let service = Api::<Service>::namespaced(host.clone(), ns)
-        .get_opt(RELEASE)
-        .await
-        .map_err(|e| format!("reading service/{RELEASE}: {e}"))?;
+    let starting = started.as_deref() != Some(pod_uid.as_str());
+    // At start-up the real syncer reads its Service from the API server. The watch may still
+    // hold the Service of a namespace deleted and created again under the same name: an export
+    // owned by that dead uid would be collected at once by the garbage collector, and never
+    // written again. So the start-up path reads it live; the steady path (policies, re-synced
+    // every pass) takes the watch's copy.
+    let service = if starting {
+        Api::<Service>::namespaced(host.clone(), ns)
+            .get_opt(RELEASE)
+            .await
+            .map_err(|e| format!("reading service/{RELEASE}: {e}"))?
+    } else {
+        seen.service.clone()
+    };
     let owner = match (&service, set_owner) {
         (Some(svc), true) => Some(json!({
             "apiVersion": "v1",
@@ -690,7 +882,7 @@ async fn one(
         }
         _ => None,
     };
-    if started.as_deref() != Some(pod_uid.as_str()) {
+    if starting {
         if pending.as_deref() == Some(pod_uid.as_str()) {
             if served(inside, ns).await {
                 export(host, inside, ns, owner.as_ref(), values).await?;
@@ -708,7 +900,10 @@ async fn one(
         return Ok(());
     }
     if values["sync"]["toHost"]["networkPolicies"]["enabled"].as_bool() == Some(true) {
-        sync_network_policies(host, inner, ns, owner.as_ref()).await?;
+        if policies.inside.is_none() {
+            *policies = Policies::read(host, inner).await?;
+        }
+        sync_network_policies(host, policies, ns, owner.as_ref()).await?;
     }
     Ok(())
 }
@@ -855,18 +1050,14 @@ fn exported_kubeconfig(inside: &Inside, values: &Value) -> Result<String, String
 /// whose source is gone.
 async fn sync_network_policies(
     host: &kube::Client,
-    inner: &kube::Client,
+    policies: &Policies,
     ns: &str,
     owner: Option<&Value>,
 ) -> Result<(), String> {
-    let inside = Api::<NetworkPolicy>::all(inner.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| format!("listing NetworkPolicies inside: {e}"))?;
     let api = Api::<NetworkPolicy>::namespaced(host.clone(), ns);
     let mut wanted = Vec::new();
-    for policy in inside.items {
-        let value = serde_json::to_value(&policy).map_err(|e| e.to_string())?;
+    for policy in policies.inside.iter().flatten() {
+        let value = serde_json::to_value(policy).map_err(|e| e.to_string())?;
         let translated = translate_network_policy(&value, ns, owner);
         let name = translated["metadata"]["name"]
             .as_str()
@@ -881,11 +1072,7 @@ async fn sync_network_policies(
         .map_err(|e| format!("writing networkpolicy/{name}: {e}"))?;
         wanted.push(name);
     }
-    let synced = api
-        .list(&ListParams::default().labels(&format!("{MARKER_LABEL}={RELEASE}")))
-        .await
-        .map_err(|e| format!("listing synced NetworkPolicies: {e}"))?;
-    for stale in synced.items {
+    for stale in policies.synced.get(ns).into_iter().flatten() {
         let name = stale.metadata.name.clone().unwrap_or_default();
         if !wanted.contains(&name) {
             api.delete(&name, &DeleteParams::default())

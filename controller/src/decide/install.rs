@@ -239,8 +239,9 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
             InstallOutcome::Queued(position) => (
                 Reason::Queued,
                 format!(
-                    "{}: waiting for an install slot, position {position} in the queue (--max-concurrent-installs)",
-                    x.what
+                    "{}: waiting for an install slot, {} in the queue (--max-concurrent-installs)",
+                    x.what,
+                    super::model::queue_place(*position)
                 ),
             ),
             _ => (

@@ -59,6 +59,18 @@ pub enum TaskState {
     Failed(TaskError),
 }
 
+/// A queue position as the status says it: exact up to 8, then the power-of-two range it is in
+/// (`position 9 to 16`, `17 to 32`, ...). The status of every queued instance names its place, so
+/// an exact number would change, and be written, for each of them every time the queue moved:
+/// n queued instances would cost n² status writes. With ranges each changes about log2(n) times.
+pub fn queue_place(position: usize) -> String {
+    if position <= 8 {
+        return format!("position {position}");
+    }
+    let high = position.next_power_of_two();
+    format!("position {} to {high}", high / 2 + 1)
+}
+
 impl TaskState {
     /// Queued or running.
     pub fn busy(&self) -> bool {

@@ -177,7 +177,8 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
         (TaskState::Queued(position), _) => waiting(
             Reason::Queued,
             &format!(
-                "waiting for an install slot: position {position} in the queue (--max-concurrent-installs)"
+                "waiting for an install slot: {} in the queue (--max-concurrent-installs)",
+                super::model::queue_place(*position)
             ),
         ),
         (TaskState::Running, _) => waiting(Reason::Installing, "helm is installing the vCluster"),

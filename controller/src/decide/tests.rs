@@ -134,6 +134,22 @@ fn provisioning_applies_the_namespace_and_installs() {
 }
 
 #[test]
+fn queue_places_are_exact_near_the_front_then_ranges() {
+    use crate::decide::model::queue_place;
+    assert_eq!(queue_place(1), "position 1");
+    assert_eq!(queue_place(8), "position 8");
+    assert_eq!(queue_place(9), "position 9 to 16");
+    assert_eq!(queue_place(16), "position 9 to 16");
+    assert_eq!(queue_place(17), "position 17 to 32");
+    assert_eq!(queue_place(1000), "position 513 to 1024");
+    // How often the message of one instance changes while it moves from 1000 to 1.
+    let changes = (1..1000)
+        .filter(|p| queue_place(*p) != queue_place(p + 1))
+        .count();
+    assert_eq!(changes, 7 + 7, "8 exact places and 7 ranges above them");
+}
+
+#[test]
 fn queued_installs_say_their_position() {
     let o = Observed {
         namespace_exists: false,

@@ -2,14 +2,21 @@
 //! [`crate::decide`]), [`act`] with server-side apply under one field manager, then [`report`]
 //! the status only when it changed, with an Event for every transition. [`objects`] builds what
 //! is applied; [`error`] says what failed.
+//!
+//! Observe reads first from the watch caches ([`cache`]): when what it finds needs no action and
+//! leaves the status as it is, the reconcile ends there, without an API call. Otherwise the
+//! instance is observed again from the API server and the plan made from that fresh read is the
+//! one carried out, so no write is ever decided from a cache.
 
 pub mod act;
+pub mod cache;
 pub mod control_plane;
 pub mod error;
 pub mod kubeconfig;
 pub mod objects;
 pub mod observe;
 pub mod report;
+pub mod vclusters;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -94,6 +101,10 @@ pub struct Context {
     pub hosts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
     /// Failed reconciles in a row, by instance: how long [`error_policy`] waits.
     pub backoff: crate::backoff::Backoff,
+    /// The watch caches observe reads first.
+    pub caches: Arc<cache::Caches>,
+    /// One client per vCluster API.
+    pub vclusters: vclusters::VClusters,
 }
 
 /// The instance's key, `<namespace>/<name>`: its helm task's key too.
@@ -145,7 +156,20 @@ pub async fn reconcile(
             (pi.namespace().unwrap_or_default(), pi.name_any()),
         );
     }
-    let (observed, found) = observe::observe(&ctx, &pi).await?;
+    let retry_ack = if retry_requested { retry.clone() } else { None };
+    if ctx.caches.ready() {
+        let (observed, found) =
+            observe::observe(&ctx, &pi, observe::Source::Cached(&ctx.caches)).await?;
+        let plan = decide::decide(&observed);
+        if plan.actions.is_empty()
+            && report::unchanged(&ctx, &pi, &plan, retry_ack.clone(), &found.record)
+        {
+            ctx.metrics.observed.with_label_values(&["cache"]).inc();
+            return Ok(finish(&ctx, &pi, &key, &plan, timer));
+        }
+    }
+    ctx.metrics.observed.with_label_values(&["api"]).inc();
+    let (observed, found) = observe::observe(&ctx, &pi, observe::Source::Live).await?;
     let plan = decide::decide(&observed);
     tracing::debug!(instance = %key, phase = ?plan.phase, actions = ?plan.actions, "decided");
     if let Err(e) = act::act(&ctx, &pi, &plan, &found).await {
@@ -161,21 +185,30 @@ pub async fn reconcile(
         report::farewell(&ctx, &pi, &plan).await;
         report::forget(&ctx, &key);
     } else {
-        let retry = if retry_requested { retry } else { None };
-        report::report(&ctx, &pi, &plan, retry, &found.record).await?;
+        report::report(&ctx, &pi, &plan, retry_ack, &found.record).await?;
     }
+    Ok(finish(&ctx, &pi, &key, &plan, timer))
+}
+
+/// The end of a successful reconcile: its metrics, and when to look again.
+fn finish(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    key: &str,
+    plan: &decide::Plan,
+    timer: prometheus::HistogramTimer,
+) -> Requeue {
     // Reset only once the status is written too: a status write that keeps failing backs off.
-    ctx.backoff.succeeded(&key);
-    report::refresh_phase_gauge(&ctx);
+    ctx.backoff.succeeded(key);
     ctx.metrics
         .reconciles
         .with_label_values(&["ok", "none"])
         .inc();
     timer.observe_duration();
-    Ok(match plan.requeue {
+    match plan.requeue {
         decide::Requeue::Poll => Requeue::requeue(ctx.settings.target_poll),
         decide::Requeue::Backoff => {
-            let wait = task_keys(&pi)
+            let wait = task_keys(pi)
                 .iter()
                 .map(|k| ctx.tasks.retry_in(k))
                 .max()
@@ -183,7 +216,7 @@ pub async fn reconcile(
             Requeue::requeue(wait.max(Duration::from_secs(1)))
         }
         decide::Requeue::Idle => Requeue::requeue(ctx.settings.repair_interval),
-    })
+    }
 }
 
 /// What to do after a failed reconcile: count it by the failed step and retry after the

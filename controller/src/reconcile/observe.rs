@@ -3,7 +3,7 @@
 //! Job, tasks, the installer's record, the program's config) into [`Observed`] for the decision,
 //! plus what the actions need ([`Found`]).
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use common::crd::{DeletionPolicy, PlatformInstance};
 use common::names::{
@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
+use super::cache::{Caches, from_meta};
 use super::control_plane;
 use super::error::{ReconcileError, observing};
 use super::{Context, install_key, key, preview_key, state_path};
@@ -65,25 +66,96 @@ fn marked(meta: &ObjectMeta, uid: &str) -> Option<bool> {
         .map(|mark| mark == uid)
 }
 
-/// Observes one instance.
+/// Where observe reads the objects in the host namespace and the instance's kubeconfig Secret.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// The API server, now.
+    Live,
+    /// The watch caches (possibly stale: see [`super::cache`]).
+    Cached(&'a Caches),
+}
+
+impl Source<'_> {
+    /// Reads `name` in `namespace` (`""` for a cluster-scoped kind) from the API server or
+    /// from `index` of the caches.
+    async fn get<K>(
+        self,
+        api: impl FnOnce() -> Api<K>,
+        namespace: &str,
+        name: &str,
+        index: fn(&Caches) -> &super::cache::Index<K>,
+        what: &str,
+    ) -> Result<Option<Arc<K>>, ReconcileError>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        match self {
+            Source::Cached(caches) => Ok(index(caches).get(namespace, name)),
+            Source::Live => Ok(api()
+                .get_opt(name)
+                .await
+                .map_err(observing(what.to_string()))?
+                .map(Arc::new)),
+        }
+    }
+
+    /// Whether metadata-only object `name` of kind `K` exists in `namespace`.
+    async fn exists<K>(
+        self,
+        ctx: &Context,
+        namespace: &str,
+        name: &str,
+        index: fn(&Caches) -> &super::cache::Index<kube::api::PartialObjectMeta<K>>,
+        what: &str,
+    ) -> Result<Option<K>, ReconcileError>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Default
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        match self {
+            Source::Cached(caches) => Ok(index(caches)
+                .get(namespace, name)
+                .map(|p| from_meta(p.as_ref()))),
+            Source::Live => Api::<K>::namespaced(ctx.client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map_err(observing(what.to_string())),
+        }
+    }
+}
+
+/// Observes one instance, reading from `source`.
 pub async fn observe(
     ctx: &Context,
     pi: &PlatformInstance,
+    source: Source<'_>,
 ) -> Result<(Observed, Found), ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
     let host_ns = host_namespace(&ns, &pi.name_any());
     let deleting = pi.meta().deletion_timestamp.is_some();
-    let host = host(ctx, pi, &host_ns).await?;
+    let host = host(ctx, pi, &host_ns, source).await?;
     let release = host.release.clone().unwrap_or(Release::Missing);
     let api = match (
         &host.exported,
         matches!(release, Release::Deployed { .. }) && host.statefulset_ready,
     ) {
-        (Some(k), true) => Some(api_serves(k, ctx.settings.api_probe_timeout).await),
+        (Some(k), true) => Some(
+            ctx.vclusters
+                .serves(
+                    &host_ns,
+                    k,
+                    ctx.settings.api_probe_timeout,
+                    ctx.settings.target_poll,
+                )
+                .await,
+        ),
         _ => None,
     };
     let (kubeconfig_current, kubeconfig_conflict) =
-        kubeconfig_secret_state(ctx, pi, host.exported.as_deref()).await?;
+        kubeconfig_secret_state(ctx, pi, host.exported.as_deref(), source).await?;
     let cleanup = cleanup(ctx, pi, &host_ns).await?;
     // The tasks' states before the record (see `InstallOutcome::fold`).
     let tasks = (
@@ -147,12 +219,22 @@ fn invalid_spec(pi: &PlatformInstance) -> Option<String> {
 }
 
 /// The host namespace and, when it is this instance's, what is in it.
-async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Host, ReconcileError> {
+async fn host(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    host_ns: &str,
+    source: Source<'_>,
+) -> Result<Host, ReconcileError> {
     let client = &ctx.client;
-    let Some(namespace) = Api::<Namespace>::all(client.clone())
-        .get_opt(host_ns)
-        .await
-        .map_err(observing(format!("namespace {host_ns}")))?
+    let Some(namespace) = source
+        .get(
+            || Api::<Namespace>::all(client.clone()),
+            "",
+            host_ns,
+            |c| &c.namespaces,
+            &format!("namespace {host_ns}"),
+        )
+        .await?
     else {
         return Ok(Host::default());
     };
@@ -171,36 +253,61 @@ async fn host(ctx: &Context, pi: &PlatformInstance, host_ns: &str) -> Result<Hos
     if host.conflict.is_some() {
         return Ok(host);
     }
-    host.current &= Api::<NetworkPolicy>::namespaced(client.clone(), host_ns)
-        .get_opt(VCLUSTER_NETWORK_POLICY)
-        .await
-        .map_err(observing("the host NetworkPolicy"))?
+    host.current &= source
+        .exists::<NetworkPolicy>(
+            ctx,
+            host_ns,
+            VCLUSTER_NETWORK_POLICY,
+            |c| &c.network_policies,
+            "the host NetworkPolicy",
+        )
+        .await?
         .is_some();
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), host_ns);
-    let releases = secrets
-        .list(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
-        .await
-        .map_err(observing("the vCluster release"))?;
-    host.release = Some(release_from_secrets(&releases.items));
-    let svc = Api::<Service>::namespaced(client.clone(), host_ns)
-        .get_opt(VCLUSTER)
-        .await
-        .map_err(observing("service/vcluster"))?;
+    let releases = match source {
+        Source::Cached(caches) => caches
+            .releases
+            .in_namespace(host_ns)
+            .iter()
+            .map(|p| from_meta::<Secret>(p))
+            .collect(),
+        Source::Live => {
+            Api::<Secret>::namespaced(client.clone(), host_ns)
+                .list(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
+                .await
+                .map_err(observing("the vCluster release"))?
+                .items
+        }
+    };
+    host.release = Some(release_from_secrets(&releases));
+    let svc = source
+        .exists::<Service>(ctx, host_ns, VCLUSTER, |c| &c.services, "service/vcluster")
+        .await?;
     host.owner = Some(owner_service(
         namespace.annotations().get(OWNER_SERVICE_ANNOTATION),
         svc.as_ref(),
     ));
-    host.statefulset_ready = Api::<Deployment>::namespaced(client.clone(), host_ns)
-        .get_opt(VCLUSTER)
-        .await
-        .map_err(observing("the vCluster Deployment"))?
+    host.statefulset_ready = source
+        .get(
+            || Api::<Deployment>::namespaced(client.clone(), host_ns),
+            host_ns,
+            VCLUSTER,
+            |c| &c.deployments,
+            "the vCluster Deployment",
+        )
+        .await?
         .is_some_and(|d| control_plane::ready(&d));
-    host.exported = secrets
-        .get_opt(EXPORTED_KUBECONFIG_SECRET)
-        .await
-        .map_err(observing("the exported kubeconfig"))?
+    host.exported = source
+        .get(
+            || Api::<Secret>::namespaced(client.clone(), host_ns),
+            host_ns,
+            EXPORTED_KUBECONFIG_SECRET,
+            |c| &c.exported,
+            "the exported kubeconfig",
+        )
+        .await?
         .and_then(|s| {
-            s.data?
+            s.data
+                .as_ref()?
                 .get(EXPORTED_KUBECONFIG_KEY)
                 .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         });
@@ -229,40 +336,25 @@ fn owner_service(recorded: Option<&String>, svc: Option<&Service>) -> OwnerServi
     }
 }
 
-/// Whether the exported kubeconfig reaches the vCluster's API within `timeout`.
-async fn api_serves(kubeconfig: &str, timeout: Duration) -> bool {
-    let Ok(config) = kube::config::Kubeconfig::from_yaml(kubeconfig) else {
-        return false;
-    };
-    let Ok(config) =
-        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
-            .await
-    else {
-        return false;
-    };
-    let Ok(client) = kube::Client::try_from(config) else {
-        return false;
-    };
-    matches!(
-        tokio::time::timeout(timeout, client.apiserver_version()).await,
-        Ok(Ok(_))
-    )
-}
-
 /// The instance's kubeconfig Secret: whether it holds what the vCluster exported (or, when
 /// nothing is exported, exists at all), and its name when it is not this instance's.
 async fn kubeconfig_secret_state(
     ctx: &Context,
     pi: &PlatformInstance,
     exported: Option<&str>,
+    source: Source<'_>,
 ) -> Result<(bool, Option<String>), ReconcileError> {
-    let secrets: Api<Secret> =
-        Api::namespaced(ctx.client.clone(), &pi.namespace().unwrap_or_default());
     let name = kubeconfig_secret(&pi.name_any());
-    let current = secrets
-        .get_opt(&name)
-        .await
-        .map_err(observing("the kubeconfig Secret"))?;
+    let ns = pi.namespace().unwrap_or_default();
+    let current = source
+        .get(
+            || Api::<Secret>::namespaced(ctx.client.clone(), &ns),
+            &ns,
+            &name,
+            |c| &c.kubeconfigs,
+            "the kubeconfig Secret",
+        )
+        .await?;
     let uid = pi.uid().unwrap_or_default();
     if current
         .as_ref()
@@ -270,12 +362,20 @@ async fn kubeconfig_secret_state(
     {
         return Ok((false, Some(name)));
     }
-    let data = current
-        .as_ref()
-        .and_then(|s| s.data.as_ref()?.get(KUBECONFIG_KEY).map(|b| b.0.clone()));
+    let holds = |k: &str| {
+        current.as_ref().is_some_and(|s| match source {
+            // The cache keeps the kubeconfig's digest.
+            Source::Cached(_) => super::cache::kubeconfig_matches(s, k),
+            Source::Live => s
+                .data
+                .as_ref()
+                .and_then(|d| d.get(KUBECONFIG_KEY))
+                .is_some_and(|b| b.0 == k.as_bytes()),
+        })
+    };
     Ok((
         match exported {
-            Some(k) => data.as_deref() == Some(k.as_bytes()),
+            Some(k) => holds(k),
             None => current.is_some(),
         },
         None,

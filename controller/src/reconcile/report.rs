@@ -29,9 +29,7 @@ pub async fn report(
     let name = pi.name_any();
     let old = pi.status.clone().unwrap_or_default();
     let status = status(pi, plan, retry, record, &old);
-    if let Ok(mut phases) = ctx.phases.lock() {
-        phases.insert(key(pi), plan.phase);
-    }
+    record_phase(ctx, key(pi), Some(plan.phase));
     if status == old {
         return Ok(());
     }
@@ -48,6 +46,22 @@ pub async fn report(
     ctx.metrics.writes.with_label_values(&["status"]).inc();
     publish_events(ctx, pi, plan, &old).await;
     Ok(())
+}
+
+/// Whether the status the plan describes is the one the instance shows (nothing to write).
+pub fn unchanged(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    plan: &Plan,
+    retry: Option<String>,
+    record: &Record,
+) -> bool {
+    let old = pi.status.clone().unwrap_or_default();
+    if status(pi, plan, retry, record, &old) != old {
+        return false;
+    }
+    record_phase(ctx, key(pi), Some(plan.phase));
+    true
 }
 
 /// The status the plan and the installer's record describe.
@@ -137,24 +151,39 @@ pub async fn farewell(ctx: &Context, pi: &PlatformInstance, plan: &Plan) {
 /// Forgets an instance that is gone: its backoff, its phase and its host namespace.
 pub fn forget(ctx: &Context, key: &str) {
     ctx.backoff.succeeded(key);
-    if let Ok(mut phases) = ctx.phases.lock() {
-        phases.remove(key);
-    }
+    record_phase(ctx, key.to_string(), None);
     if let Ok(mut hosts) = ctx.hosts.lock() {
         hosts.retain(|_, (namespace, name)| format!("{namespace}/{name}") != key);
     }
+    if let Some((namespace, name)) = key.split_once('/') {
+        ctx.vclusters.forget(&host_namespace(namespace, name));
+    }
 }
 
-/// Sets the instances-by-phase gauge from every instance's last reported phase.
-pub fn refresh_phase_gauge(ctx: &Context) {
-    let Ok(phases) = ctx.phases.lock() else {
+/// Records `phase` as instance `key`'s last reported phase (`None`: the instance is gone) and
+/// moves the instances-by-phase gauge with it: one step per reconcile, not a count over every
+/// instance (which made a full resync cost the square of the instances).
+fn record_phase(ctx: &Context, key: String, phase: Option<Phase>) {
+    let Ok(mut phases) = ctx.phases.lock() else {
         return;
     };
-    for phase in Phase::ALL {
-        let count = phases.values().filter(|p| **p == phase).count();
+    let old = match phase {
+        Some(p) => phases.insert(key, p),
+        None => phases.remove(&key),
+    };
+    if old == phase {
+        return;
+    }
+    if let Some(old) = old {
+        ctx.metrics
+            .instances
+            .with_label_values(&[old.as_str()])
+            .dec();
+    }
+    if let Some(phase) = phase {
         ctx.metrics
             .instances
             .with_label_values(&[phase.as_str()])
-            .set(count as i64);
+            .inc();
     }
 }

@@ -152,10 +152,11 @@ rules:
   - apiGroups: [platform.di-framework.dev]
     resources: [platforminstances/status]
     verbs: [patch]
-  # Host namespaces: applied, annotated, deleted.
+  # Host namespaces: applied, annotated, deleted; watched (by their host-namespace label) for the
+  # controller's cache.
   - apiGroups: [""]
     resources: [namespaces]
-    verbs: [get, create, patch, delete]
+    verbs: [get, list, watch, create, patch, delete]
   # Secrets: owned kubeconfig Secrets watched everywhere; the kubeconfig written, read and deleted
   # in instance namespaces; secrets the installer reads there; Helm's release Secrets and the
   # exported kubeconfig in host namespaces.
