@@ -93,6 +93,8 @@ async function writeStatus(status) {
 let backend;
 let browser;
 let work;
+/** Origins other than the stand-in backend that a page asked for (refused). */
+const offsite = new Set();
 
 before(async () => {
   work = fs.mkdtempSync(path.join(os.tmpdir(), 'headlamp-browser-'));
@@ -140,7 +142,19 @@ async function open(user, route) {
   page.on('console', m => {
     if (m.type() === 'error') errors.push(m.text());
   });
-  await page.goto(`${backend.url}/c/${user}${route}`);
+  // The page may only reach the stand-in backend. Anything else (there is no internet here) is
+  // refused at once and noted, rather than left to a DNS lookup that can hold the page's load.
+  const origin = new URL(backend.url).origin;
+  await context.route(
+    url => url.origin !== origin,
+    r => {
+      offsite.add(new URL(r.request().url()).origin);
+      return r.abort('blockedbyclient');
+    }
+  );
+  // Each step waits for what it needs on the page; the navigation itself waits only for the
+  // document, not for every sub-resource.
+  await page.goto(`${backend.url}/c/${user}${route}`, { waitUntil: 'domcontentloaded' });
   return { page, errors, close: () => context.close() };
 }
 
@@ -445,6 +459,7 @@ test(
       });
     } finally {
       if (alice.errors.length) t.diagnostic(`page errors: ${alice.errors.slice(0, 20).join('\n')}`);
+      if (offsite.size) t.diagnostic(`refused off-site origins: ${[...offsite].join(', ')}`);
       if (broken) t.diagnostic(`stand-in backend log:\n${backend.log.join('\n')}`);
       await alice.close();
     }
