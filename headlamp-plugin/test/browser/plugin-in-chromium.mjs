@@ -39,6 +39,10 @@ const NAME = 'one';
 const DIGEST = '@sha256:ee89fd4bce4f9f35f4cd09c63d3cbdd07bea3071b5d372f82c9f49b9741c3669';
 // A bound on each wait (no timing is asserted): generous, for a loaded CI machine.
 const TIMEOUT = 60_000;
+// The bound on opening a page: the first evaluation of Headlamp's frontend bundle and the
+// plugin's load take the most CPU of the whole test, and on a loaded machine (CI runs this beside
+// other test binaries) they have taken over a minute. Still only a bound: nothing is timed.
+const PAGE_TIMEOUT = 300_000;
 
 /** One request to the API server as `user`; resolves to { status, body }. */
 function api(user, method, apiPath, body, contentType = 'application/json') {
@@ -154,7 +158,10 @@ async function open(user, route) {
   );
   // Each step waits for what it needs on the page; the navigation itself waits only for the
   // document, not for every sub-resource.
-  await page.goto(`${backend.url}/c/${user}${route}`, { waitUntil: 'domcontentloaded' });
+  await page.goto(`${backend.url}/c/${user}${route}`, {
+    waitUntil: 'domcontentloaded',
+    timeout: PAGE_TIMEOUT,
+  });
   return { page, errors, close: () => context.close() };
 }
 
@@ -185,7 +192,7 @@ async function until(what, fn, ms = TIMEOUT) {
 
 test(
   'create, watch, edit, conflict, detail, kubeconfig by RBAC, delete',
-  { timeout: 600_000 },
+  { timeout: 1_200_000 },
   async top => {
     const alice = await open('alice', '/platform-instances');
     const { page } = alice;
@@ -208,7 +215,7 @@ test(
     };
     try {
       // The sidebar entry and the list, from the plugin the loader fetched.
-      await page.getByText('Platform Instances').first().waitFor();
+      await page.getByText('Platform Instances').first().waitFor({ timeout: PAGE_TIMEOUT });
       await page.getByRole('heading', { name: 'Platform Instances' }).waitFor();
 
       await t.test('the form refuses bad input beside the field and sends nothing', async () => {
@@ -434,7 +441,7 @@ test(
       await t.test('a user RBAC denies gets a 403, shown as such', async () => {
         const bob = await open('bob', `/platform-instances/${NS}/${NAME}`);
         try {
-          await bob.page.getByText('Last install').waitFor();
+          await bob.page.getByText('Last install').waitFor({ timeout: PAGE_TIMEOUT });
           await bob.page.getByRole('button', { name: 'Show', exact: true }).click();
           await bob.page
             .getByText(`Forbidden (403): you are not allowed to read Secret ${NS}/one-kubeconfig`)
