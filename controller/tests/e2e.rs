@@ -1056,18 +1056,181 @@ async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_p
         condition(&pi, "VClusterReady"),
         Some(("True".into(), "VClusterServing".into()))
     );
+    deleted(&cluster, &controller, &team, "up").await;
+}
+
+/// Deletes instance `name` in `ns` and waits until it is gone.
+async fn deleted(cluster: &Shared, controller: &Controller, ns: &str, name: &str) {
     cluster
-        .kubectl_ok(&["-n", &team, "delete", "pi", "up", "--wait=false"], None)
+        .kubectl_ok(&["-n", ns, "delete", "pi", name, "--wait=false"], None)
         .expect("delete");
     wait_for(
         "the instance to be deleted",
         Duration::from_secs(120),
-        &controller,
+        controller,
         || {
-            get(&cluster, &["-n", &team, "get", "pi", "up"])
+            get(cluster, &["-n", ns, "get", "pi", name])
                 .is_none()
                 .then_some(())
         },
     )
     .await;
+}
+
+/// The reason of an instance's `VClusterReady` condition.
+fn vcluster_reason(cluster: &Shared, ns: &str, name: &str) -> Option<String> {
+    let pi = get(cluster, &["-n", ns, "get", "pi", name])?;
+    condition(&pi, "VClusterReady").map(|c| c.1)
+}
+
+/// `--target-poll` of the test below, and the fallback it gives (30 polls).
+const POLL: Duration = Duration::from_secs(3);
+const FALLBACK: Duration = Duration::from_secs(90);
+
+/// Instance `name` in `ns`, which waits with `reason` (since `since`), is not polled: it is
+/// reconciled at most once in 15 s (a poll every `POLL` would be 5 times). Then `release` lets
+/// the watched object change, `changed` sees when it has, and the instance must leave `reason`
+/// within 20 s of the change, well before the fallback would have looked again.
+async fn woken_by_its_watch(
+    cluster: &Shared,
+    controller: &Controller,
+    (ns, name): (&str, &str),
+    (reason, since): (&str, Instant),
+    release: impl FnOnce(),
+    mut changed: impl FnMut() -> bool,
+) {
+    let reconciles = || controller.metric("platform_operator_controller_reconciles_total");
+    let quiet = Duration::from_secs(15);
+    let before = reconciles().await;
+    tokio::time::sleep(quiet).await;
+    let during = reconciles().await - before;
+    eprintln!("reconciles in {quiet:?} of {reason} at --target-poll {POLL:?}: {during}");
+    assert!(
+        during <= 1.0,
+        "an instance in {reason} was reconciled {during} times in {quiet:?}: polled, not woken by a watch"
+    );
+    release();
+    let seen = wait_for(
+        &format!("the change {reason} waits for"),
+        Duration::from_secs(120),
+        controller,
+        || changed().then(Instant::now),
+    )
+    .await;
+    let left = wait_for(
+        &format!("the instance to leave {reason}"),
+        Duration::from_secs(60),
+        controller,
+        || (vcluster_reason(cluster, ns, name).as_deref() != Some(reason)).then(Instant::now),
+    )
+    .await;
+    let after = left.saturating_duration_since(seen);
+    eprintln!(
+        "{reason}: the change came {:?} into the wait, the instance left it {after:?} after the change",
+        seen - since
+    );
+    // Not a timing of performance: a wait left to the fallback ends 90 s after the last
+    // reconcile; a wake-up by the watch within a few seconds of the change.
+    assert!(
+        left - since < FALLBACK - POLL && after < Duration::from_secs(20),
+        "{reason} was left {after:?} after the change ({:?} into the wait): not woken by the watch",
+        left - since
+    );
+}
+
+/// Waits that a watch sees are not polled: an instance waiting for its exported kubeconfig or
+/// for its control plane is reconciled when the watched object changes (and at a fallback of 30
+/// polls), and advances at once when the kubeconfig is exported / the Deployment is available.
+#[tokio::test]
+async fn waits_for_the_kubeconfig_and_the_control_plane_are_woken_by_their_watches() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "watched").await;
+    let team = cluster.create_namespace("watched", &[]).expect("namespace");
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--watch-namespace",
+            &team,
+            &format!("--target-poll={}s", POLL.as_secs()),
+            "--repair-interval=10m",
+        ],
+    );
+    // The stand-in syncer holds back this vCluster's start, so its kubeconfig is not exported.
+    fx.syncer.serve_only(&[]);
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "w", "Delete")),
+        )
+        .expect("apply");
+    let host = common::names::host_namespace(&team, "w");
+    let reason_is = |reason: &str| vcluster_reason(&cluster, &team, "w").as_deref() == Some(reason);
+    let since = wait_for(
+        "the instance to wait for the exported kubeconfig",
+        Duration::from_secs(120),
+        &controller,
+        || reason_is("WaitingForKubeconfig").then(Instant::now),
+    )
+    .await;
+    // The syncer starts the vCluster and exports its kubeconfig: the watch wakes the instance.
+    woken_by_its_watch(
+        &cluster,
+        &controller,
+        (&team, "w"),
+        ("WaitingForKubeconfig", since),
+        || fx.syncer.serve(&team),
+        || get(&cluster, &["-n", &host, "get", "secret", "vc-vcluster"]).is_some(),
+    )
+    .await;
+    let serving = |what: &'static str| {
+        wait_for(what, Duration::from_secs(120), &controller, || {
+            reason_is("VClusterServing").then_some(())
+        })
+    };
+    serving("the vCluster to serve").await;
+
+    // The control plane goes (scaled to zero): the Deployment's watch wakes the instance, which
+    // then waits for it without polling until it is back.
+    let scale = |replicas: u8| {
+        let replicas = format!("--replicas={replicas}");
+        let args = ["-n", &host, "scale", "deployment", "vcluster", &replicas];
+        cluster.kubectl_ok(&args, None).expect("scale");
+    };
+    let deployment = |field: &str| {
+        get(&cluster, &["-n", &host, "get", "deployment", "vcluster"])
+            .and_then(|d| d["status"][field].as_i64())
+            .unwrap_or(0)
+    };
+    scale(0);
+    let since = wait_for(
+        "the instance to wait for its control plane",
+        Duration::from_secs(60),
+        &controller,
+        || reason_is("WaitingForControlPlane").then(Instant::now),
+    )
+    .await;
+    // The Deployment's status settles (its pod goes) after the reason changed: let it.
+    wait_for(
+        "the control plane's pod to go",
+        Duration::from_secs(60),
+        &controller,
+        || (deployment("replicas") == 0).then_some(()),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    woken_by_its_watch(
+        &cluster,
+        &controller,
+        (&team, "w"),
+        ("WaitingForControlPlane", since),
+        || scale(1),
+        || deployment("availableReplicas") == 1,
+    )
+    .await;
+    serving("the vCluster to serve again").await;
+
+    deleted(&cluster, &controller, &team, "w").await;
 }

@@ -141,6 +141,7 @@ pub fn decide(i: &InstallObserved, mut plan: PlanBuilder, vcluster: Requeue) -> 
         Requeue::Backoff => Requeue::Backoff,
         Requeue::Poll => Requeue::Poll,
         Requeue::Queued => Requeue::Queued,
+        Requeue::Watched => Requeue::Watched,
         Requeue::Idle if vcluster != Requeue::Idle || !plan.actions.is_empty() => Requeue::Poll,
         Requeue::Idle => Requeue::Idle,
     };

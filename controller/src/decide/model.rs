@@ -412,6 +412,9 @@ pub enum Requeue {
     /// Waiting in the task queue: woken by the queue when the task starts or its place in the
     /// status changes ([`crate::tasks::Tasks::woken`]), not polled (plus the repair interval).
     Queued,
+    /// Waiting for something a watch sees (the Deployment's rollout, the exported kubeconfig):
+    /// woken by that watch, not polled; looked at again after a long fallback otherwise.
+    Watched,
 }
 
 /// The decision.

@@ -233,9 +233,10 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
             "waiting for the vCluster control plane (deployment/vcluster) to be ready",
         )
     } else if o.kubeconfig_refused.is_some() {
+        // Only a new exported kubeconfig changes this: its watch wakes the instance.
         return (
             Cond::no(c::VCLUSTER_READY, Reason::KubeconfigRefused, refused(o)),
-            Requeue::Poll,
+            Requeue::Watched,
         );
     } else if !o.exported_kubeconfig {
         (
@@ -243,10 +244,15 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
             "waiting for the vCluster to export its kubeconfig",
         )
     } else if o.api_serves != Some(true) {
-        (
-            Reason::WaitingForAPI,
-            "waiting for the vCluster API to answer",
-        )
+        // No watch sees the vCluster's API: it is probed at each poll.
+        return (
+            Cond::no(
+                c::VCLUSTER_READY,
+                Reason::WaitingForAPI,
+                "waiting for the vCluster API to answer",
+            ),
+            Requeue::Poll,
+        );
     } else {
         return (
             Cond::yes(
@@ -257,7 +263,13 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
             Requeue::Idle,
         );
     };
-    (Cond::no(c::VCLUSTER_READY, reason, message), Requeue::Poll)
+    // The Deployment's and the exported kubeconfig's watches wake the instance when either
+    // changes (main.rs): polling the ~50 instances that wait here at a time while a thousand
+    // provision made most of the reconciles.
+    (
+        Cond::no(c::VCLUSTER_READY, reason, message),
+        Requeue::Watched,
+    )
 }
 
 /// What the status says about a refused exported kubeconfig.

@@ -191,27 +191,32 @@ fn queued_installs_say_their_position() {
 
 #[test]
 fn waits_for_statefulset_kubeconfig_and_api_in_turn() {
-    let waiting = |o: Observed| cond(&decide(&o), c::VCLUSTER_READY);
+    // The control plane and the exported kubeconfig are watched (their watches wake the
+    // instance), so those waits are not polled; the vCluster API is seen by no watch: polled.
+    let waiting = |o: Observed| {
+        let plan = decide(&o);
+        (cond(&plan, c::VCLUSTER_READY), plan.requeue)
+    };
     assert_eq!(
         waiting(Observed {
             statefulset_ready: false,
             ..base()
         }),
-        (false, "WaitingForControlPlane")
+        ((false, "WaitingForControlPlane"), Requeue::Watched)
     );
     assert_eq!(
         waiting(Observed {
             exported_kubeconfig: false,
             ..base()
         }),
-        (false, "WaitingForKubeconfig")
+        ((false, "WaitingForKubeconfig"), Requeue::Watched)
     );
     assert_eq!(
         waiting(Observed {
             api_serves: Some(false),
             ..base()
         }),
-        (false, "WaitingForAPI")
+        ((false, "WaitingForAPI"), Requeue::Poll)
     );
 }
 
@@ -929,6 +934,11 @@ fn a_refused_exported_kubeconfig_stops_provisioning() {
     assert!(plan.actions.is_empty(), "{:?}", plan.actions);
     assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "KubeconfigRefused"));
     assert_eq!(cond(&plan, c::STALLED), (true, "KubeconfigRefused"));
+    assert_eq!(
+        plan.requeue,
+        Requeue::Watched,
+        "only a new exported kubeconfig (watched) changes it"
+    );
     let message = &want(&plan, c::STALLED).message;
     assert!(
         message.contains("sets exec") && message.contains("vc-vcluster"),

@@ -236,7 +236,32 @@ fn finish(
         decide::Requeue::Queued | decide::Requeue::Idle => {
             Requeue::requeue(ctx.settings.repair_interval)
         }
+        // Waiting for the Deployment's rollout or the exported kubeconfig: their watches wake
+        // the instance, so it is not polled (polling the instances that waited there made most
+        // of the reconciles while a thousand provisioned); the fallback only covers a wake-up
+        // that never came.
+        decide::Requeue::Watched if !plan.actions.is_empty() => {
+            Requeue::requeue(ctx.settings.target_poll)
+        }
+        decide::Requeue::Watched => Requeue::requeue(watch_fallback(
+            ctx.settings.target_poll,
+            ctx.settings.repair_interval,
+        )),
     }
+}
+
+/// How many `--target-poll`s an instance waiting on a watch waits at most before it is looked
+/// at anyway.
+pub const WATCH_FALLBACK_POLLS: u32 = 30;
+
+/// How long an instance waiting on a watch ([`decide::Requeue::Watched`]) waits at most:
+/// [`WATCH_FALLBACK_POLLS`] times `--target-poll` (5 minutes at the default 10 s), never longer
+/// than `--repair-interval`. It is work in progress, so not the repair interval itself (30
+/// minutes by default): a wake-up that never came costs minutes, not half an hour.
+pub fn watch_fallback(target_poll: Duration, repair_interval: Duration) -> Duration {
+    target_poll
+        .saturating_mul(WATCH_FALLBACK_POLLS)
+        .min(repair_interval)
 }
 
 /// What to do after a failed reconcile: count it by the failed step and retry after the
@@ -257,7 +282,20 @@ pub fn error_policy(
 
 #[cfg(test)]
 mod tests {
-    use super::instance_of;
+    use std::time::Duration;
+
+    use super::{instance_of, watch_fallback};
+
+    #[test]
+    fn a_wait_on_a_watch_falls_back_to_thirty_polls_within_the_repair_interval() {
+        let s = Duration::from_secs;
+        // The defaults: --target-poll 10s, --repair-interval 30m.
+        assert_eq!(watch_fallback(s(10), s(1800)), s(300));
+        // The tests and benchmarks: --target-poll 1s.
+        assert_eq!(watch_fallback(s(1), s(60)), s(30));
+        // Never beyond the repair interval.
+        assert_eq!(watch_fallback(s(10), s(60)), s(60));
+    }
 
     #[test]
     fn every_task_key_maps_back_to_its_instance() {

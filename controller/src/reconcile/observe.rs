@@ -23,8 +23,8 @@ use kube::{Resource, ResourceExt};
 use super::cache::{Caches, from_meta};
 use super::control_plane;
 use super::error::{ReconcileError, observing};
+use super::objects;
 use super::{Context, install_key, key, preview_key, state_path};
-use super::{kubeconfig, objects};
 use crate::decide::model::{
     Cleanup, InstallObserved, InstallOutcome, Observed, OwnerService, Protection, Release,
     TaskState,
@@ -311,7 +311,12 @@ async fn host(
                 .get(EXPORTED_KUBECONFIG_KEY)
                 .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         });
-    if let Some(Err(refused)) = host.exported.as_deref().map(kubeconfig::vet) {
+    // Vetted once per exported kubeconfig (by its digest), not at every reconcile.
+    if let Some(Err(refused)) = host
+        .exported
+        .as_deref()
+        .map(|k| ctx.vclusters.vet(host_ns, k))
+    {
         tracing::warn!(namespace = %host_ns, reason = %refused, "refusing the exported kubeconfig");
         host.refused = Some(refused.to_string());
         host.exported = None;
@@ -464,7 +469,7 @@ async fn program_config(
     host_ns: &str,
     kubeconfig: &str,
 ) -> Result<Result<ProgramConfig, String>, ReconcileError> {
-    let Some(endpoint) = program::kubeconfig_server(kubeconfig) else {
+    let Some(endpoint) = ctx.vclusters.server(host_ns, kubeconfig) else {
         return Ok(Err(
             "the vCluster's kubeconfig names no server in its current context".into(),
         ));

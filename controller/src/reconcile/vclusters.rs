@@ -26,7 +26,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Empty, Limited};
@@ -37,6 +36,8 @@ use kube::client::ConfigExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use rustls::pki_types::ServerName;
 use tower::ServiceBuilder;
+
+use super::kubeconfig::KubeconfigRefused;
 
 /// The SHA-256 of a kubeconfig.
 type Digest = [u8; 32];
@@ -78,22 +79,29 @@ struct Target {
     connect_timeout: Option<Duration>,
 }
 
-/// What is kept per vCluster: the kubeconfig probed, its parsed form, when the last probe
-/// started and what it found.
+/// What is kept per vCluster, all of it derived from one exported kubeconfig (by its digest):
+/// what vetting it found, its server, its parsed form, when the last probe started and what it
+/// found. Each part is filled when first asked, and a changed kubeconfig starts afresh.
 struct Entry {
     kubeconfig: Digest,
+    vetted: Option<Result<(), KubeconfigRefused>>,
+    server: Option<Option<String>>,
+    probe: Option<Probed>,
+}
+
+/// The parsed form of a kubeconfig and its last probe: when it started and what it found.
+struct Probed {
     parsed: Parsed,
-    probed: (Instant, bool),
+    started: Instant,
+    serves: bool,
 }
 
 /// The vClusters' last probes, by host namespace.
-#[derive(Default)]
 pub struct VClusters {
     entries: Mutex<HashMap<String, Entry>>,
-    builds: AtomicU64,
-    probes: AtomicU64,
-    resumed: AtomicU64,
-    outcomes: Option<prometheus::IntCounterVec>,
+    /// The probes by how they went: the one count of them (the metric
+    /// `platform_operator_controller_vcluster_probes_total`, read by tests and benchmarks too).
+    outcomes: prometheus::IntCounterVec,
 }
 
 impl VClusters {
@@ -101,15 +109,70 @@ impl VClusters {
     /// `failed`).
     pub fn counted(outcomes: prometheus::IntCounterVec) -> Self {
         Self {
-            outcomes: Some(outcomes),
-            ..Self::default()
+            entries: Mutex::default(),
+            outcomes,
         }
     }
 
     fn count(&self, outcome: &str) {
-        if let Some(outcomes) = &self.outcomes {
-            outcomes.with_label_values(&[outcome]).inc();
+        self.outcomes.with_label_values(&[outcome]).inc();
+    }
+
+    /// What `read` finds in the entry of `host_ns` when that entry is for kubeconfig `wanted`.
+    fn known<T>(
+        &self,
+        host_ns: &str,
+        wanted: &Digest,
+        read: impl FnOnce(&Entry) -> Option<T>,
+    ) -> Option<T> {
+        let entries = self.entries.lock().ok()?;
+        entries
+            .get(host_ns)
+            .filter(|e| e.kubeconfig == *wanted)
+            .and_then(read)
+    }
+
+    /// Writes into the entry of `host_ns` for kubeconfig `wanted` (a new entry when there was
+    /// none or it was for another kubeconfig).
+    fn keep(&self, host_ns: &str, wanted: Digest, write: impl FnOnce(&mut Entry)) {
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        let fresh = || Entry {
+            kubeconfig: wanted,
+            vetted: None,
+            server: None,
+            probe: None,
+        };
+        let entry = entries.entry(host_ns.to_string()).or_insert_with(fresh);
+        if entry.kubeconfig != wanted {
+            *entry = fresh();
         }
+        write(entry);
+    }
+
+    /// [`super::kubeconfig::vet`] of the kubeconfig the vCluster in `host_ns` exported, done
+    /// once per kubeconfig (a YAML parse per reconcile was a good part of an idle resync's CPU).
+    pub fn vet(&self, host_ns: &str, kubeconfig: &str) -> Result<(), KubeconfigRefused> {
+        let wanted = digest(kubeconfig.as_bytes());
+        if let Some(vetted) = self.known(host_ns, &wanted, |e| e.vetted.clone()) {
+            return vetted;
+        }
+        let vetted = super::kubeconfig::vet(kubeconfig);
+        self.keep(host_ns, wanted, |e| e.vetted = Some(vetted.clone()));
+        vetted
+    }
+
+    /// The server of the current context of the kubeconfig the vCluster in `host_ns` exported
+    /// ([`crate::installer::config::kubeconfig_server`]), read once per kubeconfig.
+    pub fn server(&self, host_ns: &str, kubeconfig: &str) -> Option<String> {
+        let wanted = digest(kubeconfig.as_bytes());
+        if let Some(server) = self.known(host_ns, &wanted, |e| e.server.clone()) {
+            return server;
+        }
+        let server = crate::installer::config::kubeconfig_server(kubeconfig);
+        self.keep(host_ns, wanted, |e| e.server = Some(server.clone()));
+        server
     }
 
     /// Whether the vCluster in `host_ns` serves its API through `kubeconfig` within `timeout`,
@@ -122,48 +185,37 @@ impl VClusters {
         every: Duration,
     ) -> bool {
         let wanted = digest(kubeconfig.as_bytes());
-        let known = match self.entries.lock() {
-            Ok(entries) => match entries.get(host_ns) {
-                Some(e) if e.kubeconfig == wanted => {
-                    if e.probed.0.elapsed() < every {
-                        return e.probed.1;
-                    }
-                    Some(e.parsed.clone())
-                }
-                _ => None,
-            },
-            Err(_) => None,
-        };
+        let known = self.known(host_ns, &wanted, |e| {
+            let p = e.probe.as_ref()?;
+            Some(if p.started.elapsed() < every {
+                Err(p.serves)
+            } else {
+                Ok(p.parsed.clone())
+            })
+        });
         let parsed = match known {
-            Some(parsed) => parsed,
-            None => {
-                self.builds.fetch_add(1, Ordering::Relaxed);
-                parse(kubeconfig).await
-            }
+            Some(Err(answer)) => return answer,
+            Some(Ok(parsed)) => parsed,
+            None => parse(kubeconfig).await,
         };
         let started = Instant::now();
         let serves = match &parsed {
-            Parsed::Light(target) => {
-                self.probes.fetch_add(1, Ordering::Relaxed);
-                match tokio::time::timeout(timeout, target.probe()).await {
-                    Ok(Some(true)) => {
-                        self.resumed.fetch_add(1, Ordering::Relaxed);
-                        self.count("resumed");
-                        true
-                    }
-                    Ok(Some(false)) => {
-                        self.count("full");
-                        true
-                    }
-                    _ => {
-                        self.count("failed");
-                        false
-                    }
+            Parsed::Light(target) => match tokio::time::timeout(timeout, target.probe()).await {
+                Ok(Some(true)) => {
+                    self.count("resumed");
+                    true
                 }
-            }
+                Ok(Some(false)) => {
+                    self.count("full");
+                    true
+                }
+                _ => {
+                    self.count("failed");
+                    false
+                }
+            },
             Parsed::Kube => match kube_client(kubeconfig).await {
                 Some(client) => {
-                    self.probes.fetch_add(1, Ordering::Relaxed);
                     let serves = matches!(
                         tokio::time::timeout(timeout, client.apiserver_version()).await,
                         Ok(Ok(_))
@@ -175,16 +227,13 @@ impl VClusters {
             },
             Parsed::Unusable => false,
         };
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.insert(
-                host_ns.to_string(),
-                Entry {
-                    kubeconfig: wanted,
-                    parsed,
-                    probed: (started, serves),
-                },
-            );
-        }
+        self.keep(host_ns, wanted, |e| {
+            e.probe = Some(Probed {
+                parsed,
+                started,
+                serves,
+            })
+        });
         serves
     }
 
@@ -205,17 +254,15 @@ impl VClusters {
         self.len() == 0
     }
 
-    /// How many kubeconfigs were parsed and how many probes were sent, since the start.
-    pub fn counts(&self) -> (u64, u64) {
-        (
-            self.builds.load(Ordering::Relaxed),
-            self.probes.load(Ordering::Relaxed),
-        )
-    }
-
-    /// How many light probes that got an answer resumed a TLS session, since the start.
-    pub fn resumed(&self) -> u64 {
-        self.resumed.load(Ordering::Relaxed)
+    /// The parsed form kept for the vCluster in `host_ns`: the same `Arc` as long as its
+    /// kubeconfig was parsed once.
+    #[cfg(test)]
+    fn target(&self, host_ns: &str) -> Option<Arc<Target>> {
+        let entries = self.entries.lock().ok()?;
+        match &entries.get(host_ns)?.probe.as_ref()?.parsed {
+            Parsed::Light(target) => Some(target.clone()),
+            Parsed::Kube | Parsed::Unusable => None,
+        }
     }
 }
 
@@ -361,31 +408,68 @@ async fn kube_client(kubeconfig: &str) -> Option<kube::Client> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use super::*;
+
+    /// The probes' counter, as the controller registers it, and a `VClusters` counting into it.
+    fn counted() -> (VClusters, prometheus::IntCounterVec) {
+        let outcomes = prometheus::IntCounterVec::new(
+            prometheus::Opts::new("probes", "probes"),
+            &["handshake"],
+        )
+        .expect("counter");
+        (VClusters::counted(outcomes.clone()), outcomes)
+    }
+
+    /// The probes counted, by outcome: resumed, full, client, failed.
+    fn outcomes(counter: &prometheus::IntCounterVec) -> [u64; 4] {
+        ["resumed", "full", "client", "failed"].map(|o| counter.with_label_values(&[o]).get())
+    }
 
     #[tokio::test]
     async fn an_unusable_kubeconfig_does_not_serve_and_is_probed_once_per_poll() {
-        let v = VClusters::default();
+        let (v, counter) = counted();
         let every = Duration::from_secs(60);
         assert!(
             !v.serves("h", "not: [a kubeconfig", Duration::from_secs(1), every)
                 .await
         );
-        assert_eq!(v.counts(), (1, 0), "one build tried, nothing to probe");
+        assert_eq!(outcomes(&counter), [0; 4], "nothing to probe");
         assert!(
             !v.serves("h", "not: [a kubeconfig", Duration::from_secs(1), every)
                 .await
         );
-        assert_eq!(v.counts(), (1, 0), "the answer is reused within the poll");
-        // Another kubeconfig builds again.
+        assert_eq!(v.len(), 1, "the answer is kept");
         assert!(
             !v.serves("h", "other: [x", Duration::from_secs(1), every)
                 .await
         );
-        assert_eq!(v.counts(), (2, 0));
-        assert_eq!(v.len(), 1);
+        assert_eq!(outcomes(&counter), [0; 4]);
+        assert_eq!(v.len(), 1, "another kubeconfig replaces the entry");
         v.forget("h");
         assert!(v.is_empty());
+    }
+
+    #[test]
+    fn vetting_and_the_server_are_kept_per_kubeconfig() {
+        let (v, _) = counted();
+        let good = "apiVersion: v1\nkind: Config\nclusters:\n- name: vc\n  cluster: {server: \"https://10.0.0.1:443\"}\ncontexts:\n- name: vc\n  context: {cluster: vc, user: u}\nusers:\n- name: u\n  user: {token: t}\ncurrent-context: vc\n";
+        let exec = good.replace("{token: t}", "{exec: {command: sh}}");
+        for _ in 0..2 {
+            assert_eq!(v.vet("h", good), Ok(()));
+            assert_eq!(v.server("h", good).as_deref(), Some("https://10.0.0.1:443"));
+        }
+        // Another kubeconfig of the same vCluster is vetted afresh, and its answers kept.
+        for _ in 0..2 {
+            let refused = v.vet("h", &exec).expect_err("exec is refused");
+            assert!(refused.to_string().contains("exec"), "{refused}");
+        }
+        assert_eq!(v.len(), 1);
+        // And back: accepted again.
+        assert_eq!(v.vet("h", good), Ok(()));
+        assert_eq!(v.server("other", "not: [yaml"), None);
+        assert_eq!(v.len(), 2);
     }
 
     use base64::Engine as _;
@@ -478,21 +562,22 @@ mod tests {
     async fn the_light_probe_checks_the_server_presents_the_client_and_resumes() {
         let pki = e2e::pki::Pki::issue_for(&["vcluster.team"]).expect("pki");
         let (port, requests) = api_server(&pki).await;
-        let outcomes = prometheus::IntCounterVec::new(
-            prometheus::Opts::new("probes", "probes"),
-            &["handshake"],
-        )
-        .expect("counter");
-        let v = VClusters::counted(outcomes.clone());
+        let (v, counter) = counted();
         let (limit, every) = (Duration::from_secs(5), Duration::ZERO);
         let good = kubeconfig(port, &pki, "vcluster.team", true);
         assert!(v.serves("h", &good, limit, every).await, "the first probe");
+        let parsed = v.target("h").expect("a light probe target");
         assert!(v.serves("h", &good, limit, every).await, "the second probe");
         assert!(v.serves("h", &good, limit, every).await, "the third probe");
-        assert_eq!(v.counts(), (1, 3), "parsed once, probed three times");
-        assert_eq!(v.resumed(), 2, "the probes after the first resume");
-        let outcome = |o: &str| outcomes.with_label_values(&[o]).get();
-        assert_eq!((outcome("full"), outcome("resumed")), (1, 2));
+        assert!(
+            Arc::ptr_eq(&parsed, &v.target("h").expect("target")),
+            "parsed once"
+        );
+        assert_eq!(
+            outcomes(&counter),
+            [2, 1, 0, 0],
+            "one full handshake, then the probes resume"
+        );
         assert_eq!(requests.load(Ordering::Relaxed), 3);
         // Within the poll the answer is reused: no new connection.
         assert!(v.serves("h", &good, limit, Duration::from_secs(60)).await);
@@ -518,8 +603,11 @@ mod tests {
         assert!(!v.serves("h", &closed, limit, every).await);
         // The first kubeconfig again: parsed again (its entry was replaced), and it serves.
         assert!(v.serves("h", &good, limit, every).await);
-        assert_eq!(v.counts().0, 6, "each changed kubeconfig parsed once");
-        assert_eq!(outcome("failed"), 4);
-        assert_eq!(outcome("client"), 0);
+        assert!(
+            !Arc::ptr_eq(&parsed, &v.target("h").expect("target")),
+            "parsed again"
+        );
+        let [_, _, client, failed] = outcomes(&counter);
+        assert_eq!((client, failed), (0, 4));
     }
 }

@@ -136,7 +136,11 @@ impl Controller {
             .arg("--metrics-secure=false")
             .args(["--namespace", &fixture.operator_ns])
             .args(["--operator-user", ADMIN_USER])
-            .args(["--target-poll", "1s"])
+            .args(if extra.iter().any(|a| a.starts_with("--target-poll")) {
+                &[][..]
+            } else {
+                &["--target-poll", "1s"][..]
+            })
             .arg("--state-dir")
             .arg(fixture.dir.join("state"))
             .arg("--storage-root-base")
