@@ -3,6 +3,7 @@
 //! admission policy that protects `service/vcluster`, and carries deletion through
 //! `deletionPolicy`.
 
+pub mod allocator;
 pub mod api;
 pub mod backoff;
 pub mod chart;

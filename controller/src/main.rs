@@ -492,8 +492,18 @@ async fn run(
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Before the runtime starts its threads (each would take a malloc arena of its own).
+    controller::allocator::tune();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run_main())
+}
+
+/// The controller's work, on the runtime [`main`] starts.
+async fn run_main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(Task::Cleanup { root, dir }) = &args.task {
         return cleanup(root, dir);

@@ -3,11 +3,15 @@
 //! One watch per kind, each narrowed by a label or field selector to what the controller made or
 //! the vCluster chart renders (host namespaces, `networkpolicy/vcluster-api`, the Helm release
 //! records, `service/vcluster`, `deployment/vcluster`, the exported kubeconfig `vc-vcluster`, the
-//! instances' kubeconfig Secrets), indexed by namespace and name. What observe does not read is
-//! dropped before it is stored: managed fields always, and per kind the rest (metadata only for
-//! objects whose existence, labels or UID are all that matter; the pod template of the
-//! Deployment; every data key of a Secret but the kubeconfig, and of the instances' own
-//! kubeconfig Secrets only its SHA-256).
+//! instances' kubeconfig Secrets), indexed by `namespace/name` in one ordered map per kind. What
+//! observe does not read is dropped before it is stored: managed fields always, and per kind the
+//! rest. Each kind is kept in the form observe reads, not as a whole object: metadata only (the
+//! name, namespace and UID, and only the labels and annotations observe looks at) for objects
+//! whose existence, UID or marks are all that matter; of the Deployment only whether it rolled
+//! out ([`Rollout`]); of the exported kubeconfig Secret only the kubeconfig; of the instances' own
+//! kubeconfig Secrets their UID mark, owner references and the kubeconfig's SHA-256. A whole
+//! Deployment with an empty pod template still took over 2 KiB per instance (its structs are
+//! inline), and a map per namespace per kind a B-tree node of about 370 bytes for one object.
 //!
 //! A cache may be stale. [`super::reconcile`] therefore believes it only to conclude that
 //! nothing is to be done: any action or status change is decided again from a fresh read of the
@@ -15,14 +19,15 @@
 //! time, or a UID precondition). Until every watch has listed once ([`Caches::ready`]) the
 //! reconciler reads the API server.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use common::names::{
-    EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, HOST_NAMESPACE_LABEL, KUBECONFIG_KEY,
-    MANAGED_BY_SELECTOR, VCLUSTER, VCLUSTER_NETWORK_POLICY,
+    APPLIED_HASH_ANNOTATION, EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET,
+    HOST_NAMESPACE_LABEL, INSTANCE_ANNOTATION, INSTANCE_UID_LABEL, KUBECONFIG_KEY,
+    MANAGED_BY_SELECTOR, OWNER_SERVICE_ANNOTATION, VCLUSTER, VCLUSTER_NETWORK_POLICY,
 };
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -36,55 +41,74 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
-use crate::helm::RELEASE;
+use crate::helm::{CHART_VERSION_LABEL, RELEASE};
 
-/// Objects of one kind by namespace (`""` for cluster-scoped ones) and name.
-type Objects<K> = HashMap<String, BTreeMap<String, Arc<K>>>;
+/// Objects of one kind in their stored form, by `namespace/name` (`/name` for cluster-scoped
+/// ones): one ordered map, so that a namespace's objects are one range of it.
+type Objects<S> = BTreeMap<String, Arc<S>>;
 
-/// One watched kind, indexed by namespace and name.
-pub struct Index<K> {
-    objects: RwLock<Objects<K>>,
-    listed: AtomicBool,
-    /// A re-list in progress, until it is complete.
-    pending: Mutex<Option<Objects<K>>>,
+/// The key of `name` in `namespace` (neither holds a `/`).
+fn key_of(namespace: &str, name: &str) -> String {
+    let mut key = String::with_capacity(namespace.len() + 1 + name.len());
+    key.push_str(namespace);
+    key.push('/');
+    key.push_str(name);
+    key
 }
 
-impl<K> Default for Index<K> {
+/// The key of `object`.
+fn key<K: Resource>(object: &K) -> String {
+    let meta = object.meta();
+    key_of(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// One watched kind, each object in the form `S` observe reads, indexed by namespace and name.
+pub struct Index<S> {
+    objects: RwLock<Objects<S>>,
+    listed: AtomicBool,
+    /// A re-list in progress, until it is complete.
+    pending: Mutex<Option<Objects<S>>>,
+}
+
+impl<S> Default for Index<S> {
     fn default() -> Self {
         Self {
-            objects: RwLock::new(HashMap::new()),
+            objects: RwLock::new(BTreeMap::new()),
             listed: AtomicBool::new(false),
             pending: Mutex::new(None),
         }
     }
 }
 
-impl<K: Resource> Index<K> {
+/// One watch event with its object keyed and in its stored form.
+type Stored<S> = Event<(String, Arc<S>)>;
+
+impl<S> Index<S> {
     /// The object `name` in `namespace` (`""` for a cluster-scoped kind).
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<S>> {
         self.objects
             .read()
             .ok()?
-            .get(namespace)
-            .and_then(|n| n.get(name))
+            .get(&key_of(namespace, name))
             .cloned()
     }
 
     /// Every object in `namespace`.
-    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<K>> {
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<S>> {
+        // The keys of `namespace` are those from `namespace/` up to `namespace0` ('0' follows '/').
+        let (from, to) = (format!("{namespace}/"), format!("{namespace}0"));
         self.objects
             .read()
-            .ok()
-            .and_then(|o| o.get(namespace).map(|n| n.values().cloned().collect()))
+            .map(|o| o.range(from..to).map(|(_, v)| v.clone()).collect())
             .unwrap_or_default()
     }
 
     /// How many objects are held.
     pub fn len(&self) -> usize {
-        self.objects
-            .read()
-            .map(|o| o.values().map(BTreeMap::len).sum())
-            .unwrap_or(0)
+        self.objects.read().map(|o| o.len()).unwrap_or(0)
     }
 
     /// Whether nothing is held.
@@ -97,41 +121,23 @@ impl<K: Resource> Index<K> {
         self.listed.load(Ordering::Acquire)
     }
 
-    fn key(object: &K) -> (String, String) {
-        let meta = object.meta();
-        (
-            meta.namespace.clone().unwrap_or_default(),
-            meta.name.clone().unwrap_or_default(),
-        )
-    }
-
-    fn insert(objects: &mut Objects<K>, object: K) {
-        let (namespace, name) = Self::key(&object);
-        objects
-            .entry(namespace)
-            .or_default()
-            .insert(name, Arc::new(object));
-    }
-
     /// Applies one watch event (a re-list is held apart until it is complete).
-    fn apply(&self, event: Event<K>) {
+    fn apply(&self, event: Stored<S>) {
         let (Ok(mut objects), Ok(mut pending)) = (self.objects.write(), self.pending.lock()) else {
             return;
         };
         match event {
-            Event::Apply(object) => Self::insert(&mut objects, object),
-            Event::Delete(object) => {
-                let (namespace, name) = Self::key(&object);
-                if let Some(n) = objects.get_mut(&namespace) {
-                    n.remove(&name);
-                    if n.is_empty() {
-                        objects.remove(&namespace);
-                    }
-                }
+            Event::Apply((key, object)) => {
+                objects.insert(key, object);
             }
-            Event::Init => *pending = Some(HashMap::new()),
-            Event::InitApply(object) => {
-                Self::insert(pending.get_or_insert_with(HashMap::new), object);
+            Event::Delete((key, _)) => {
+                objects.remove(&key);
+            }
+            Event::Init => *pending = Some(BTreeMap::new()),
+            Event::InitApply((key, object)) => {
+                pending
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(key, object);
             }
             Event::InitDone => {
                 *objects = pending.take().unwrap_or_default();
@@ -140,26 +146,38 @@ impl<K: Resource> Index<K> {
         }
     }
 
-    /// One event from a watch: trimmed, applied, and passed on.
-    fn take(
+    /// One event from a watch: trimmed, applied in its stored form (`store`), and passed on.
+    fn take<K: Resource>(
         &self,
         what: &str,
         event: Result<Event<K>, watcher::Error>,
         trim: fn(&mut K),
-    ) -> Taken<K>
-    where
-        K: Clone,
-    {
+        store: fn(&K) -> S,
+    ) -> Taken<K> {
         match event {
-            Ok(mut event) => {
-                let touched = match &mut event {
-                    Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => {
-                        trim(o);
-                        Some(o.clone())
-                    }
-                    Event::Init | Event::InitDone => None,
+            Ok(event) => {
+                let keyed = |mut object: K| {
+                    trim(&mut object);
+                    let stored = (key(&object), Arc::new(store(&object)));
+                    (object, stored)
                 };
-                self.apply(event);
+                let (touched, stored) = match event {
+                    Event::Apply(o) => {
+                        let (o, s) = keyed(o);
+                        (Some(o), Event::Apply(s))
+                    }
+                    Event::Delete(o) => {
+                        let (o, s) = keyed(o);
+                        (Some(o), Event::Delete(s))
+                    }
+                    Event::InitApply(o) => {
+                        let (o, s) = keyed(o);
+                        (Some(o), Event::InitApply(s))
+                    }
+                    Event::Init => (None, Event::Init),
+                    Event::InitDone => (None, Event::InitDone),
+                };
+                self.apply(stored);
                 touched.map(Ok)
             }
             Err(e) => {
@@ -172,29 +190,34 @@ impl<K: Resource> Index<K> {
     }
 
     /// Feeds the index from `events` until the stream ends.
-    async fn feed<S>(self: Arc<Self>, what: &'static str, events: S, trim: fn(&mut K))
+    async fn feed<K, E>(self: Arc<Self>, what: &'static str, events: E, keep: Keep<K, S>)
     where
-        K: Clone,
-        S: Stream<Item = Result<Event<K>, watcher::Error>>,
+        K: Resource,
+        E: Stream<Item = Result<Event<K>, watcher::Error>>,
     {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
-            let _ = self.take(what, event, trim);
+            let _ = self.take(what, event, keep.0, keep.1);
         }
     }
 
     /// The objects `events` touches, each applied to the index before it is passed on (so that
     /// a reconcile it wakes reads the cache with it): the controller's trigger for this kind.
-    fn tee<S>(self: Arc<Self>, what: &'static str, events: S, trim: fn(&mut K)) -> Trigger<K>
+    fn tee<K, E>(self: Arc<Self>, what: &'static str, events: E, keep: Keep<K, S>) -> Trigger<K>
     where
-        K: Clone + Send + Sync + 'static,
-        S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+        K: Resource + Send + 'static,
+        S: Send + Sync + 'static,
+        E: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
     {
         events
-            .filter_map(move |event| std::future::ready(self.take(what, event, trim)))
+            .filter_map(move |event| std::future::ready(self.take(what, event, keep.0, keep.1)))
             .boxed()
     }
 }
+
+/// How a kind is kept: what is dropped from each object (also from the object passed on to the
+/// controller), and the form stored.
+type Keep<K, S> = (fn(&mut K), fn(&K) -> S);
 
 /// What [`Index::take`] passes on: the object an event touched, or the watch's error.
 type Taken<K> = Option<Result<K, watcher::Error>>;
@@ -202,24 +225,66 @@ type Taken<K> = Option<Result<K, watcher::Error>>;
 /// The objects a watch touched, as the controller takes its triggers.
 pub type Trigger<K> = BoxStream<'static, Result<K, watcher::Error>>;
 
-/// Drops what no reader of the controller looks at from any object's metadata.
-fn trim_meta(meta: &mut ObjectMeta) {
+/// Keeps of `meta` only what observe reads: the name, namespace, UID, generation and deletion
+/// time, the `labels` and `annotations` named, and (`owners`) the owner references.
+fn keep_meta(meta: &mut ObjectMeta, labels: &[&str], annotations: &[&str], owners: bool) {
+    fn only(map: &mut Option<BTreeMap<String, String>>, keys: &[&str]) {
+        if let Some(m) = map.as_mut() {
+            m.retain(|k, _| keys.contains(&k.as_str()));
+        }
+        if map.as_ref().is_some_and(BTreeMap::is_empty) {
+            *map = None;
+        }
+    }
+    only(&mut meta.labels, labels);
+    only(&mut meta.annotations, annotations);
     meta.managed_fields = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    meta.self_link = None;
+    meta.resource_version = None;
+    meta.creation_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    if !owners {
+        meta.owner_references = None;
+    }
 }
 
-/// Keeps only the metadata an existence, UID or label check needs.
+/// Keeps only what an existence or UID check needs.
 fn trim_partial<K>(object: &mut PartialObjectMeta<K>) {
-    trim_meta(&mut object.metadata);
-    object.metadata.annotations = None;
+    keep_meta(&mut object.metadata, &[], &[], false);
 }
 
+/// Keeps of a Helm release record the labels that say its revision, state and chart version.
+fn trim_release(object: &mut PartialObjectMeta<Secret>) {
+    keep_meta(
+        &mut object.metadata,
+        &["version", "status", CHART_VERSION_LABEL],
+        &[],
+        false,
+    );
+}
+
+/// Keeps of a host namespace its owner's marks, its applied hash and the Service record.
 fn trim_namespace(namespace: &mut Namespace) {
-    trim_meta(&mut namespace.metadata);
+    keep_meta(
+        &mut namespace.metadata,
+        &[INSTANCE_UID_LABEL],
+        &[
+            INSTANCE_ANNOTATION,
+            APPLIED_HASH_ANNOTATION,
+            OWNER_SERVICE_ANNOTATION,
+        ],
+        false,
+    );
+    namespace.spec = None;
+    namespace.status = None;
 }
 
+/// Drops the pod template and the labels of a Deployment passed on to the controller (which
+/// reads its namespace).
 fn trim_deployment(deployment: &mut Deployment) {
-    trim_meta(&mut deployment.metadata);
-    deployment.metadata.annotations = None;
+    keep_meta(&mut deployment.metadata, &[], &[], false);
     if let Some(spec) = deployment.spec.as_mut() {
         spec.template = Default::default();
         spec.selector = Default::default();
@@ -229,10 +294,24 @@ fn trim_deployment(deployment: &mut Deployment) {
     }
 }
 
-/// Keeps one data key of a Secret.
-fn keep_key(secret: &mut Secret, key: &str) {
-    trim_meta(&mut secret.metadata);
-    secret.metadata.annotations = None;
+/// What the cache keeps of the control plane's Deployment: whether it rolled out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rollout {
+    /// [`super::control_plane::ready`] of the Deployment.
+    pub ready: bool,
+}
+
+impl Rollout {
+    fn of(deployment: &Deployment) -> Self {
+        Self {
+            ready: super::control_plane::ready(deployment),
+        }
+    }
+}
+
+/// Keeps one data key of a Secret, its UID mark and (`owners`) its owner references.
+fn keep_key(secret: &mut Secret, key: &str, owners: bool) {
+    keep_meta(&mut secret.metadata, &[INSTANCE_UID_LABEL], &[], owners);
     secret.string_data = None;
     if let Some(data) = secret.data.as_mut() {
         data.retain(|k, _| k == key);
@@ -240,13 +319,14 @@ fn keep_key(secret: &mut Secret, key: &str) {
 }
 
 fn trim_exported(secret: &mut Secret) {
-    keep_key(secret, EXPORTED_KUBECONFIG_KEY);
+    keep_key(secret, EXPORTED_KUBECONFIG_KEY, false);
 }
 
 /// Keeps the SHA-256 of the instance's kubeconfig instead of the kubeconfig: a cached observation
-/// only compares it with what the vCluster exported ([`kubeconfig_matches`]).
+/// only compares it with what the vCluster exported ([`kubeconfig_matches`]). The owner
+/// references stay: the controller maps the Secret to its instance by them.
 fn trim_kubeconfig(secret: &mut Secret) {
-    keep_key(secret, KUBECONFIG_KEY);
+    keep_key(secret, KUBECONFIG_KEY, true);
     if let Some(value) = secret.data.as_mut().and_then(|d| d.get_mut(KUBECONFIG_KEY)) {
         value.0 = super::vclusters::digest(&value.0).to_vec();
     }
@@ -266,18 +346,20 @@ pub fn kubeconfig_matches(cached: &Secret, kubeconfig: &str) -> bool {
 pub struct Caches {
     /// Host namespaces (labelled `platform.di-framework.dev/host-namespace=true`).
     pub namespaces: Arc<Index<Namespace>>,
-    /// `networkpolicy/vcluster-api` of each host namespace (metadata only).
+    /// `networkpolicy/vcluster-api` of each host namespace (name, namespace and UID).
     pub network_policies: Arc<Index<PartialObjectMeta<NetworkPolicy>>>,
-    /// The vCluster's Helm release records (`owner=helm,name=vcluster`; metadata only).
+    /// The vCluster's Helm release records (`owner=helm,name=vcluster`; the labels of their
+    /// revision, state and chart version).
     pub releases: Arc<Index<PartialObjectMeta<Secret>>>,
-    /// `service/vcluster` of each host namespace (metadata only).
+    /// `service/vcluster` of each host namespace (name, namespace and UID).
     pub services: Arc<Index<PartialObjectMeta<Service>>>,
-    /// `deployment/vcluster` of each host namespace (without its pod template).
-    pub deployments: Arc<Index<Deployment>>,
-    /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key only).
-    pub exported: Arc<Index<Secret>>,
-    /// The Secrets the operator manages (the instances' kubeconfigs; the SHA-256 of their
-    /// `kubeconfig` key only).
+    /// Whether `deployment/vcluster` of each host namespace rolled out.
+    pub deployments: Arc<Index<Rollout>>,
+    /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key), `None` for
+    /// a Secret without one.
+    pub exported: Arc<Index<Option<String>>>,
+    /// The Secrets the operator manages (the instances' kubeconfigs: their UID mark, owner
+    /// references and the SHA-256 of their `kubeconfig` key).
     pub kubeconfigs: Arc<Index<Secret>>,
 }
 
@@ -333,12 +415,12 @@ impl Caches {
                 Api::<Namespace>::all(client.clone()),
                 watcher::Config::default().labels(&format!("{HOST_NAMESPACE_LABEL}=true")),
             ),
-            trim_namespace,
+            (trim_namespace, Namespace::clone),
         ));
         tokio::spawn(caches.network_policies.clone().feed(
             "networkpolicies",
             watch_meta::<NetworkPolicy>(client.clone(), by_name(VCLUSTER_NETWORK_POLICY)),
-            trim_partial,
+            (trim_partial, PartialObjectMeta::clone),
         ));
         let secrets = match watch_namespace {
             Some(namespace) => Api::<Secret>::namespaced(client.clone(), namespace),
@@ -351,17 +433,17 @@ impl Caches {
                     secrets,
                     watcher::Config::default().labels(MANAGED_BY_SELECTOR),
                 ),
-                trim_kubeconfig,
+                (trim_kubeconfig, Secret::clone),
             ),
             services: caches.services.clone().tee(
                 "services",
                 watch_meta::<Service>(client.clone(), by_name(VCLUSTER)),
-                trim_partial,
+                (trim_partial, PartialObjectMeta::clone),
             ),
             deployments: caches.deployments.clone().tee(
                 "deployments",
                 watch(Api::<Deployment>::all(client.clone()), by_name(VCLUSTER)),
-                trim_deployment,
+                (trim_deployment, Rollout::of),
             ),
             exported: caches.exported.clone().tee(
                 "exported kubeconfigs",
@@ -369,7 +451,7 @@ impl Caches {
                     Api::<Secret>::all(client.clone()),
                     by_name(EXPORTED_KUBECONFIG_SECRET),
                 ),
-                trim_exported,
+                (trim_exported, super::observe::exported_kubeconfig),
             ),
             releases: caches.releases.clone().tee(
                 "helm releases",
@@ -377,7 +459,7 @@ impl Caches {
                     client.clone(),
                     watcher::Config::default().labels(&format!("owner=helm,name={RELEASE}")),
                 ),
-                trim_partial,
+                (trim_release, PartialObjectMeta::clone),
             ),
         };
         (caches, triggers)
@@ -430,23 +512,35 @@ mod tests {
         }
     }
 
+    /// Applies `event` to `index` as a watch would, keeping whole Secrets.
+    fn apply(index: &Index<Secret>, event: Event<Secret>) {
+        let _ = index.take("test", Ok(event), trim_kubeconfig, Secret::clone);
+    }
+
     #[test]
     fn a_relist_replaces_the_index_only_when_complete() {
         let index = Index::<Secret>::default();
-        index.apply(Event::Apply(secret("a", "one")));
-        index.apply(Event::Apply(secret("a", "two")));
-        index.apply(Event::Apply(secret("b", "one")));
+        apply(&index, Event::Apply(secret("a", "one")));
+        apply(&index, Event::Apply(secret("a", "two")));
+        apply(&index, Event::Apply(secret("b", "one")));
+        // Namespaces whose names begin alike are apart.
+        apply(&index, Event::Apply(secret("a0", "one")));
+        apply(&index, Event::Apply(secret("a-b", "one")));
         assert_eq!(index.in_namespace("a").len(), 2);
+        assert_eq!(index.in_namespace("a0").len(), 1);
+        assert_eq!(index.len(), 5);
+        apply(&index, Event::Delete(secret("a0", "one")));
+        apply(&index, Event::Delete(secret("a-b", "one")));
         assert!(!index.listed(), "not listed before the first InitDone");
-        index.apply(Event::Delete(secret("a", "two")));
+        apply(&index, Event::Delete(secret("a", "two")));
         assert!(index.get("a", "two").is_none());
         assert!(index.get("a", "one").is_some());
         // A re-list: the old content stays readable until it is complete, then is replaced.
-        index.apply(Event::Init);
-        index.apply(Event::InitApply(secret("c", "one")));
+        apply(&index, Event::Init);
+        apply(&index, Event::InitApply(secret("c", "one")));
         assert!(index.get("a", "one").is_some());
         assert!(index.get("c", "one").is_none());
-        index.apply(Event::InitDone);
+        apply(&index, Event::InitDone);
         assert!(index.listed());
         assert!(index.get("a", "one").is_none(), "gone after the re-list");
         assert!(index.get("c", "one").is_some());
@@ -463,7 +557,9 @@ mod tests {
             Ok(Event::InitDone),
             Ok(Event::Delete(secret("a", "one"))),
         ]);
-        let mut trigger = index.clone().tee("test", events, trim_kubeconfig);
+        let mut trigger = index
+            .clone()
+            .tee("test", events, (trim_kubeconfig, Secret::clone));
         let first = trigger.next().await.expect("one").expect("ok");
         assert_eq!(first.metadata.name.as_deref(), Some("one"));
         // InitDone comes with the next object: the re-list is complete once it is passed on.
@@ -511,5 +607,65 @@ mod tests {
         trim_deployment(&mut d);
         assert!(super::super::control_plane::ready(&d));
         assert!(d.spec.as_ref().is_some_and(|s| s.template.spec.is_none()));
+        assert_eq!(Rollout::of(&d), Rollout { ready: true });
+        let mut rolling = d.clone();
+        if let Some(status) = rolling.status.as_mut() {
+            status.ready_replicas = Some(0);
+        }
+        assert_eq!(Rollout::of(&rolling), Rollout { ready: false });
+    }
+
+    #[test]
+    fn a_namespace_keeps_only_its_marks_and_what_observe_reads() {
+        let mut n: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "h", "uid": "u", "resourceVersion": "7",
+                         "deletionTimestamp": "2026-12-02T00:00:00Z",
+                         "labels": {INSTANCE_UID_LABEL: "x", "kubernetes.io/metadata.name": "h",
+                                    "pod-security.kubernetes.io/enforce": "baseline"},
+                         "annotations": {INSTANCE_ANNOTATION: "t/a", APPLIED_HASH_ANNOTATION: "h1",
+                                         OWNER_SERVICE_ANNOTATION: "s/h", "other": "o"},
+                         "managedFields": [{"manager": "m", "operation": "Apply"}]},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Terminating"}
+        }))
+        .expect("namespace");
+        let whole = n.clone();
+        trim_namespace(&mut n);
+        let keys = |map: &Option<BTreeMap<String, String>>| -> Vec<String> {
+            map.iter().flatten().map(|(k, _)| k.clone()).collect()
+        };
+        assert_eq!(keys(&n.metadata.labels), vec![INSTANCE_UID_LABEL]);
+        let annotations = keys(&n.metadata.annotations);
+        assert_eq!(annotations.len(), 3);
+        assert!(!annotations.iter().any(|a| a == "other"));
+        assert!(n.metadata.deletion_timestamp.is_some());
+        assert_eq!(n.metadata.uid.as_deref(), Some("u"));
+        assert!(n.metadata.managed_fields.is_none() && n.spec.is_none() && n.status.is_none());
+        // What observe concludes from it is what it concludes from the whole namespace.
+        for (key, uid) in [("t/a", "x"), ("t/a", "y"), ("t/b", "x")] {
+            assert_eq!(
+                super::super::control_plane::foreign_owner(&n, key, uid),
+                super::super::control_plane::foreign_owner(&whole, key, uid)
+            );
+        }
+    }
+
+    #[test]
+    fn a_release_record_keeps_the_labels_of_its_state() {
+        let mut r: PartialObjectMeta<Secret> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "sh.helm.release.v1.vcluster.v2", "namespace": "h",
+                         "labels": {"owner": "helm", "name": "vcluster", "version": "2",
+                                    "status": "deployed", CHART_VERSION_LABEL: "0.37.3",
+                                    "modifiedAt": "1"}}
+        }))
+        .expect("release");
+        let whole = crate::helm::release_from_secrets(&[from_meta::<Secret>(&r)]);
+        trim_release(&mut r);
+        assert_eq!(r.metadata.labels.as_ref().map(BTreeMap::len), Some(3));
+        assert_eq!(
+            crate::helm::release_from_secrets(&[from_meta::<Secret>(&r)]),
+            whole
+        );
     }
 }

@@ -286,31 +286,31 @@ async fn host(
         namespace.annotations().get(OWNER_SERVICE_ANNOTATION),
         svc.as_ref(),
     ));
-    host.statefulset_ready = source
-        .get(
-            || Api::<Deployment>::namespaced(client.clone(), host_ns),
-            host_ns,
-            VCLUSTER,
-            |c| &c.deployments,
-            "the vCluster Deployment",
-        )
-        .await?
-        .is_some_and(|d| control_plane::ready(&d));
-    host.exported = source
-        .get(
-            || Api::<Secret>::namespaced(client.clone(), host_ns),
-            host_ns,
-            EXPORTED_KUBECONFIG_SECRET,
-            |c| &c.exported,
-            "the exported kubeconfig",
-        )
-        .await?
-        .and_then(|s| {
-            s.data
-                .as_ref()?
-                .get(EXPORTED_KUBECONFIG_KEY)
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        });
+    // The caches keep of these two only what is read here (see `super::cache`).
+    (host.statefulset_ready, host.exported) = match source {
+        Source::Cached(caches) => (
+            caches
+                .deployments
+                .get(host_ns, VCLUSTER)
+                .is_some_and(|r| r.ready),
+            caches
+                .exported
+                .get(host_ns, EXPORTED_KUBECONFIG_SECRET)
+                .and_then(|k| (*k).clone()),
+        ),
+        Source::Live => (
+            Api::<Deployment>::namespaced(client.clone(), host_ns)
+                .get_opt(VCLUSTER)
+                .await
+                .map_err(observing("the vCluster Deployment"))?
+                .is_some_and(|d| control_plane::ready(&d)),
+            Api::<Secret>::namespaced(client.clone(), host_ns)
+                .get_opt(EXPORTED_KUBECONFIG_SECRET)
+                .await
+                .map_err(observing("the exported kubeconfig"))?
+                .and_then(|s| exported_kubeconfig(&s)),
+        ),
+    };
     // Vetted once per exported kubeconfig (by its digest), not at every reconcile.
     if let Some(Err(refused)) = host
         .exported
@@ -322,6 +322,15 @@ async fn host(
         host.exported = None;
     }
     Ok(host)
+}
+
+/// The kubeconfig an exported kubeconfig Secret holds (its `config` key), if any.
+pub fn exported_kubeconfig(secret: &Secret) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(EXPORTED_KUBECONFIG_KEY)
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
 }
 
 /// `service/vcluster` against the record `<uid>/<hash>` on the host namespace, by UID only
