@@ -17,13 +17,32 @@
 //! `platform_operator_controller_helm_duration_seconds`; Ready is seen by a watch
 //! (`kubectl wait`), not a poll.
 //!
-//! Run: `cargo bench -p controller --bench install` (env `BENCH_VERSION`, default 6.0.22).
+//! For each second instance it also prints a **timeline**, seconds from `kubectl apply`: every
+//! change of the instance's phase and condition reasons, of its host namespace, of the vCluster's
+//! Helm release record, Deployment, pod and exported kubeconfig, and of the Secrets the
+//! controller writes, each seen by a watch of its own (started before the apply; a handful of
+//! watch events, nothing polled), with the wall-clock time of the apply to line it up with the
+//! controller's log (kept in the round's folder, printed at the end).
+//!
+//! Run: `cargo bench -p controller --bench install` (env `BENCH_VERSION`, default 6.0.22;
+//! `BENCH_LOG_LEVEL`, default `info`, the controller's `--log-level`: `info,controller=debug`
+//! for the installer's steps in its log; `BENCH_BASELINE`, another build of the controller
+//! binary, such as main's, measured in a round of its own between the cold and the warm round).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use common::crd::PlatformInstance;
+use futures::StreamExt as _;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use serde_json::Value;
 use support::{Controller, fixture};
 
 const TOOL: &str = "platform_operator_controller_tool_duration_seconds";
@@ -55,6 +74,240 @@ struct Figures {
     ready: f64,
     spent: Counters,
     downloads: usize,
+    /// Seconds from `kubectl apply`, and what changed then.
+    timeline: Vec<(f64, String)>,
+    /// The wall-clock time of the apply (to find it in the controller's log).
+    applied_at: String,
+}
+
+/// What one watch turns an object into: a line of the timeline (a change is a new line).
+type Summary = fn(&Value) -> Option<String>;
+
+/// The changes the watches of one instance saw, with when.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<(Instant, String)>>>);
+
+impl Seen {
+    fn push(&self, line: String) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push((Instant::now(), line));
+        }
+    }
+
+    /// The lines from `start` on, in seconds from it.
+    fn since(&self, start: Instant) -> Vec<(f64, String)> {
+        let mut lines: Vec<(f64, String)> = self
+            .0
+            .lock()
+            .map(|v| {
+                v.iter()
+                    .filter(|(at, _)| *at >= start)
+                    .map(|(at, line)| (at.duration_since(start).as_secs_f64(), line.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+        lines
+    }
+}
+
+/// Watches `api` (narrowed by `config`) and records each object's summary whenever it changes;
+/// tells `listed` once the watch has listed.
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    summary: Summary,
+    seen: Seen,
+    listed: tokio::sync::mpsc::Sender<()>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+    K: Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let mut last: BTreeMap<String, String> = BTreeMap::new();
+        let mut stream = std::pin::pin!(watcher::watcher(api, config));
+        while let Some(event) = stream.next().await {
+            let (object, deleted) = match event {
+                Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => (o, false),
+                Ok(Event::Delete(o)) => (o, true),
+                Ok(Event::InitDone) => {
+                    let _ = listed.send(()).await;
+                    continue;
+                }
+                Ok(Event::Init) | Err(_) => continue,
+            };
+            let name = object.meta().name.clone().unwrap_or_default();
+            let Ok(value) = serde_json::to_value(&object) else {
+                continue;
+            };
+            let line = if deleted {
+                Some("deleted".to_string())
+            } else {
+                summary(&value)
+            };
+            if let Some(line) = line
+                && last.get(&name) != Some(&line)
+            {
+                seen.push(format!("{what} {name}: {line}"));
+                last.insert(name, line);
+            }
+        }
+    })
+}
+
+/// The reason of condition `type_`, or `-`.
+fn reason(value: &Value, type_: &str) -> String {
+    value["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c["status"].as_str().unwrap_or_default(),
+                c["reason"].as_str().unwrap_or_default()
+            )
+        })
+        .unwrap_or_else(|| "-".into())
+}
+
+fn instance_summary(v: &Value) -> Option<String> {
+    Some(format!(
+        "phase {} finalizer {} | Reconciling {} VClusterReady {} KubeconfigReady {} Installed {} Ready {}",
+        v["status"]["phase"].as_str().unwrap_or("-"),
+        v["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty()),
+        reason(v, "Reconciling"),
+        reason(v, "VClusterReady"),
+        reason(v, "KubeconfigReady"),
+        reason(v, "Installed"),
+        reason(v, "Ready"),
+    ))
+}
+
+fn exists(_: &Value) -> Option<String> {
+    Some("written".into())
+}
+
+fn release_summary(v: &Value) -> Option<String> {
+    Some(format!(
+        "status {}",
+        v["metadata"]["labels"]["status"].as_str().unwrap_or("-")
+    ))
+}
+
+fn deployment_summary(v: &Value) -> Option<String> {
+    let s = &v["status"];
+    Some(format!(
+        "replicas {} updated {} ready {} available {}",
+        s["replicas"].as_i64().unwrap_or(0),
+        s["updatedReplicas"].as_i64().unwrap_or(0),
+        s["readyReplicas"].as_i64().unwrap_or(0),
+        s["availableReplicas"].as_i64().unwrap_or(0)
+    ))
+}
+
+fn pod_summary(v: &Value) -> Option<String> {
+    Some(format!(
+        "node {} ip {} Ready {}",
+        v["spec"]["nodeName"].as_str().unwrap_or("-"),
+        v["status"]["podIP"].as_str().unwrap_or("-"),
+        reason(v, "Ready").trim_end_matches('/')
+    ))
+}
+
+/// Starts the watches of instance `ns/name` and what belongs to it, and waits until each has
+/// listed.
+async fn watch_instance(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    seen: &Seen,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let host = common::names::host_namespace(ns, name);
+    let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let c = client.clone();
+    let tasks = vec![
+        watch(
+            Api::<PlatformInstance>::namespaced(c.clone(), ns),
+            by_name(name),
+            "instance",
+            instance_summary,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Namespace>::all(c.clone()),
+            by_name(&host),
+            "host namespace",
+            exists,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Secret>::namespaced(c.clone(), &host),
+            watcher::Config::default().labels("owner=helm"),
+            "helm release",
+            release_summary,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Deployment>::namespaced(c.clone(), &host),
+            by_name(common::names::VCLUSTER),
+            "deployment",
+            deployment_summary,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Pod>::namespaced(c.clone(), &host),
+            watcher::Config::default().labels("app=vcluster"),
+            "pod",
+            pod_summary,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Secret>::namespaced(c.clone(), &host),
+            by_name(common::names::EXPORTED_KUBECONFIG_SECRET),
+            "exported kubeconfig",
+            exists,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Secret>::namespaced(c.clone(), ns),
+            by_name(&common::names::kubeconfig_secret(name)),
+            "admin kubeconfig",
+            exists,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Secret>::namespaced(c, ns),
+            watcher::Config::default()
+                .labels(&format!("platform.di-framework.dev/membership-of={name}")),
+            "membership secret",
+            exists,
+            seen.clone(),
+            tx,
+        ),
+    ];
+    for _ in 0..tasks.len() {
+        if tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            panic!("a timeline watch of {ns}/{name} did not list within 30 s");
+        }
+    }
+    tasks
 }
 
 impl Figures {
@@ -73,15 +326,20 @@ async fn one(
     registry: &e2e::npm::RegistryHandle,
     (ns, version, label): (&str, &str, &str),
 ) -> Figures {
+    let client = cluster.client().await.expect("client");
+    let seen = Seen::default();
+    let watches = watch_instance(&client, ns, label, &seen).await;
     let before = counters(controller).await;
     let downloads_before = registry.tarball_downloads(e2e::npm::STANDIN_PACKAGE, version);
     let manifest = format!(
         "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ name: {label}, namespace: {ns} }}\nspec:\n  version: {version}\n  platform:\n    tenants: [{{ name: acme }}]\n    users: [{{ name: dev, memberships: [{{ tenant: acme, role: developer }}] }}]\n"
     );
+    let applied_at = k8s_openapi::jiff::Timestamp::now().to_string();
     let start = Instant::now();
     cluster
         .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&manifest))
         .expect("apply");
+    seen.push("kubectl apply returned".into());
     // One watch (`kubectl wait`), not a poll: Ready is seen when the status is written.
     let label_ref = format!("pi/{label}");
     if let Err(e) = cluster.kubectl_ok(
@@ -98,6 +356,12 @@ async fn one(
         panic!("{label} never became Ready: {e}\n{}", controller.log());
     }
     let ready = start.elapsed().as_secs_f64();
+    seen.push("kubectl wait saw Ready".into());
+    // The last events (the status write that made it Ready) reach the other watches too.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for w in watches {
+        w.abort();
+    }
     let after = counters(controller).await;
     Figures {
         ready,
@@ -110,33 +374,56 @@ async fn one(
         },
         downloads: registry.tarball_downloads(e2e::npm::STANDIN_PACKAGE, version)
             - downloads_before,
+        timeline: seen.since(start),
+        applied_at,
     }
 }
 
-/// One round: a controller on a fresh state volume, a first and a second instance at `version`.
+/// One round: a controller (`binary`, or this workspace's) on a fresh state volume, a first and a
+/// second instance at `version`.
 async fn round(
     cluster: &e2e::shared::Shared,
     registry: &e2e::npm::RegistryHandle,
     version: &str,
-    name: &str,
+    (name, binary): (&str, Option<&std::path::Path>),
 ) -> (Figures, Figures) {
     let fx = fixture(cluster, &format!("bench-install-{name}")).await;
     let ns = cluster.create_namespace("bench", &[]).expect("namespace");
-    let controller = Controller::start(
-        cluster,
-        &fx,
-        &[
-            "--leader-elect=false",
-            "--watch-namespace",
-            &ns,
-            "--install-platform=true",
-            "--log-level",
-            "info",
-        ],
-    );
+    let log_level = std::env::var("BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into());
+    let args = [
+        "--leader-elect=false",
+        "--watch-namespace",
+        &ns,
+        "--install-platform=true",
+        "--log-level",
+        &log_level,
+    ];
+    let controller = match binary {
+        Some(binary) => Controller::start_binary(binary, cluster, &fx, &args),
+        None => Controller::start(cluster, &fx, &args),
+    };
     let first = one(cluster, &controller, registry, (&ns, version, "first")).await;
     let second = one(cluster, &controller, registry, (&ns, version, "second")).await;
+    // Kept past the run: the timeline's wall-clock times find their lines in it.
+    let log = fx.dir.join(format!("controller-{name}.log"));
+    match std::fs::write(&log, controller.log()) {
+        Ok(()) => println!("the {name} round's controller log: {}", log.display()),
+        Err(e) => eprintln!(
+            "keeping the controller's log in {} failed: {e}",
+            log.display()
+        ),
+    }
     (first, second)
+}
+
+fn print_timeline(name: &str, f: &Figures) {
+    println!(
+        "timeline, {name} (kubectl apply at {} UTC; seconds from it):",
+        f.applied_at
+    );
+    for (at, line) in &f.timeline {
+        println!("  {at:>7.3}  {line}");
+    }
 }
 
 fn row(name: &str, f: &Figures) {
@@ -160,11 +447,31 @@ async fn main() {
     let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let registry = e2e::npm::shared().expect("npm registry");
-    let cold = round(&cluster, &registry, &version, "cold").await;
-    let warm = round(&cluster, &registry, &version, "warm").await;
+    let baseline_binary = std::env::var_os("BENCH_BASELINE").map(std::path::PathBuf::from);
+    let cold = round(&cluster, &registry, &version, ("cold", None)).await;
+    // The baseline between the two rounds of this build, with a warm registry as the second.
+    let baseline = match &baseline_binary {
+        Some(binary) => Some(
+            round(
+                &cluster,
+                &registry,
+                &version,
+                ("baseline", Some(binary.as_path())),
+            )
+            .await,
+        ),
+        None => None,
+    };
+    let warm = round(&cluster, &registry, &version, ("warm", None)).await;
     println!(
         "installer benchmark: {version} of the stand-in @di-framework/platform, real Pulumi CLI, one run; seconds"
     );
+    if let Some(binary) = &baseline_binary {
+        println!(
+            "baseline: the controller binary {} (BENCH_BASELINE), a round of its own between the cold and the warm round, warm registry",
+            binary.display()
+        );
+    }
     println!(
         "{:<15} {:>7} {:>6} {:>4} {:>9} {:>7} {:>5} {:>8} {:>13} {:>9}",
         "instance",
@@ -180,9 +487,21 @@ async fn main() {
     );
     row("cold: first", &cold.0);
     row("cold: second", &cold.1);
+    if let Some(b) = &baseline {
+        row("base: first", &b.0);
+        row("base: second", &b.1);
+    }
     row("warm: first", &warm.0);
     row("warm: second", &warm.1);
-    for (name, (first, second)) in [("cold", &cold), ("warm", &warm)] {
+    print_timeline("cold: second", &cold.1);
+    if let Some(b) = &baseline {
+        print_timeline("baseline: second", &b.1);
+    }
+    print_timeline("warm: second", &warm.1);
+    let mut rounds = vec![("cold", &cold)];
+    rounds.extend(baseline.as_ref().map(|b| ("baseline", b)));
+    rounds.push(("warm", &warm));
+    for (name, (first, second)) in rounds {
         println!(
             "{name}: ratio first/second time to Ready {:.2}; second: {} npm runs, {:.1} s outside pulumi up ({:.1} s without helm)",
             first.ready / second.ready,

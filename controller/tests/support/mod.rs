@@ -67,8 +67,36 @@ impl Controller {
         Self::spawn(cluster, fixture, chart, extra, &[], true)
     }
 
-    /// Starts the controller; `scoped`: it must watch one namespace (`--watch-namespace`).
+    /// As [`Controller::start`], running `binary` (another build of the controller, such as a
+    /// benchmark's baseline) instead of this workspace's.
+    pub fn start_binary(
+        binary: &std::path::Path,
+        cluster: &Shared,
+        fixture: &Fixture,
+        extra: &[&str],
+    ) -> Self {
+        let chart = (fixture.chart.as_path(), fixture.digest.as_str());
+        Self::spawn_binary(binary, cluster, fixture, chart, extra, &[], true)
+    }
+
+    /// Starts this workspace's controller; `scoped`: it must watch one namespace
+    /// (`--watch-namespace`).
     fn spawn(
+        cluster: &Shared,
+        fixture: &Fixture,
+        chart: (&std::path::Path, &str),
+        extra: &[&str],
+        env: &[(&str, &str)],
+        scoped: bool,
+    ) -> Self {
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
+        Self::spawn_binary(binary, cluster, fixture, chart, extra, env, scoped)
+    }
+
+    /// Starts the controller `binary`; `scoped`: it must watch one namespace
+    /// (`--watch-namespace`).
+    fn spawn_binary(
+        binary: &std::path::Path,
         cluster: &Shared,
         fixture: &Fixture,
         chart: (&std::path::Path, &str),
@@ -94,7 +122,7 @@ impl Controller {
         let ops_port = free_port().expect("port");
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
         let file = std::fs::File::create(&log).expect("log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_controller"));
+        let mut cmd = Command::new(binary);
         // The installer's tools: the Pulumi CLI and its Node.js language host and dynamic
         // provider plugin (built from Go modules into the tool cache), node and npm.
         let tools = e2e::tools::Tools::locate().expect("tools");
