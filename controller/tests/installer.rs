@@ -169,6 +169,11 @@ fn processes_under(dir: &Path) -> Vec<String> {
     found
 }
 
+/// The bound on a step that installs a version for the first time on this state volume: it runs
+/// npm for that version's shared dependency tree (about 5 minutes was seen with the CI's lanes
+/// beside it). A bound only: nothing is timed.
+const FIRST_AT_A_VERSION: Duration = Duration::from_secs(900);
+
 async fn wait_phase(
     cluster: &Shared,
     controller: &Controller,
@@ -425,7 +430,7 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         &team,
         "one",
         "one to be Ready at 6.0.22",
-        Duration::from_secs(300),
+        FIRST_AT_A_VERSION,
         |pi| is_ready(pi, "6.0.22"),
     )
     .await;
@@ -440,7 +445,7 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         &team,
         "one",
         "the 6.0.23 upgrade to fail",
-        Duration::from_secs(300),
+        FIRST_AT_A_VERSION,
         |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
     )
     .await;
@@ -462,7 +467,7 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         &team,
         "one",
         "the hanging 6.0.24 install to time out",
-        Duration::from_secs(400),
+        FIRST_AT_A_VERSION + Duration::from_secs(100),
         |pi| {
             pi["status"]["lastInstall"]["version"] == "6.0.24"
                 && pi["status"]["lastInstall"]["result"] == "TimedOut"
@@ -689,7 +694,7 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
     let dir = instance_dir(&fx, &team, "three");
     wait_for(
         "pulumi up to start",
-        Duration::from_secs(300),
+        FIRST_AT_A_VERSION,
         &controller,
         || dir.join("up-events.jsonl").exists().then_some(()),
     )
@@ -940,7 +945,7 @@ async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded
         &team,
         "kept",
         "kept to be Ready at 6.0.22",
-        Duration::from_secs(420),
+        FIRST_AT_A_VERSION,
         |pi| is_ready(pi, "6.0.22"),
     )
     .await;
@@ -997,7 +1002,7 @@ async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded
         &team,
         "kept",
         "kept to be Ready at 6.0.21",
-        Duration::from_secs(420),
+        FIRST_AT_A_VERSION,
         |pi| is_ready(pi, "6.0.21"),
     )
     .await;
@@ -1094,7 +1099,7 @@ async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on
         &controller,
         (&team, "runaway"),
         "ProgramOutOfMemory",
-        Duration::from_secs(420),
+        FIRST_AT_A_VERSION,
     )
     .await;
     assert!(
@@ -1129,7 +1134,7 @@ async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on
         &team,
         "runaway",
         "runaway to be Ready at 6.0.22",
-        Duration::from_secs(420),
+        FIRST_AT_A_VERSION,
         |pi| is_ready(pi, "6.0.22"),
     )
     .await;
