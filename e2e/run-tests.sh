@@ -85,9 +85,9 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo test (unit, router and end-to-end tests), in three lanes"
+step "cargo test (unit, router and end-to-end tests), in four lanes"
 # The longest end-to-end test binaries spend most of their time waiting (on npm, Pulumi, a browser,
-# control planes starting), so they run beside the rest instead of after it: lane 1 the installer,
+# control planes starting), so they run beside the rest instead of after it: lane 1 the installer (its longest test in lane 1b),
 # lane 2 the Headlamp browser test and the stand-in platform, lane 3 every other test target
 # (found in the workspace's metadata, so a new test file runs without being named here), then the
 # doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
