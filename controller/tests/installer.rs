@@ -881,7 +881,8 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
         &team,
         "five",
         "the host-probing program to fail",
-        Duration::from_secs(300),
+        // 6.0.25's first install on this state volume: npm builds its shared tree first.
+        FIRST_AT_A_VERSION,
         |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
     )
     .await;

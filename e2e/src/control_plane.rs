@@ -116,8 +116,26 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 for a server a test is about to start, reserved for this process.
+///
+/// Two things used to take such a port between this check and the server's own `bind`: an
+/// outgoing connection of any process (the kernel hands those their local ports from the
+/// ephemeral range, `net.ipv4.ip_local_port_range`, where `bind(0)` also picks), and another test
+/// process that picked the same port. So the port comes from below the ephemeral range, and each
+/// port handed out is reserved by an exclusive file lock in `platform-operator-ports` under the
+/// system temporary folder (one for every test process on the machine, whatever its
+/// `PLATFORM_OPERATOR_E2E_DIR`). This process holds the lock until it exits, and the kernel
+/// releases it then, so nothing goes stale. A port another process reserved, or that something
+/// already listens on, is skipped. Where the machine leaves no range outside the ephemeral one,
+/// the kernel picks (`bind(0)`), as before.
 pub fn free_port() -> Result<u16, HarnessError> {
+    match reserved_range() {
+        Some(range) => reserve_port(range),
+        None => kernel_port(),
+    }
+}
+
+fn kernel_port() -> Result<u16, HarnessError> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .map_err(|e| HarnessError::io(Path::new("127.0.0.1:0"), e))?;
     let port = listener
@@ -125,6 +143,69 @@ pub fn free_port() -> Result<u16, HarnessError> {
         .map_err(|e| HarnessError::io(Path::new("127.0.0.1:0"), e))?
         .port();
     Ok(port)
+}
+
+/// The ports tests take from: below the kernel's ephemeral range (from 10000), or above it when
+/// it starts too low; `None` when neither side has at least 1,000 ports.
+fn reserved_range() -> Option<std::ops::RangeInclusive<u16>> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut bounds = text.split_whitespace().map(|v| v.parse::<u32>().ok());
+    let (first, last) = (bounds.next()??, bounds.next()??);
+    const LOW: u32 = 10_000;
+    if first >= LOW + 1_000 {
+        Some(LOW as u16..=(first - 1) as u16)
+    } else if last + 1_000 <= 65_535 {
+        Some((last + 1) as u16..=65_535)
+    } else {
+        None
+    }
+}
+
+/// The reservations this process holds: each file stays open (and locked) until it exits.
+static RESERVATIONS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
+fn reserve_port(range: std::ops::RangeInclusive<u16>) -> Result<u16, HarnessError> {
+    let dir = std::env::temp_dir().join("platform-operator-ports");
+    std::fs::create_dir_all(&dir).map_err(|e| HarnessError::io(&dir, e))?;
+    let (low, high) = (u32::from(*range.start()), u32::from(*range.end()));
+    let span = high - low + 1;
+    // Start somewhere different in each process and at each call, then walk the range once.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    let mut reservations = RESERVATIONS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for step in 0..span {
+        let port = (low + (seed.wrapping_add(step) % span)) as u16;
+        let path = dir.join(port.to_string());
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| HarnessError::io(&path, e))?;
+        // Held by another process, or by this one under an earlier call: skip it.
+        if file.try_lock().is_err() {
+            continue;
+        }
+        // Something outside the tests listens there: skip it, and keep the reservation so this
+        // process does not try it again.
+        let free = TcpListener::bind(("127.0.0.1", port)).is_ok();
+        reservations.push(file);
+        if free {
+            return Ok(port);
+        }
+    }
+    Err(HarnessError::io(
+        &dir,
+        std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            format!("no free port left in {low}..={high}"),
+        ),
+    ))
 }
 
 /// The folder that holds every control plane's files: `$PLATFORM_OPERATOR_E2E_DIR`, or
@@ -611,4 +692,55 @@ pub async fn plain_get(port: u16, path: &str) -> Option<(u16, String)> {
     .await
     .ok()
     .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_outside_the_ephemeral_range_and_held_while_the_process_runs() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("port")).collect();
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            ports.len(),
+            "a port handed out twice: {ports:?}"
+        );
+        let Some(range) = reserved_range() else {
+            // This machine's ephemeral range leaves no room: the kernel picks, nothing to check.
+            return;
+        };
+        let dir = std::env::temp_dir().join("platform-operator-ports");
+        for port in ports {
+            assert!(range.contains(&port), "{port} is outside {range:?}");
+            // Another open of the reservation (as another process would make) cannot lock it.
+            let again = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join(port.to_string()))
+                .expect("reservation file");
+            assert!(again.try_lock().is_err(), "{port} is not reserved");
+            // And it is free to listen on.
+            drop(TcpListener::bind(("127.0.0.1", port)).expect("bind the reserved port"));
+        }
+    }
+
+    #[test]
+    fn the_reserved_range_lies_outside_the_ephemeral_one() {
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .expect("ip_local_port_range");
+        let bounds: Vec<u16> = text
+            .split_whitespace()
+            .map(|v| v.parse().expect("port"))
+            .collect();
+        if let Some(range) = reserved_range() {
+            assert!(
+                *range.end() < bounds[0] || *range.start() > bounds[1],
+                "{range:?} overlaps {bounds:?}"
+            );
+            assert!(range.len() >= 1_000);
+        }
+    }
 }
