@@ -384,9 +384,9 @@ impl Target {
                 .await
                 .ok()?
                 .to_bytes();
-            // What kube's `apiserver_version` reads: an object with a `gitVersion`.
-            let info: serde_json::Value = serde_json::from_slice(&body).ok()?;
-            info.get("gitVersion")?.as_str()?;
+            // What kube's `apiserver_version` reads: an object with a `gitVersion` (a string);
+            // only that field is read, not the whole object as a `Value`.
+            serde_json::from_slice::<Version<'_>>(&body).ok()?;
             Some(resumed)
         };
         tokio::pin!(connection);
@@ -396,6 +396,13 @@ impl Target {
             _ = &mut connection => None,
         }
     }
+}
+
+/// What the probe reads of a `/version` answer: that it is an object with a `gitVersion` string.
+#[derive(serde::Deserialize)]
+struct Version<'a> {
+    #[serde(rename = "gitVersion", borrow)]
+    _git_version: std::borrow::Cow<'a, str>,
 }
 
 /// A client of the API `kubeconfig` names, for one probe: kube's TLS (its server name, CA and
