@@ -10,7 +10,9 @@
 //! API probes went (TLS sessions resumed, full handshakes, through a kube client, failed), and
 //! the reconcile p99.
 //!
-//! Run: `cargo bench -p controller --bench resync` (env `BENCH_INSTANCES` sets N).
+//! Run: `cargo bench -p controller --bench resync` (env `BENCH_INSTANCES` sets N;
+//! `BENCH_CONTROLLER` a controller binary to measure instead of this workspace's, e.g. one built
+//! with another release profile).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -132,18 +134,19 @@ async fn main() {
     cluster.install_crd().expect("CRD");
     // One SNI slot of the stand-in vCluster inside per instance.
     let fx = fixture_for(&cluster, "bench", n).await;
-    let mut controller = Controller::start_watching_all(
-        &cluster,
-        &fx,
-        &[
-            "--leader-elect=false",
-            "--max-concurrent-installs=8",
-            "--repair-interval",
-            &format!("{repair}s"),
-            "--log-level",
-            "warn",
-        ],
-    );
+    let repair_flag = format!("{repair}s");
+    let flags = [
+        "--leader-elect=false",
+        "--max-concurrent-installs=8",
+        "--repair-interval",
+        &repair_flag,
+        "--log-level",
+        "warn",
+    ];
+    // BENCH_CONTROLLER: another build of the controller (another release profile, or the code
+    // before a change), measured the same way.
+    let other = std::env::var_os("BENCH_CONTROLLER").map(std::path::PathBuf::from);
+    let mut controller = Controller::start_watching_all(other.as_deref(), &cluster, &fx, &flags);
     let team = cluster.create_namespace("bench", &[]).expect("namespace");
     let manifest: String = (0..n)
         .map(|i| {
@@ -266,6 +269,12 @@ async fn main() {
     println!(
         "# Controller resync benchmark ({n} instances, stand-in vCluster chart, repair interval {repair} s)\n"
     );
+    if let Some(binary) = &other {
+        println!(
+            "controller binary: {} (BENCH_CONTROLLER)\n",
+            binary.display()
+        );
+    }
     println!("| figure | value |\n|---|---|");
     println!(
         "| time to provision all {n} to Installing (8 concurrent installs) | {:.0} s |",

@@ -198,7 +198,8 @@ async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
         return Ok(());
     };
     let owner: Option<OwnerReference> = t.pi.controller_owner_ref(&());
-    let secret = objects::kubeconfig_secret_object(&t.ns, &t.name, &t.uid, owner, kubeconfig);
+    let secret =
+        objects::kubeconfig_secret_object(&t.ns, &t.name, &t.uid, owner, kubeconfig.text());
     let secrets = Api::<Secret>::namespaced(t.ctx.client.clone(), &t.ns);
     apply(&secrets, &kubeconfig_secret(&t.name), &secret)
         .await

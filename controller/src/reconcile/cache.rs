@@ -8,7 +8,9 @@
 //! rest. Each kind is kept in the form observe reads, not as a whole object: metadata only (the
 //! name, namespace and UID, and only the labels and annotations observe looks at) for objects
 //! whose existence, UID or marks are all that matter; of the Deployment only whether it rolled
-//! out ([`Rollout`]); of the exported kubeconfig Secret only the kubeconfig; of the instances' own
+//! out ([`Rollout`]); of the exported kubeconfig Secret only the kubeconfig, with its SHA-256
+//! computed once, when the event arrives ([`Exported`], shared with each reconcile that reads it);
+//! of the instances' own
 //! kubeconfig Secrets their UID mark, owner references and the kubeconfig's SHA-256. A whole
 //! Deployment with an empty pod template still took over 2 KiB per instance (its structs are
 //! inline), and a map per namespace per kind a B-tree node of about 370 bytes for one object.
@@ -41,6 +43,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 
+use super::vclusters::Exported;
 use crate::helm::{CHART_VERSION_LABEL, RELEASE};
 
 /// Objects of one kind in their stored form, by `namespace/name` (`/name` for cluster-scoped
@@ -333,12 +336,12 @@ fn trim_kubeconfig(secret: &mut Secret) {
 }
 
 /// Whether a kubeconfig Secret from the cache (which keeps its key's SHA-256) holds `kubeconfig`.
-pub fn kubeconfig_matches(cached: &Secret, kubeconfig: &str) -> bool {
+pub fn kubeconfig_matches(cached: &Secret, kubeconfig: &Exported) -> bool {
     cached
         .data
         .as_ref()
         .and_then(|d| d.get(KUBECONFIG_KEY))
-        .is_some_and(|v| v.0 == super::vclusters::digest(kubeconfig.as_bytes()))
+        .is_some_and(|v| v.0 == kubeconfig.digest())
 }
 
 /// The watch caches observe reads.
@@ -355,9 +358,9 @@ pub struct Caches {
     pub services: Arc<Index<PartialObjectMeta<Service>>>,
     /// Whether `deployment/vcluster` of each host namespace rolled out.
     pub deployments: Arc<Index<Rollout>>,
-    /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key), `None` for
-    /// a Secret without one.
-    pub exported: Arc<Index<Option<String>>>,
+    /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key) with its
+    /// SHA-256, `None` for a Secret without one.
+    pub exported: Arc<Index<Option<Arc<Exported>>>>,
     /// The Secrets the operator manages (the instances' kubeconfigs: their UID mark, owner
     /// references and the SHA-256 of their `kubeconfig` key).
     pub kubeconfigs: Arc<Index<Secret>>,
@@ -588,8 +591,8 @@ mod tests {
         assert_eq!(keys, vec!["kubeconfig".to_string()]);
         // "YQ==" is "a": the cache keeps its digest, which matches "a" and nothing else.
         assert_eq!(s.data.as_ref().expect("data")["kubeconfig"].0.len(), 32);
-        assert!(kubeconfig_matches(&s, "a"));
-        assert!(!kubeconfig_matches(&s, "b"));
+        assert!(kubeconfig_matches(&s, &Exported::new("a".into())));
+        assert!(!kubeconfig_matches(&s, &Exported::new("b".into())));
     }
 
     #[test]

@@ -161,10 +161,11 @@ pub async fn reconcile(
         }
     }
     if let Ok(mut hosts) = ctx.hosts.lock() {
-        hosts.insert(
-            host_namespace(&pi.namespace().unwrap_or_default(), &pi.name_any()),
-            (pi.namespace().unwrap_or_default(), pi.name_any()),
-        );
+        // The host namespace's name is the instance's: the entry, once there, stays right.
+        let host = host_namespace(&pi.namespace().unwrap_or_default(), &pi.name_any());
+        hosts
+            .entry(host)
+            .or_insert_with(|| (pi.namespace().unwrap_or_default(), pi.name_any()));
     }
     let retry_ack = if retry_requested { retry.clone() } else { None };
     if ctx.caches.ready() {

@@ -24,6 +24,7 @@ use super::cache::{Caches, from_meta};
 use super::control_plane;
 use super::error::{ReconcileError, observing};
 use super::objects;
+use super::vclusters::Exported;
 use super::{Context, install_key, key, preview_key, state_path};
 use crate::decide::model::{
     Cleanup, InstallObserved, InstallOutcome, Observed, OwnerService, Protection, Release,
@@ -36,7 +37,7 @@ use crate::installer::record::Record;
 /// What observe found besides [`Observed`]: what the actions need.
 pub struct Found {
     /// The kubeconfig the vCluster exported.
-    pub exported: Option<String>,
+    pub exported: Option<Arc<Exported>>,
     /// What the program would get now.
     pub config: Option<ProgramConfig>,
     /// The installer's record.
@@ -53,7 +54,7 @@ struct Host {
     release: Option<Release>,
     owner: Option<OwnerService>,
     statefulset_ready: bool,
-    exported: Option<String>,
+    exported: Option<Arc<Exported>>,
     refused: Option<String>,
 }
 
@@ -163,8 +164,12 @@ pub async fn observe(
         ctx.tasks.state(&preview_key(pi)),
     );
     let record = ctx.installer.record(&ns, &pi.name_any());
+    // The program's config (a tenant auth Secret read, settings serialised and hashed) only
+    // when the installer runs: with `--install-platform=false` the decision does not read it.
     let config = match (&host.exported, api) {
-        (Some(k), Some(true)) if !deleting => Some(program_config(ctx, pi, &host_ns, k).await?),
+        (Some(k), Some(true)) if !deleting && ctx.settings.install_platform => {
+            Some(program_config(ctx, pi, &host_ns, k).await?)
+        }
         _ => None,
     };
     let observed = Observed {
@@ -296,7 +301,7 @@ async fn host(
             caches
                 .exported
                 .get(host_ns, EXPORTED_KUBECONFIG_SECRET)
-                .and_then(|k| (*k).clone()),
+                .and_then(|k| k.as_ref().clone()),
         ),
         Source::Live => (
             Api::<Deployment>::namespaced(client.clone(), host_ns)
@@ -324,13 +329,14 @@ async fn host(
     Ok(host)
 }
 
-/// The kubeconfig an exported kubeconfig Secret holds (its `config` key), if any.
-pub fn exported_kubeconfig(secret: &Secret) -> Option<String> {
+/// The kubeconfig an exported kubeconfig Secret holds (its `config` key), if any, with its
+/// digest.
+pub fn exported_kubeconfig(secret: &Secret) -> Option<Arc<Exported>> {
     secret
         .data
         .as_ref()?
         .get(EXPORTED_KUBECONFIG_KEY)
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .map(|b| Arc::new(Exported::new(String::from_utf8_lossy(&b.0).into_owned())))
 }
 
 /// `service/vcluster` against the record `<uid>/<hash>` on the host namespace, by UID only
@@ -355,7 +361,7 @@ fn owner_service(recorded: Option<&String>, svc: Option<&Service>) -> OwnerServi
 async fn kubeconfig_secret_state(
     ctx: &Context,
     pi: &PlatformInstance,
-    exported: Option<&str>,
+    exported: Option<&Exported>,
     source: Source<'_>,
 ) -> Result<(bool, Option<String>), ReconcileError> {
     let name = kubeconfig_secret(&pi.name_any());
@@ -376,7 +382,7 @@ async fn kubeconfig_secret_state(
     {
         return Ok((false, Some(name)));
     }
-    let holds = |k: &str| {
+    let holds = |k: &Exported| {
         current.as_ref().is_some_and(|s| match source {
             // The cache keeps the kubeconfig's digest.
             Source::Cached(_) => super::cache::kubeconfig_matches(s, k),
@@ -384,7 +390,7 @@ async fn kubeconfig_secret_state(
                 .data
                 .as_ref()
                 .and_then(|d| d.get(KUBECONFIG_KEY))
-                .is_some_and(|b| b.0 == k.as_bytes()),
+                .is_some_and(|b| b.0 == k.text().as_bytes()),
         })
     };
     Ok((
@@ -476,7 +482,7 @@ async fn program_config(
     ctx: &Context,
     pi: &PlatformInstance,
     host_ns: &str,
-    kubeconfig: &str,
+    kubeconfig: &Exported,
 ) -> Result<Result<ProgramConfig, String>, ReconcileError> {
     let Some(endpoint) = ctx.vclusters.server(host_ns, kubeconfig) else {
         return Ok(Err(
@@ -498,7 +504,7 @@ async fn program_config(
             ctx.settings.storage_root_base.trim_end_matches('/')
         ),
         kubernetes_endpoint: endpoint,
-        kubeconfig: kubeconfig.to_string(),
+        kubeconfig: kubeconfig.text().to_string(),
         client_secret,
         uid: pi.uid().unwrap_or_default(),
     })))

@@ -40,7 +40,34 @@ use tower::ServiceBuilder;
 use super::kubeconfig::KubeconfigRefused;
 
 /// The SHA-256 of a kubeconfig.
-type Digest = [u8; 32];
+pub type Digest = [u8; 32];
+
+/// A kubeconfig a vCluster exported, with its SHA-256 computed once, when it is read (from a
+/// watch event or the API server): every reconcile after that shares it (an `Arc`) and finds its
+/// vCluster's entry by the digest, instead of copying about 6 KB out of the cache and hashing it
+/// again at each step.
+pub struct Exported {
+    text: String,
+    digest: Digest,
+}
+
+impl Exported {
+    /// `text` with its digest.
+    pub fn new(text: String) -> Self {
+        let digest = digest(text.as_bytes());
+        Self { text, digest }
+    }
+
+    /// The kubeconfig.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Its SHA-256.
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+}
 
 /// The largest `/version` answer read.
 const VERSION_LIMIT: usize = 64 * 1024;
@@ -153,24 +180,24 @@ impl VClusters {
 
     /// [`super::kubeconfig::vet`] of the kubeconfig the vCluster in `host_ns` exported, done
     /// once per kubeconfig (a YAML parse per reconcile was a good part of an idle resync's CPU).
-    pub fn vet(&self, host_ns: &str, kubeconfig: &str) -> Result<(), KubeconfigRefused> {
-        let wanted = digest(kubeconfig.as_bytes());
+    pub fn vet(&self, host_ns: &str, kubeconfig: &Exported) -> Result<(), KubeconfigRefused> {
+        let wanted = kubeconfig.digest;
         if let Some(vetted) = self.known(host_ns, &wanted, |e| e.vetted.clone()) {
             return vetted;
         }
-        let vetted = super::kubeconfig::vet(kubeconfig);
+        let vetted = super::kubeconfig::vet(kubeconfig.text());
         self.keep(host_ns, wanted, |e| e.vetted = Some(vetted.clone()));
         vetted
     }
 
     /// The server of the current context of the kubeconfig the vCluster in `host_ns` exported
     /// ([`crate::installer::config::kubeconfig_server`]), read once per kubeconfig.
-    pub fn server(&self, host_ns: &str, kubeconfig: &str) -> Option<String> {
-        let wanted = digest(kubeconfig.as_bytes());
+    pub fn server(&self, host_ns: &str, kubeconfig: &Exported) -> Option<String> {
+        let wanted = kubeconfig.digest;
         if let Some(server) = self.known(host_ns, &wanted, |e| e.server.clone()) {
             return server;
         }
-        let server = crate::installer::config::kubeconfig_server(kubeconfig);
+        let server = crate::installer::config::kubeconfig_server(kubeconfig.text());
         self.keep(host_ns, wanted, |e| e.server = Some(server.clone()));
         server
     }
@@ -180,11 +207,11 @@ impl VClusters {
     pub async fn serves(
         &self,
         host_ns: &str,
-        kubeconfig: &str,
+        kubeconfig: &Exported,
         timeout: Duration,
         every: Duration,
     ) -> bool {
-        let wanted = digest(kubeconfig.as_bytes());
+        let wanted = kubeconfig.digest;
         let known = self.known(host_ns, &wanted, |e| {
             let p = e.probe.as_ref()?;
             Some(if p.started.elapsed() < every {
@@ -196,7 +223,7 @@ impl VClusters {
         let parsed = match known {
             Some(Err(answer)) => return answer,
             Some(Ok(parsed)) => parsed,
-            None => parse(kubeconfig).await,
+            None => parse(kubeconfig.text()).await,
         };
         let started = Instant::now();
         let serves = match &parsed {
@@ -214,7 +241,7 @@ impl VClusters {
                     false
                 }
             },
-            Parsed::Kube => match kube_client(kubeconfig).await {
+            Parsed::Kube => match kube_client(kubeconfig.text()).await {
                 Some(client) => {
                     let serves = matches!(
                         tokio::time::timeout(timeout, client.apiserver_version()).await,
@@ -357,9 +384,9 @@ impl Target {
                 .await
                 .ok()?
                 .to_bytes();
-            // What kube's `apiserver_version` reads: an object with a `gitVersion`.
-            let info: serde_json::Value = serde_json::from_slice(&body).ok()?;
-            info.get("gitVersion")?.as_str()?;
+            // What kube's `apiserver_version` reads: an object with a `gitVersion` (a string);
+            // only that field is read, not the whole object as a `Value`.
+            serde_json::from_slice::<Version<'_>>(&body).ok()?;
             Some(resumed)
         };
         tokio::pin!(connection);
@@ -369,6 +396,13 @@ impl Target {
             _ = &mut connection => None,
         }
     }
+}
+
+/// What the probe reads of a `/version` answer: that it is an object with a `gitVersion` string.
+#[derive(serde::Deserialize)]
+struct Version<'a> {
+    #[serde(rename = "gitVersion", borrow)]
+    _git_version: std::borrow::Cow<'a, str>,
 }
 
 /// A client of the API `kubeconfig` names, for one probe: kube's TLS (its server name, CA and
@@ -422,6 +456,11 @@ mod tests {
         (VClusters::counted(outcomes.clone()), outcomes)
     }
 
+    /// `text` as a vCluster's exported kubeconfig.
+    fn x(text: &str) -> Exported {
+        Exported::new(text.to_string())
+    }
+
     /// The probes counted, by outcome: resumed, full, client, failed.
     fn outcomes(counter: &prometheus::IntCounterVec) -> [u64; 4] {
         ["resumed", "full", "client", "failed"].map(|o| counter.with_label_values(&[o]).get())
@@ -432,17 +471,17 @@ mod tests {
         let (v, counter) = counted();
         let every = Duration::from_secs(60);
         assert!(
-            !v.serves("h", "not: [a kubeconfig", Duration::from_secs(1), every)
+            !v.serves("h", &x("not: [a kubeconfig"), Duration::from_secs(1), every)
                 .await
         );
         assert_eq!(outcomes(&counter), [0; 4], "nothing to probe");
         assert!(
-            !v.serves("h", "not: [a kubeconfig", Duration::from_secs(1), every)
+            !v.serves("h", &x("not: [a kubeconfig"), Duration::from_secs(1), every)
                 .await
         );
         assert_eq!(v.len(), 1, "the answer is kept");
         assert!(
-            !v.serves("h", "other: [x", Duration::from_secs(1), every)
+            !v.serves("h", &x("other: [x"), Duration::from_secs(1), every)
                 .await
         );
         assert_eq!(outcomes(&counter), [0; 4]);
@@ -457,18 +496,21 @@ mod tests {
         let good = "apiVersion: v1\nkind: Config\nclusters:\n- name: vc\n  cluster: {server: \"https://10.0.0.1:443\"}\ncontexts:\n- name: vc\n  context: {cluster: vc, user: u}\nusers:\n- name: u\n  user: {token: t}\ncurrent-context: vc\n";
         let exec = good.replace("{token: t}", "{exec: {command: sh}}");
         for _ in 0..2 {
-            assert_eq!(v.vet("h", good), Ok(()));
-            assert_eq!(v.server("h", good).as_deref(), Some("https://10.0.0.1:443"));
+            assert_eq!(v.vet("h", &x(good)), Ok(()));
+            assert_eq!(
+                v.server("h", &x(good)).as_deref(),
+                Some("https://10.0.0.1:443")
+            );
         }
         // Another kubeconfig of the same vCluster is vetted afresh, and its answers kept.
         for _ in 0..2 {
-            let refused = v.vet("h", &exec).expect_err("exec is refused");
+            let refused = v.vet("h", &x(&exec)).expect_err("exec is refused");
             assert!(refused.to_string().contains("exec"), "{refused}");
         }
         assert_eq!(v.len(), 1);
         // And back: accepted again.
-        assert_eq!(v.vet("h", good), Ok(()));
-        assert_eq!(v.server("other", "not: [yaml"), None);
+        assert_eq!(v.vet("h", &x(good)), Ok(()));
+        assert_eq!(v.server("other", &x("not: [yaml")), None);
         assert_eq!(v.len(), 2);
     }
 
@@ -541,7 +583,7 @@ mod tests {
 
     /// A kubeconfig for the stand-in at `port`, as vCluster exports it (server on loopback,
     /// `tls-server-name` the name asked for), with `pki`'s CA and admin certificate.
-    fn kubeconfig(port: u16, pki: &e2e::pki::Pki, server_name: &str, identity: bool) -> String {
+    fn kubeconfig(port: u16, pki: &e2e::pki::Pki, server_name: &str, identity: bool) -> Exported {
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let user = if identity {
             format!(
@@ -552,10 +594,10 @@ mod tests {
         } else {
             "{}".to_string()
         };
-        format!(
+        x(&format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: vc\n  cluster: {{server: \"https://127.0.0.1:{port}\", certificate-authority-data: {}, tls-server-name: {server_name}}}\nusers:\n- name: admin\n  user: {user}\ncontexts:\n- name: vc\n  context: {{cluster: vc, user: admin}}\ncurrent-context: vc\n",
             b64(&pki.ca_cert)
-        )
+        ))
     }
 
     #[tokio::test]

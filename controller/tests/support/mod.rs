@@ -28,12 +28,21 @@ impl Controller {
     }
 
     /// As [`Controller::start`], watching every namespace: only for a process that has the API
-    /// server to itself (the benchmarks).
-    pub fn start_watching_all(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
-        Self::spawn(
+    /// server to itself (the benchmarks). `binary`: another build of the controller to run
+    /// instead of this workspace's.
+    pub fn start_watching_all(
+        binary: Option<&std::path::Path>,
+        cluster: &Shared,
+        fixture: &Fixture,
+        extra: &[&str],
+    ) -> Self {
+        let ours = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
+        let chart = (fixture.chart.as_path(), fixture.digest.as_str());
+        Self::spawn_binary(
+            binary.unwrap_or(ours),
             cluster,
             fixture,
-            (&fixture.chart, &fixture.digest),
+            chart,
             extra,
             &[],
             false,
