@@ -16,9 +16,10 @@
 //!    neither, interleaved in one run; for a write that changes only an annotation (no work for
 //!    either webhook) and for one that changes the spec (work for the validating webhook).
 //!
-//! Run: `cargo bench -p webhook --bench admission` (env `BENCH_N` sets the request count).
+//! Run: `cargo bench -p webhook --bench admission` (env `BENCH_N` sets the request count;
+//! `ADMISSION_BENCH_WEBHOOK` runs another webhook executable, such as a build of an earlier
+//! commit kept aside, so that a before and an after are measured by the same benchmark).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -313,40 +314,55 @@ async fn handler_profile(n: usize) {
         webhook::admission::router(state),
         &common::server::Limits::default(),
     );
+    // The echo floor's router through the same layers: what the webhook's handler costs over
+    // a handler that only hands the body back.
+    let echo = common::server::layers(echo_router(), &common::server::Limits::default());
     println!(
-        "\n# The webhook's handler alone (its router and layers called in this process, no TLS, HTTP or socket; {n} reviews per row; load average {})\n",
+        "\n# The webhook's handler alone (its router and layers called in this process, no TLS, HTTP or socket; {n} reviews per row; load average {}), and the echo's router through the same layers\n",
         load_average()
     );
-    println!("| body | size | per review |\n|---|---|---|");
+    println!("| body | size | per review | echo, per review |\n|---|---|---|---|");
     for (label, object) in [
         ("seed example", small()),
         ("32 tenants / 128 users", large()),
     ] {
         let body = review(object);
-        let call = |body: Bytes| {
-            let request = axum::http::Request::post("/validate")
-                .header("content-type", "application/json")
-                .header("content-length", body.len())
-                .body(axum::body::Body::from(body))
-                .expect("request");
-            app.clone().oneshot(request)
-        };
-        for _ in 0..n / 10 {
-            let response = call(body.clone()).await.expect("answer");
-            assert_eq!(response.status(), 200);
-        }
-        let start = Instant::now();
-        for _ in 0..n {
-            let response = call(body.clone()).await.expect("answer");
-            assert_eq!(response.status(), 200);
-            let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+        let mut times = Vec::new();
+        for app in [&app, &echo] {
+            let call = |body: Bytes| {
+                let request = axum::http::Request::post("/validate")
+                    .header("content-type", "application/json")
+                    .header("content-length", body.len())
+                    .body(axum::body::Body::from(body))
+                    .expect("request");
+                app.clone().oneshot(request)
+            };
+            for _ in 0..n / 10 {
+                let response = call(body.clone()).await.expect("answer");
+                assert_eq!(response.status(), 200);
+            }
+            let start = Instant::now();
+            for _ in 0..n {
+                let response = call(body.clone()).await.expect("answer");
+                assert_eq!(response.status(), 200);
+                let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+            }
+            times.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
         }
         println!(
-            "| {label} | {} B | {:.1} µs |",
+            "| {label} | {} B | {:.1} µs | {:.1} µs |",
             body.len(),
-            start.elapsed().as_secs_f64() * 1e6 / n as f64
+            times[0],
+            times[1]
         );
     }
+}
+
+/// The webhook executable measured: `ADMISSION_BENCH_WEBHOOK` when set, else the one Cargo built
+/// beside this benchmark.
+fn webhook_binary() -> std::path::PathBuf {
+    std::env::var_os("ADMISSION_BENCH_WEBHOOK")
+        .map_or_else(|| env!("CARGO_BIN_EXE_webhook").into(), Into::into)
 }
 
 /// Set (to a file path) when this binary runs as the TLS echo process of the throughput row: it
@@ -361,7 +377,7 @@ async fn serve_echo(listener: tokio::net::TcpListener, generation: &webhook::cer
         ))
         .expect("tls"),
     );
-    let echo = Router::new().route("/validate", post(|body: Bytes| async move { body }));
+    let echo = echo_router();
     let counter = prometheus::IntCounter::new("echo_failures", "unused").expect("counter");
     webhook::tls::serve(
         listener,
@@ -372,6 +388,11 @@ async fn serve_echo(listener: tokio::net::TcpListener, generation: &webhook::cer
         std::future::pending::<()>(),
     )
     .await;
+}
+
+/// The echo's router: `POST /validate` answers with the request body.
+fn echo_router() -> Router {
+    Router::new().route("/validate", post(|body: Bytes| async move { body }))
 }
 
 fn echo_certificate() -> webhook::certs::Generation {
@@ -575,14 +596,7 @@ async fn main() {
         .expect("namespace");
     let port = e2e::control_plane::free_port().expect("port");
     e2e::webhook::register(&cluster, id, port).expect("register");
-    let mut webhook = Webhook::start(
-        Path::new(env!("CARGO_BIN_EXE_webhook")),
-        &cluster,
-        id,
-        &ns,
-        &[],
-        Some(port),
-    );
+    let mut webhook = Webhook::start(&webhook_binary(), &cluster, id, &ns, &[], Some(port));
     webhook.wait_ready().await;
     let bundle = e2e::webhook::wait_for_bundle(&cluster, id).await;
     let ca = String::from_utf8(
@@ -598,14 +612,7 @@ async fn main() {
     // floor and the first throughput table).
     let cpu0_port = e2e::control_plane::free_port().expect("port");
     let mut webhook_cpu0 = started_on_cpu0(|| {
-        Webhook::start(
-            Path::new(env!("CARGO_BIN_EXE_webhook")),
-            &cluster,
-            id,
-            &ns,
-            &[],
-            Some(cpu0_port),
-        )
+        Webhook::start(&webhook_binary(), &cluster, id, &ns, &[], Some(cpu0_port))
     });
     webhook_cpu0.wait_ready().await;
     let echo_cpu0 = started_on_cpu0(|| EchoProcess::start("cpu0"));
@@ -621,8 +628,9 @@ async fn main() {
     tokio::spawn(async move { serve_echo(listener, &echo_generation).await });
 
     println!(
-        "# Admission benchmark ({n} sequential requests per row, one TLS 1.3 HTTP/1.1 keep-alive connection, loopback; load average at start {})\n",
-        load_average()
+        "# Admission benchmark ({n} sequential requests per row, one TLS 1.3 HTTP/1.1 keep-alive connection, loopback; load average at start {}; webhook {})\n",
+        load_average(),
+        webhook_binary().display()
     );
     println!(
         "| request | body | webhook p50 | webhook p99 | webhook req/s | TLS echo p50 | TLS echo p99 | TLS echo req/s | p50 ratio |"

@@ -19,7 +19,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use kube::core::admission::Operation;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::index::NodePortIndex;
@@ -54,54 +54,43 @@ pub fn router(state: Arc<Admission>) -> Router {
 }
 
 /// The answer to one review: an `admission.k8s.io/v1` `AdmissionReview` with only a `response`,
-/// written straight from borrowed parts (no typed review, no copies of the uid). Its JSON is the
-/// JSON kube's `AdmissionResponse::into_review` writes, field for field and in the same order
-/// (`webhook/tests/views.rs` compares both on generated reviews): `apiVersion`, `kind`, then
-/// `response` with `uid`, `allowed`, `status` (a `Status` with only its set fields), `patch` (the
-/// JSON Patch's bytes as a list of numbers, as kube writes a `Vec<u8>`; the API server reads
-/// either form), `patchType`, `warnings`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
+/// written straight from borrowed parts into one buffer ([`Answer::to_json`]; no typed review, no
+/// copies of the uid). Its JSON is the JSON kube's `AdmissionResponse::into_review` writes, field
+/// for field and in the same order (`webhook/tests/views.rs` and the unit tests below compare
+/// both on generated reviews): `apiVersion`, `kind`, then `response` with `uid`, `allowed`,
+/// `status` (a `Status` with only its set fields), `patch` (the JSON Patch's bytes as a list of
+/// numbers, as kube writes a `Vec<u8>`; the API server reads either form), `patchType`,
+/// `warnings`.
 struct Answer<'a> {
     uid: Cow<'a, str>,
     allowed: bool,
     status: Outcome,
-    #[serde(skip_serializing_if = "Option::is_none")]
     patch: Option<Vec<u8>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     warnings: Option<Vec<String>>,
 }
 
-/// The `status` of an answer (a `metav1.Status` with only the fields this webhook sets).
-#[derive(Default, Serialize)]
+/// The `status` of an answer (a `metav1.Status` with only the fields this webhook sets; a field
+/// at its zero value is left out, as kube's `Status` leaves it out).
+#[derive(Default)]
 struct Outcome {
-    #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<&'static str>,
-    #[serde(skip_serializing_if = "is_zero")]
     code: u16,
-    #[serde(skip_serializing_if = "String::is_empty")]
     message: String,
-    #[serde(skip_serializing_if = "str::is_empty")]
     reason: &'static str,
-}
-
-fn is_zero(code: &u16) -> bool {
-    *code == 0
 }
 
 /// The answer to a body that is not a PlatformInstance review: it owns its strings (a large
 /// body is read on another thread).
 type Refusal = Box<Answer<'static>>;
 
-/// The envelope around an [`Answer`].
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Envelope<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    response: &'a Answer<'a>,
+/// How every answer begins: the envelope's type, then the response's `uid` key.
+const ANSWER_START: &[u8] =
+    br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
+
+/// Writes `value` as a JSON string (quoted and escaped as serde_json escapes it).
+fn json_string(json: &mut Vec<u8>, value: &str) -> serde_json::Result<()> {
+    serde_json::to_writer(json, value)
 }
 
 impl<'a> Answer<'a> {
@@ -143,16 +132,69 @@ impl<'a> Answer<'a> {
     }
 }
 
+impl Answer<'_> {
+    /// The answer's JSON, written in one pass into one buffer sized for it (a string may grow
+    /// when escaped; the patch's bytes are written as numbers of up to three digits and a comma
+    /// each): the constant parts as they are, the strings escaped.
+    fn to_json(&self) -> serde_json::Result<Vec<u8>> {
+        let warnings: usize = self.warnings.iter().flatten().map(|w| w.len() + 3).sum();
+        let patch = self.patch.as_ref().map_or(0, |p| 4 * p.len() + 40);
+        let mut json = Vec::with_capacity(
+            ANSWER_START.len() + 64 + self.uid.len() + self.status.message.len() + warnings + patch,
+        );
+        json.extend_from_slice(ANSWER_START);
+        json_string(&mut json, &self.uid)?;
+        json.extend_from_slice(if self.allowed {
+            br#","allowed":true,"status":{"#
+        } else {
+            br#","allowed":false,"status":{"#
+        });
+        let outcome = &self.status;
+        let mut first = true;
+        let mut key = |json: &mut Vec<u8>, name: &[u8]| {
+            if !std::mem::take(&mut first) {
+                json.push(b',');
+            }
+            json.extend_from_slice(name);
+        };
+        if let Some(status) = outcome.status {
+            key(&mut json, br#""status":"#);
+            json_string(&mut json, status)?;
+        }
+        if outcome.code != 0 {
+            key(&mut json, br#""code":"#);
+            serde_json::to_writer(&mut json, &outcome.code)?;
+        }
+        if !outcome.message.is_empty() {
+            key(&mut json, br#""message":"#);
+            json_string(&mut json, &outcome.message)?;
+        }
+        if !outcome.reason.is_empty() {
+            key(&mut json, br#""reason":"#);
+            json_string(&mut json, outcome.reason)?;
+        }
+        json.push(b'}');
+        if let Some(patch) = &self.patch {
+            json.extend_from_slice(br#","patch":"#);
+            serde_json::to_writer(&mut json, patch)?;
+        }
+        if let Some(patch_type) = self.patch_type {
+            json.extend_from_slice(br#","patchType":"#);
+            json_string(&mut json, patch_type)?;
+        }
+        if let Some(warnings) = &self.warnings {
+            json.extend_from_slice(br#","warnings":"#);
+            serde_json::to_writer(&mut json, warnings)?;
+        }
+        json.extend_from_slice(b"}}");
+        Ok(json)
+    }
+}
+
 impl IntoResponse for &Answer<'_> {
     fn into_response(self) -> Response {
-        let envelope = Envelope {
-            api_version: API_VERSION,
-            kind: KIND,
-            response: self,
-        };
-        let mut json = Vec::with_capacity(160 + self.status.message.len());
-        match serde_json::to_writer(&mut json, &envelope) {
-            Ok(()) => (
+        match self.to_json() {
+            Ok(json) => (
                 [(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
@@ -406,12 +448,7 @@ mod tests {
 
     /// The bytes an answer is sent as.
     fn written(answer: &Answer<'_>) -> Vec<u8> {
-        let envelope = Envelope {
-            api_version: API_VERSION,
-            kind: KIND,
-            response: answer,
-        };
-        serde_json::to_vec(&envelope).expect("json")
+        answer.to_json().expect("json")
     }
 
     /// The bytes kube's `AdmissionReview` of `response` is written as (what axum's `Json` sent).

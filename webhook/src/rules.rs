@@ -259,9 +259,17 @@ fn check_route_pattern(new: &Instance<'_>) -> Option<Finding> {
     ))
 }
 
+/// A URL split at its first `://` (as `split_once("://")`, found byte by byte: for strings this
+/// short, without building a substring searcher per review).
+fn split_scheme(url: &str) -> Option<(&str, &str)> {
+    let at = url.as_bytes().windows(3).position(|w| w == b"://")?;
+    // `://` is ASCII, so both ends of it are character boundaries.
+    Some((url.get(..at)?, url.get(at + 3..)?))
+}
+
 /// Whether an http(s) URL's host is this machine (127.0.0.0/8, `::1`, `localhost`).
 fn is_loopback(url: &str) -> bool {
-    let Some((_, rest)) = url.split_once("://") else {
+    let Some((_, rest)) = split_scheme(url) else {
         return false;
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -269,10 +277,13 @@ fn is_loopback(url: &str) -> bool {
     let host = match host_port.strip_prefix('[') {
         Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
         None => host_port.split(':').next().unwrap_or_default(),
-    }
-    .to_ascii_lowercase();
-    host == "localhost"
-        || host.ends_with(".localhost")
+    };
+    // Compared without regard to ASCII case, in place (no lowercased copy per review).
+    const SUFFIX: &[u8] = b".localhost";
+    let bytes = host.as_bytes();
+    host.eq_ignore_ascii_case("localhost")
+        || (bytes.len() >= SUFFIX.len()
+            && bytes[bytes.len() - SUFFIX.len()..].eq_ignore_ascii_case(SUFFIX))
         || host == "::1"
         || host.strip_prefix("127.").is_some_and(|r| {
             r.split('.').count() == 3 && r.split('.').all(|o| o.parse::<u8>().is_ok())
@@ -281,7 +292,7 @@ fn is_loopback(url: &str) -> bool {
 
 /// The port an http(s) URL names, explicitly or by its scheme.
 fn endpoint_port(url: &str) -> Option<i32> {
-    let (scheme, rest) = url.split_once("://")?;
+    let (scheme, rest) = split_scheme(url)?;
     let authority = rest.split(['/', '?', '#']).next()?;
     let host_port = authority.rsplit('@').next()?;
     let port = match host_port.strip_prefix('[') {
@@ -298,6 +309,26 @@ fn endpoint_port(url: &str) -> Option<i32> {
     }
 }
 
+/// The Secret reference the Secret rule must check: `new`'s, when it has one and it is new or
+/// changed against `old`.
+fn secret_ref_to_check<'v>(
+    new: &'v Instance<'_>,
+    old: Option<&Instance<'_>>,
+) -> Option<&'v SecretRef<'v>> {
+    fn secret_ref<'v>(pi: &'v Instance<'_>) -> Option<&'v SecretRef<'v>> {
+        pi.spec
+            .platform
+            .as_ref()
+            .and_then(|p| p.tenant_auth.as_ref())
+            .map(|t| &t.client_secret_ref)
+    }
+    let reference = secret_ref(new)?;
+    if old.is_some_and(|o| secret_ref(o) == Some(reference)) {
+        return None;
+    }
+    Some(reference)
+}
+
 /// The Secret rule: whoever names `tenantAuth.clientSecretRef` (on create, or when changing it)
 /// must be allowed to `get` that Secret themselves, checked with a SubjectAccessReview for the
 /// request's user and groups. The webhook itself never reads the Secret (it holds no Secret read
@@ -309,19 +340,9 @@ pub async fn check_secret_ref(
     new: &Instance<'_>,
     old: Option<&Instance<'_>>,
 ) -> Verdict {
-    fn secret_ref<'v>(pi: &'v Instance<'_>) -> Option<&'v SecretRef<'v>> {
-        pi.spec
-            .platform
-            .as_ref()
-            .and_then(|p| p.tenant_auth.as_ref())
-            .map(|t| &t.client_secret_ref)
-    }
-    let Some(reference) = secret_ref(new) else {
+    let Some(reference) = secret_ref_to_check(new, old) else {
         return Verdict::default();
     };
-    if old.is_some_and(|o| secret_ref(o) == Some(reference)) {
-        return Verdict::default();
-    }
     let namespace = new.namespace();
     let field = "spec.platform.tenantAuth.clientSecretRef";
     let review = SubjectAccessReview {
@@ -385,13 +406,21 @@ pub async fn validate(
     if local.denial.is_some() || old.is_some_and(|o| o.metadata.deletion_timestamp.is_some()) {
         return local;
     }
-    let secret = check_secret_ref(client, user, new, old).await;
+    // The API call's future (kube's request and the SubjectAccessReview) is boxed, and only
+    // built when there is a reference to check: every review's future, which the router boxes
+    // and moves, stays small.
+    if secret_ref_to_check(new, old).is_none() {
+        return local;
+    }
+    let secret = Box::pin(check_secret_ref(client, user, new, old)).await;
     if secret.denial.is_some() {
         return secret;
     }
+    let mut warnings = local.warnings;
+    warnings.extend(secret.warnings);
     Verdict {
         denial: None,
-        warnings: local.warnings.into_iter().chain(secret.warnings).collect(),
+        warnings,
     }
 }
 
@@ -711,6 +740,9 @@ mod tests {
             "http://localhost:8080",
             "https://apps.localhost",
             "http://[::1]:28080/",
+            "HTTP://LOCALHOST:8080",
+            "http://Apps.LocalHost/",
+            "http://u@localhost",
         ] {
             assert!(is_loopback(url), "{url}");
         }
@@ -720,8 +752,29 @@ mod tests {
             "http://10.0.0.1",
             "apps.example",
             "http://u@localhost.example/",
+            "http://localhost.example",
+            "http://xlocalhost/",
+            "http://é.localhosté/",
+            "http://ɫocalhost/",
+            "http://[::2]/",
         ] {
             assert!(!is_loopback(url), "{url}");
+        }
+    }
+
+    #[test]
+    fn a_url_splits_at_its_first_scheme_separator() {
+        for url in [
+            "http://a",
+            "://",
+            "x://y://z",
+            "é://ü",
+            "no scheme",
+            "",
+            ":/",
+            "a:/b://c",
+        ] {
+            assert_eq!(split_scheme(url), url.split_once("://"), "{url}");
         }
     }
 
