@@ -472,21 +472,17 @@ impl Installer {
     }
 
     /// Prepares the coming install of `version` for instance `namespace/name` while its vCluster
-    /// starts (run beside Helm): writes the project's files and, when the shared dependency tree
-    /// of that version is there and no one holds its lock, checks it against its manifest under
-    /// the lock and links the project to it. The install then finds its project written and,
-    /// within [`PREPARED_FOR`] and while the tree's manifest is still the one checked, does not
-    /// walk the tree again. Best effort: anything it cannot do (a missing tree, which only an
-    /// install builds; a tree failing its check, which only an install rebuilds) is left to the
-    /// install, which does all of it itself.
+    /// starts (run beside Helm): when the shared dependency tree of that version is there and no
+    /// one holds its lock, checks it against its manifest under the lock. The install then, within
+    /// [`PREPARED_FOR`] and while the tree's manifest is still the one checked, links the project
+    /// to it without walking it again. Nothing is written: the instance's folder is the install's
+    /// alone (an instance deleted before it installs leaves nothing behind, whatever its deletion
+    /// policy). Best effort: anything it cannot do (a missing tree, which only an install builds;
+    /// a tree failing its check, which only an install rebuilds) is left to the install, which
+    /// does all of it itself.
     pub async fn prepare(&self, namespace: &str, name: &str, version: &str) {
         let started = std::time::Instant::now();
         let project = self.instance_dir(namespace, name).join("platform");
-        if let Err(e) = write_project(&project, &project.join("state"), version, &self.sdk_version)
-        {
-            tracing::debug!(%namespace, %name, error = %e, "preparing the install: the project's files are left to the install");
-            return;
-        }
         let (key, _, _) = self.tree_key(&project, version);
         let trees = self.trees();
         let Ok(Some(lock)) = trees.try_lock(&key) else {
@@ -500,18 +496,11 @@ impl Installer {
             let key = key.clone();
             tokio::task::spawn_blocking(move || modules::verify(&top, &key)).await
         };
-        let checked = match verified {
-            Ok(Ok(())) => trees
-                .link(&project, &key, &self.state_dir)
-                .map_err(|e| e.to_string()),
-            Ok(Err(reason)) => Err(reason),
-            Err(e) => Err(e.to_string()),
-        };
         // The manifest checked is the one the tree had when the lock was taken.
         let unchanged = trees.manifest_id(&key) == Some(manifest);
         drop(lock);
-        match checked {
-            Ok(()) if unchanged => {
+        match verified {
+            Ok(Ok(())) if unchanged => {
                 if let Ok(mut prepared) = PREPARED.lock() {
                     let prepared = prepared.get_or_insert_default();
                     prepared.retain(|_, c| c.at.elapsed() < PREPARED_FOR);
@@ -524,11 +513,14 @@ impl Installer {
                         },
                     );
                 }
-                tracing::debug!(%namespace, %name, ms = started.elapsed().as_millis() as u64, "prepared the install: project written, shared dependency tree checked and linked");
+                tracing::debug!(%namespace, %name, ms = started.elapsed().as_millis() as u64, "prepared the install: the shared dependency tree checked");
             }
-            Ok(()) => {}
-            Err(reason) => {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => {
                 tracing::debug!(%namespace, %name, %reason, "preparing the install: the shared dependency tree is left to the install's own check");
+            }
+            Err(e) => {
+                tracing::debug!(%namespace, %name, error = %e, "preparing the install: the check was interrupted; left to the install");
             }
         }
     }
@@ -1088,18 +1080,17 @@ mod tests {
         let project = installer.instance_dir("team", "one").join("platform");
         let (key, _, _) = installer.tree_key(&project, "6.0.22");
 
-        // No tree yet: the project is written, the tree is left to the install (which builds it).
+        // No tree yet: left to the install (which builds it).
         installer.prepare("team", "one", "6.0.22").await;
-        assert!(project.join("package.json").is_file());
-        assert!(project.join("index.js").is_file());
         assert_eq!(installer.take_prepared(&project, &key, &trees), None);
 
+        // A tree: checked, and nothing written into the instance's folder (an instance deleted
+        // before it installs, with `Retain`, leaves nothing behind).
         build_tree(&trees, &key).await;
         installer.prepare("team", "one", "6.0.22").await;
-        let link = std::fs::symlink_metadata(project.join(modules::MODULES)).expect("linked");
         assert!(
-            link.file_type().is_symlink(),
-            "the project links to the tree"
+            !installer.instance_dir("team", "one").exists(),
+            "preparing wrote into the instance's folder"
         );
         assert!(
             installer.take_prepared(&project, &key, &trees).is_some(),
