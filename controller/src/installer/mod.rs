@@ -122,6 +122,24 @@ pub struct Installer {
     pub state_full_percent: u8,
 }
 
+/// How long a tree checked while an instance's vCluster started stands for the check of that
+/// instance's install: after it, the install walks the tree again.
+pub const PREPARED_FOR: Duration = Duration::from_secs(120);
+
+/// One tree checked ahead of an install ([`Installer::prepare`]).
+#[derive(Clone, Debug)]
+struct Checked {
+    key: String,
+    at: std::time::Instant,
+    manifest: (u64, i64, i64),
+}
+
+/// The dependency trees checked ahead of an install, by the instance's project folder (an
+/// absolute path under the state root, so one map serves every installer of the process). Each
+/// is used by one install at most.
+static PREPARED: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, Checked>>> =
+    std::sync::Mutex::new(None);
+
 /// Whether `used` of `capacity` bytes is at or above `percent`.
 fn volume_full(used: u64, capacity: u64, percent: u8) -> bool {
     capacity > 0 && u128::from(used) * 100 >= u128::from(capacity) * u128::from(percent)
@@ -299,6 +317,16 @@ impl Installer {
         job: &Job,
         previous: &Record,
     ) -> Result<(pulumi::Counts, Endpoints, Vec<String>), TaskError> {
+        // The steps' ends, for the timeline of an install (`--log-level controller=debug`).
+        let begun = std::time::Instant::now();
+        let step = |name: &str| {
+            tracing::debug!(
+                instance = %format!("{}/{}", job.namespace, job.name),
+                step = name,
+                ms = begun.elapsed().as_millis() as u64,
+                "install step done"
+            );
+        };
         process::reap(dir);
         let unrecorded = passphrase::check(&self.passphrase_file, dir).map_err(|e| {
             let failure = match e {
@@ -308,6 +336,10 @@ impl Installer {
             };
             TaskError::new(failure, e.to_string())
         })?;
+        // A new instance's verifier is derived (PBKDF2, deliberately slow) beside the steps
+        // below and `pulumi up`, and stored after them.
+        let sealing = unrecorded.map(|u| tokio::task::spawn_blocking(move || u.seal()));
+        step("passphrase");
         self.check_state_volume()?;
         let stack = self.stack(dir);
         write_project(
@@ -317,11 +349,14 @@ impl Installer {
             &self.sdk_version,
         )
         .map_err(|e| TaskError::new(Failure::StateUnavailable, e))?;
+        step("project files");
 
         self.dependencies(&stack.project, dir, job).await?;
+        step("dependencies");
 
         let started = std::time::Instant::now();
         let (applied, up_seconds) = self.apply(&stack, &job.config).await;
+        step("pulumi");
         self.observe_tool(
             "pulumi",
             applied.is_ok(),
@@ -342,7 +377,13 @@ impl Installer {
         })?;
         // Pulumi decrypted and wrote the state with this passphrase: it is the one to check
         // against from now on.
-        if let Some(verifier) = unrecorded {
+        if let Some(sealing) = sealing {
+            let verifier = sealing.await.map_err(|e| {
+                TaskError::new(
+                    Failure::StateUnavailable,
+                    format!("deriving the passphrase verifier was interrupted ({e}); the install retries"),
+                )
+            })?;
             verifier
                 .store(dir)
                 .map_err(|e| TaskError::new(Failure::StateUnavailable, e.to_string()))?;
@@ -351,26 +392,24 @@ impl Installer {
         let secrets = write_membership_secrets(client, job, &outputs, &previous.membership_secrets)
             .await
             .map_err(|e| TaskError::new(Failure::OutputsFailed, e))?;
+        step("membership secrets");
         Ok((counts, endpoints, secrets))
     }
 
     /// The shared dependency tree of the job's version: checked and reused, or built with npm
     /// (see [`modules`]), then linked into the project.
     async fn dependencies(&self, project: &Path, dir: &Path, job: &Job) -> Result<(), TaskError> {
-        let files = project_files(&project.join("state"), &job.version, &self.sdk_version);
-        let file = |name: &str| {
-            files
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, c)| c.clone())
-                .unwrap_or_default()
-        };
-        let (package_json, npmrc) = (file("package.json"), file(".npmrc"));
-        let key = modules::key(&package_json, &npmrc, self.allow_scripts);
+        let (key, package_json, npmrc) = self.tree_key(project, &job.version);
         let trees = self.trees();
         let tree_error =
             |e: modules::TreeError| TaskError::new(Failure::StateUnavailable, e.to_string());
         let lock = trees.lock(&key).await.map_err(tree_error)?;
+        if let Some(ago) = self.take_prepared(project, &key, &trees) {
+            tracing::info!(version = %job.version, %key, checked_ms_ago = ago.as_millis() as u64, "reusing the shared dependency tree checked while the vCluster started: no npm install");
+            return trees
+                .link(project, &key, &self.state_dir)
+                .map_err(tree_error);
+        }
         let build = |build_dir: PathBuf| async move {
             for (name, content) in [("package.json", &package_json), (".npmrc", &npmrc)] {
                 let path = build_dir.join(name);
@@ -414,6 +453,89 @@ impl Installer {
         modules::Trees {
             root: self.state_dir.join(".cache").join("modules"),
         }
+    }
+
+    /// The tree key of `version` for the project in `project`, with the `package.json` and
+    /// `.npmrc` it is the key of.
+    fn tree_key(&self, project: &Path, version: &str) -> (String, String, String) {
+        let files = project_files(&project.join("state"), version, &self.sdk_version);
+        let file = |name: &str| {
+            files
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default()
+        };
+        let (package_json, npmrc) = (file("package.json"), file(".npmrc"));
+        let key = modules::key(&package_json, &npmrc, self.allow_scripts);
+        (key, package_json, npmrc)
+    }
+
+    /// Prepares the coming install of `version` for instance `namespace/name` while its vCluster
+    /// starts (run beside Helm): when the shared dependency tree of that version is there and no
+    /// one holds its lock, checks it against its manifest under the lock. The install then, within
+    /// [`PREPARED_FOR`] and while the tree's manifest is still the one checked, links the project
+    /// to it without walking it again. Nothing is written: the instance's folder is the install's
+    /// alone (an instance deleted before it installs leaves nothing behind, whatever its deletion
+    /// policy). Best effort: anything it cannot do (a missing tree, which only an install builds;
+    /// a tree failing its check, which only an install rebuilds) is left to the install, which
+    /// does all of it itself.
+    pub async fn prepare(&self, namespace: &str, name: &str, version: &str) {
+        let started = std::time::Instant::now();
+        let project = self.instance_dir(namespace, name).join("platform");
+        let (key, _, _) = self.tree_key(&project, version);
+        let trees = self.trees();
+        let Ok(Some(lock)) = trees.try_lock(&key) else {
+            return;
+        };
+        let Some(manifest) = trees.manifest_id(&key) else {
+            return;
+        };
+        let top = trees.tree(&key);
+        let verified = {
+            let key = key.clone();
+            tokio::task::spawn_blocking(move || modules::verify(&top, &key)).await
+        };
+        // The manifest checked is the one the tree had when the lock was taken.
+        let unchanged = trees.manifest_id(&key) == Some(manifest);
+        drop(lock);
+        match verified {
+            Ok(Ok(())) if unchanged => {
+                if let Ok(mut prepared) = PREPARED.lock() {
+                    let prepared = prepared.get_or_insert_default();
+                    prepared.retain(|_, c| c.at.elapsed() < PREPARED_FOR);
+                    prepared.insert(
+                        project,
+                        Checked {
+                            key,
+                            at: std::time::Instant::now(),
+                            manifest,
+                        },
+                    );
+                }
+                tracing::debug!(%namespace, %name, ms = started.elapsed().as_millis() as u64, "prepared the install: the shared dependency tree checked");
+            }
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => {
+                tracing::debug!(%namespace, %name, %reason, "preparing the install: the shared dependency tree is left to the install's own check");
+            }
+            Err(e) => {
+                tracing::debug!(%namespace, %name, error = %e, "preparing the install: the check was interrupted; left to the install");
+            }
+        }
+    }
+
+    /// How long ago the tree of `key` was checked for the install in `project` by
+    /// [`Installer::prepare`], if that check stands for the install's own (the caller holds the
+    /// tree's lock): within [`PREPARED_FOR`], and the tree's manifest still the one checked.
+    /// Each check is taken once.
+    fn take_prepared(&self, project: &Path, key: &str, trees: &modules::Trees) -> Option<Duration> {
+        let checked = PREPARED.lock().ok()?.as_mut()?.remove(project)?;
+        let ago = checked.at.elapsed();
+        (checked.key == key
+            && ago < PREPARED_FOR
+            && trees.manifest_id(key) == Some(checked.manifest))
+        .then_some(ago)
     }
 
     /// Runs `npm install` of the job's version in `folder` (a tree being built); `dir` is the
@@ -499,9 +621,11 @@ impl Installer {
         if pending > 0 {
             tracing::info!(project = %stack.project.display(), pending, "resolved pending operations an interrupted run left");
         }
+        tracing::debug!(project = %stack.project.display(), "pulumi up starts");
         let started = std::time::Instant::now();
         let up = stack.up().await;
         *up_seconds = started.elapsed().as_secs_f64();
+        tracing::debug!(project = %stack.project.display(), seconds = *up_seconds, "pulumi up ended");
         self.observe_tool("pulumi-up", up.is_ok(), *up_seconds);
         // Every update, a failed one too, leaves a history record and a backup: keep a few.
         match stack.prune_history(self.history_keep) {
@@ -897,18 +1021,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_registry_comes_from_its_file_when_one_is_named() {
-        let dir = std::env::temp_dir().join(format!("installer-registry-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
+    /// An installer on the state folder `dir` (no tool is run by the tests using it).
+    fn installer_in(dir: &Path) -> Installer {
         let tool_seconds = prometheus::HistogramVec::new(
             prometheus::HistogramOpts::new("tool_seconds", "test"),
             &["tool", "result"],
         )
         .expect("histogram");
-        let mut installer = Installer {
-            state_dir: dir.clone(),
+        Installer {
+            state_dir: dir.to_path_buf(),
             passphrase_file: dir.join("passphrase"),
             registry: "https://registry.npmjs.org/".into(),
             registry_file: None,
@@ -922,7 +1043,104 @@ mod tests {
             history_keep: 10,
             state_full_percent: 95,
             tool_seconds,
+        }
+    }
+
+    /// Builds the shared tree of `key` as an install does, with one package written by hand
+    /// in place of npm's work.
+    async fn build_tree(trees: &modules::Trees, key: &str) {
+        let lock = trees.lock(key).await.expect("lock");
+        let fill = |dir: PathBuf| async move {
+            let package = dir.join("node_modules/pkg");
+            std::fs::create_dir_all(&package).map_err(|e| e.to_string())?;
+            std::fs::write(package.join("index.js"), "module.exports = 42;\n")
+                .map_err(|e| e.to_string())?;
+            std::fs::write(dir.join(modules::LOCKFILE), "{\"lockfileVersion\":3}")
+                .map_err(|e| e.to_string())
         };
+        trees.ensure(key, &lock, fill).await.expect("built");
+    }
+
+    /// Makes file `path` writable again (the trees are read-only).
+    fn writable(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).expect("meta").permissions().mode();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o200))
+            .expect("chmod");
+    }
+
+    #[tokio::test]
+    async fn a_tree_checked_while_the_vcluster_starts_stands_for_one_install() {
+        let dir = std::env::temp_dir().join(format!("installer-prepare-{}", std::process::id()));
+        modules::make_removable(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let installer = installer_in(&dir);
+        let trees = installer.trees();
+        let project = installer.instance_dir("team", "one").join("platform");
+        let (key, _, _) = installer.tree_key(&project, "6.0.22");
+
+        // No tree yet: left to the install (which builds it).
+        installer.prepare("team", "one", "6.0.22").await;
+        assert_eq!(installer.take_prepared(&project, &key, &trees), None);
+
+        // A tree: checked, and nothing written into the instance's folder (an instance deleted
+        // before it installs, with `Retain`, leaves nothing behind).
+        build_tree(&trees, &key).await;
+        installer.prepare("team", "one", "6.0.22").await;
+        assert!(
+            !installer.instance_dir("team", "one").exists(),
+            "preparing wrote into the instance's folder"
+        );
+        assert!(
+            installer.take_prepared(&project, &key, &trees).is_some(),
+            "the check stands for the install's"
+        );
+        assert_eq!(
+            installer.take_prepared(&project, &key, &trees),
+            None,
+            "one check stands for one install"
+        );
+
+        // Another version's tree, or a tree replaced since the check, is checked again.
+        installer.prepare("team", "one", "6.0.22").await;
+        let (other, _, _) = installer.tree_key(&project, "6.0.23");
+        assert_eq!(installer.take_prepared(&project, &other, &trees), None);
+        installer.prepare("team", "one", "6.0.22").await;
+        let manifest = trees.tree(&key).join(modules::MANIFEST);
+        let copy = dir.join("manifest-copy.json");
+        std::fs::copy(&manifest, &copy).expect("copy");
+        std::fs::rename(&copy, &manifest).expect("replace");
+        assert_eq!(
+            installer.take_prepared(&project, &key, &trees),
+            None,
+            "the manifest checked is no longer the tree's"
+        );
+
+        // A tree failing its check is not taken as checked (the install rebuilds it).
+        let file = trees.tree(&key).join("node_modules/pkg/index.js");
+        writable(&file);
+        std::fs::write(&file, "module.exports = 43;\n").expect("tamper");
+        installer.prepare("team", "one", "6.0.22").await;
+        assert_eq!(installer.take_prepared(&project, &key, &trees), None);
+
+        // A tree whose lock another install holds is left to the install.
+        build_tree(&trees, &key).await;
+        let held = trees.lock(&key).await.expect("lock");
+        installer.prepare("team", "one", "6.0.22").await;
+        drop(held);
+        assert_eq!(installer.take_prepared(&project, &key, &trees), None);
+
+        modules::make_removable(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_registry_comes_from_its_file_when_one_is_named() {
+        let dir = std::env::temp_dir().join(format!("installer-registry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut installer = installer_in(&dir);
         assert_eq!(
             installer.registry().as_deref(),
             Ok("https://registry.npmjs.org/")

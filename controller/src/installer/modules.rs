@@ -232,7 +232,7 @@ fn make_read_only(top: &Path) -> Result<(), TreeError> {
 }
 
 /// Makes every folder under `top` writable by its owner again, so that it can be removed.
-fn make_removable(top: &Path) {
+pub(crate) fn make_removable(top: &Path) {
     let mut dirs = vec![top.to_path_buf()];
     while let Some(dir) = dirs.pop() {
         if let Ok(meta) = fs::symlink_metadata(&dir)
@@ -373,12 +373,19 @@ impl Trees {
         self.root.join(key)
     }
 
+    /// The identity of the manifest of `key`'s tree (inode, change time): a tree built, rebuilt,
+    /// replaced or restored since has another.
+    pub fn manifest_id(&self, key: &str) -> Option<(u64, i64, i64)> {
+        let meta = fs::symlink_metadata(self.tree(key).join(MANIFEST)).ok()?;
+        Some((meta.ino(), meta.ctime(), meta.ctime_nsec()))
+    }
+
     fn lock_path(&self, key: &str) -> PathBuf {
         self.root.join(format!("{key}.lock"))
     }
 
     /// Takes the lock of `key` if it is free.
-    fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, TreeError> {
+    pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, TreeError> {
         let path = self.lock_path(key);
         let file = fs::OpenOptions::new()
             .create(true)

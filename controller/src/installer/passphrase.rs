@@ -84,12 +84,43 @@ pub(super) fn derive(passphrase: &[u8], salt: &[u8], iterations: u32) -> [u8; 32
     out
 }
 
-/// A verifier for a passphrase no verifier was recorded for yet: stored only once Pulumi has
-/// accepted that passphrase (an install succeeded), so a wrong passphrase is never recorded.
-#[derive(Debug)]
-pub struct Unrecorded(Verifier);
+/// A passphrase no verifier was recorded for yet, with the salt of its verifier: the verifier
+/// is derived by [`Unrecorded::seal`] (the slow part, so an install runs it beside its other
+/// steps) and stored only once Pulumi has accepted that passphrase (an install succeeded), so a
+/// wrong passphrase is never recorded.
+pub struct Unrecorded {
+    passphrase: Vec<u8>,
+    salt: [u8; 16],
+}
+
+impl std::fmt::Debug for Unrecorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the passphrase.
+        f.debug_struct("Unrecorded").finish_non_exhaustive()
+    }
+}
 
 impl Unrecorded {
+    /// Derives the verifier (PBKDF2, deliberately slow: blocking).
+    pub fn seal(self) -> Sealed {
+        Sealed(Verifier {
+            salt: hex(&self.salt),
+            iterations: ITERATIONS,
+            hash: hex(&derive(&self.passphrase, &self.salt, ITERATIONS)),
+        })
+    }
+
+    /// Derives the verifier and writes it into `dir` (see [`Sealed::store`]).
+    pub fn store(self, dir: &Path) -> Result<(), PassphraseError> {
+        self.seal().store(dir)
+    }
+}
+
+/// A verifier derived for an [`Unrecorded`] passphrase, not yet stored.
+#[derive(Debug)]
+pub struct Sealed(Verifier);
+
+impl Sealed {
     /// Writes the verifier into `dir` (a temporary file renamed over, so never half written).
     pub fn store(&self, dir: &Path) -> Result<(), PassphraseError> {
         let file = dir.join(FILE);
@@ -107,8 +138,8 @@ impl Unrecorded {
 }
 
 /// Reads the passphrase file (surrounding white space trimmed, as Pulumi reads it) and checks it
-/// against `dir`'s verifier. With no verifier yet, returns one to store after a successful
-/// install.
+/// against `dir`'s verifier. With no verifier yet, returns the passphrase to derive one from and
+/// store after a successful install (nothing is derived here then).
 pub fn check(passphrase_file: &Path, dir: &Path) -> Result<Option<Unrecorded>, PassphraseError> {
     let raw = std::fs::read(passphrase_file).map_err(|source| PassphraseError::Unreadable {
         path: passphrase_file.to_path_buf(),
@@ -150,11 +181,10 @@ pub fn check(passphrase_file: &Path, dir: &Path) -> Result<Option<Unrecorded>, P
             path: file.clone(),
             source: std::io::Error::other("no system randomness"),
         })?;
-    Ok(Some(Unrecorded(Verifier {
-        salt: hex(&salt),
-        iterations: ITERATIONS,
-        hash: hex(&derive(passphrase, &salt, ITERATIONS)),
-    })))
+    Ok(Some(Unrecorded {
+        passphrase: passphrase.to_vec(),
+        salt,
+    }))
 }
 
 #[cfg(test)]

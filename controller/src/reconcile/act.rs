@@ -190,7 +190,31 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
         install.await
     };
     let work = timed(&t.ctx.metrics.helm_duration, "install", work);
+    // The installer's own preparation runs beside Helm and the vCluster's start, in the same
+    // task (so a deletion waits for it as for Helm): when the vCluster serves, only the
+    // install's remaining steps and `pulumi up` are left.
+    let work = match prepare(t) {
+        Some(prepare) => async move {
+            let (installed, ()) = futures::join!(work, prepare);
+            installed
+        }
+        .boxed(),
+        None => work,
+    };
     t.ctx.tasks.submit(&key(t.pi), true, work);
+}
+
+/// The installer's preparation for the instance's coming install, when one will follow: the
+/// platform program runs here and `spec.version` is not the installed version.
+fn prepare(t: &Target<'_>) -> Option<BoxFuture<'static, ()>> {
+    let version = t.pi.spec.version.clone()?;
+    if !t.ctx.settings.install_platform
+        || t.found.record.installed_version.as_deref() == Some(version.as_str())
+    {
+        return None;
+    }
+    let (installer, namespace, name) = (t.ctx.installer.clone(), t.ns.clone(), t.name.clone());
+    Some(async move { installer.prepare(&namespace, &name, &version).await }.boxed())
 }
 
 async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
