@@ -244,10 +244,12 @@ async fn host(
         return Ok(Host::default());
     };
     let uid = pi.uid().unwrap_or_default();
-    let desired = objects::namespace_hash(
-        &objects::namespace(&key(pi), &uid, host_ns, ctx.settings.pod_security),
-        &objects::network_policy(host_ns, &uid, &ctx.settings.operator_namespace),
-    );
+    let desired = ctx.vclusters.namespace_hash(host_ns, &uid, || {
+        objects::namespace_hash(
+            &objects::namespace(&key(pi), &uid, host_ns, ctx.settings.pod_security),
+            &objects::network_policy(host_ns, &uid, &ctx.settings.operator_namespace),
+        )
+    });
     let mut host = Host {
         exists: true,
         conflict: control_plane::foreign_owner(&namespace, &key(pi), &uid),

@@ -56,8 +56,9 @@ pub fn unchanged(
     retry: Option<String>,
     record: &Record,
 ) -> bool {
-    let old = pi.status.clone().unwrap_or_default();
-    if status(pi, plan, retry, record, &old) != old {
+    let none = PlatformInstanceStatus::default();
+    let old = pi.status.as_ref().unwrap_or(&none);
+    if status(pi, plan, retry, record, old) != *old {
         return false;
     }
     record_phase(ctx, key(pi), Some(plan.phase));

@@ -7,8 +7,8 @@
 //! Each kubeconfig is parsed once (not once per probe): what is kept per vCluster is its digest,
 //! the last answer and a small parsed form (the address, the server name, and the TLS
 //! configuration kube builds from the kubeconfig, with the exported CA as the only root and the
-//! client certificate as the identity), about 5.5 KiB with a session ticket (heap profile of a
-//! 200-instance run). A probe is one TCP connection, one TLS
+//! client certificate as the identity) and the latest TLS session its server issued
+//! ([`OneSession`]). A probe is one TCP connection, one TLS
 //! handshake and one HTTP/1.1 request on it, closed after the answer: no connection and no
 //! `kube::Client` are kept (a kept client cost about 17 KiB per vCluster). The server's
 //! certificate is checked against the exported CA and the kubeconfig's server name (or
@@ -126,6 +126,9 @@ struct Probed {
 /// The vClusters' last probes, by host namespace.
 pub struct VClusters {
     entries: Mutex<HashMap<String, Entry>>,
+    /// The applied-hash each host namespace should carry, by host namespace, with the UID of
+    /// the instance it was computed for (see [`VClusters::namespace_hash`]).
+    namespace_hashes: Mutex<HashMap<String, (String, String)>>,
     /// The probes by how they went: the one count of them (the metric
     /// `platform_operator_controller_vcluster_probes_total`, read by tests and benchmarks too).
     outcomes: prometheus::IntCounterVec,
@@ -137,6 +140,7 @@ impl VClusters {
     pub fn counted(outcomes: prometheus::IntCounterVec) -> Self {
         Self {
             entries: Mutex::default(),
+            namespace_hashes: Mutex::default(),
             outcomes,
         }
     }
@@ -264,10 +268,37 @@ impl VClusters {
         serves
     }
 
+    /// The applied-hash the host namespace `host_ns` of instance `uid` should carry:
+    /// `compute`'s answer, computed once per host namespace and instance UID (it depends on
+    /// nothing else that can change while the controller runs: the instance's key, its UID and
+    /// the controller's settings), instead of building, serialising and hashing the namespace
+    /// and its NetworkPolicy at every reconcile.
+    pub fn namespace_hash(
+        &self,
+        host_ns: &str,
+        uid: &str,
+        compute: impl FnOnce() -> String,
+    ) -> String {
+        if let Ok(hashes) = self.namespace_hashes.lock()
+            && let Some((for_uid, hash)) = hashes.get(host_ns)
+            && for_uid == uid
+        {
+            return hash.clone();
+        }
+        let hash = compute();
+        if let Ok(mut hashes) = self.namespace_hashes.lock() {
+            hashes.insert(host_ns.to_string(), (uid.to_string(), hash.clone()));
+        }
+        hash
+    }
+
     /// Drops what is kept of the vCluster in `host_ns` (its instance is gone).
     pub fn forget(&self, host_ns: &str) {
         if let Ok(mut entries) = self.entries.lock() {
             entries.remove(host_ns);
+        }
+        if let Ok(mut hashes) = self.namespace_hashes.lock() {
+            hashes.remove(host_ns);
         }
     }
 
@@ -324,10 +355,8 @@ impl Target {
             return Ok(None);
         }
         let mut tls = config.rustls_client_config().map_err(|_| ())?;
-        // One server's TLS 1.3 tickets (up to 8), so the next probe resumes.
-        tls.resumption = rustls::client::Resumption::store(Arc::new(
-            rustls::client::ClientSessionMemoryCache::new(1),
-        ));
+        // The latest session of this one server, so the next probe resumes.
+        tls.resumption = rustls::client::Resumption::store(Arc::new(OneSession::default()));
         let url = &config.cluster_url;
         let authority = url.authority().ok_or(())?.to_string();
         let host = url
@@ -395,6 +424,69 @@ impl Target {
             // The connection ended before the answer.
             _ = &mut connection => None,
         }
+    }
+}
+
+/// The session store of one vCluster's probes: the latest TLS 1.3 ticket (or TLS 1.2 session)
+/// its server issued and the key-exchange group it chose, for the one server name its
+/// configuration talks to. Each probe takes the ticket and the handshake that uses it leaves a
+/// new one. rustls's in-memory cache, even sized for one server, allocated about 0.9 KB of maps
+/// per vCluster and kept up to eight tickets, each with the server's certificate chain (heap
+/// profile of a 200-instance run, docs/benchmarks.md).
+#[derive(Debug, Default)]
+struct OneSession(Mutex<Session>);
+
+#[derive(Debug, Default)]
+struct Session {
+    group: Option<rustls::NamedGroup>,
+    tls13: Option<rustls::client::Tls13ClientSessionValue>,
+    tls12: Option<rustls::client::Tls12ClientSessionValue>,
+}
+
+impl OneSession {
+    fn with<T>(&self, f: impl FnOnce(&mut Session) -> T) -> Option<T> {
+        self.0.lock().ok().map(|mut s| f(&mut s))
+    }
+}
+
+impl rustls::client::ClientSessionStore for OneSession {
+    fn set_kx_hint(&self, _: ServerName<'static>, group: rustls::NamedGroup) {
+        self.with(|s| s.group = Some(group));
+    }
+
+    fn kx_hint(&self, _: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.with(|s| s.group).flatten()
+    }
+
+    fn set_tls12_session(
+        &self,
+        _: ServerName<'static>,
+        value: rustls::client::Tls12ClientSessionValue,
+    ) {
+        self.with(|s| s.tls12 = Some(value));
+    }
+
+    fn tls12_session(&self, _: &ServerName<'_>) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.with(|s| s.tls12.clone()).flatten()
+    }
+
+    fn remove_tls12_session(&self, _: &ServerName<'static>) {
+        self.with(|s| s.tls12 = None);
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        _: ServerName<'static>,
+        value: rustls::client::Tls13ClientSessionValue,
+    ) {
+        self.with(|s| s.tls13 = Some(value));
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        _: &ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.with(|s| s.tls13.take()).flatten()
     }
 }
 
