@@ -583,6 +583,27 @@ mod tests {
     }
 
     #[test]
+    fn the_namespace_hash_is_computed_once_per_host_namespace_and_uid() {
+        let (v, _) = counted();
+        let computed = std::cell::Cell::new(0);
+        let compute = |hash: &str| {
+            computed.set(computed.get() + 1);
+            hash.to_string()
+        };
+        assert_eq!(v.namespace_hash("h", "uid-1", || compute("a")), "a");
+        assert_eq!(v.namespace_hash("h", "uid-1", || compute("b")), "a", "kept");
+        assert_eq!(computed.get(), 1);
+        // Another instance (a new UID) under the same host namespace: computed for it.
+        assert_eq!(v.namespace_hash("h", "uid-2", || compute("c")), "c");
+        assert_eq!(v.namespace_hash("other", "uid-1", || compute("d")), "d");
+        assert_eq!(computed.get(), 3);
+        // The instance went: computed again.
+        v.forget("h");
+        assert_eq!(v.namespace_hash("h", "uid-2", || compute("e")), "e");
+        assert_eq!(computed.get(), 4);
+    }
+
+    #[test]
     fn vetting_and_the_server_are_kept_per_kubeconfig() {
         let (v, _) = counted();
         let good = "apiVersion: v1\nkind: Config\nclusters:\n- name: vc\n  cluster: {server: \"https://10.0.0.1:443\"}\ncontexts:\n- name: vc\n  context: {cluster: vc, user: u}\nusers:\n- name: u\n  user: {token: t}\ncurrent-context: vc\n";
