@@ -5,9 +5,10 @@
 //! records, `service/vcluster`, `deployment/vcluster`, the exported kubeconfig `vc-vcluster`, the
 //! instances' kubeconfig Secrets), indexed by `namespace/name` in one ordered map per kind. What
 //! observe does not read is dropped before it is stored: managed fields always, and per kind the
-//! rest. Each kind is kept in the form observe reads, not as a whole object: metadata only (the
-//! name, namespace and UID, and only the labels and annotations observe looks at) for objects
-//! whose existence, UID or marks are all that matter; of the Deployment only whether it rolled
+//! rest. Each kind is kept in the form observe reads, not as a whole object: a compact record of
+//! its metadata ([`Kept`]: the UID, the deletion time, only the labels and annotations observe
+//! looks at, the owners' UIDs, read back as an object of its kind) for objects whose existence,
+//! UID or marks are all that matter; of the Deployment only whether it rolled
 //! out ([`Rollout`]); of the exported kubeconfig Secret only the kubeconfig, with its SHA-256
 //! computed once, when the event arrives ([`Exported`], shared with each reconcile that reads it);
 //! of the instances' own
@@ -33,10 +34,11 @@ use common::names::{
 };
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
@@ -312,6 +314,124 @@ impl Rollout {
     }
 }
 
+/// What the caches keep of an object whose metadata is all observe reads (host namespaces,
+/// `networkpolicy/vcluster-api`, `service/vcluster`, the Helm release records, the instances'
+/// kubeconfig Secrets), after its kind's trim: its UID, its deletion time, the labels and
+/// annotations the trim left, its owners' UIDs and, of a kubeconfig Secret, the SHA-256 of its
+/// key. Read back as an object of its kind ([`FromKept`]), rebuilt per read: a trimmed object kept
+/// whole took about four times as much (an `ObjectMeta` is 360 bytes before its strings, and a
+/// B-tree map allocates a node of about 550 bytes for a single label; heap profile of a
+/// 200-instance run, docs/benchmarks.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    uid: Option<Box<str>>,
+    deletion: Option<Box<Time>>,
+    labels: Box<[(Box<str>, Box<str>)]>,
+    annotations: Box<[(Box<str>, Box<str>)]>,
+    owners: Box<[Box<str>]>,
+    digest: Option<Box<super::vclusters::Digest>>,
+}
+
+impl Kept {
+    /// The kept form of `object` (already trimmed).
+    fn of<K: Resource>(object: &K) -> Self {
+        Self::of_meta(object.meta(), None)
+    }
+
+    /// The kept form of an instance's kubeconfig Secret (already trimmed: its key holds the
+    /// kubeconfig's SHA-256).
+    fn of_kubeconfig(secret: &Secret) -> Self {
+        let digest = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(KUBECONFIG_KEY))
+            .and_then(|v| <super::vclusters::Digest>::try_from(v.0.as_slice()).ok())
+            .map(Box::new);
+        Self::of_meta(&secret.metadata, digest)
+    }
+
+    fn of_meta(meta: &ObjectMeta, digest: Option<Box<super::vclusters::Digest>>) -> Self {
+        let pairs = |map: &Option<BTreeMap<String, String>>| {
+            map.iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+                .collect()
+        };
+        Self {
+            uid: meta.uid.as_deref().map(Into::into),
+            deletion: meta.deletion_timestamp.clone().map(Box::new),
+            labels: pairs(&meta.labels),
+            annotations: pairs(&meta.annotations),
+            owners: meta
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|r| r.uid.as_str().into())
+                .collect(),
+            digest,
+        }
+    }
+
+    /// The metadata kept, as `name` in `namespace`: of each owner reference only its UID.
+    fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
+        let map = |pairs: &[(Box<str>, Box<str>)]| {
+            (!pairs.is_empty()).then(|| {
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+        };
+        ObjectMeta {
+            name: (!name.is_empty()).then(|| name.to_string()),
+            namespace: (!namespace.is_empty()).then(|| namespace.to_string()),
+            uid: self.uid.as_deref().map(str::to_string),
+            deletion_timestamp: self.deletion.as_deref().cloned(),
+            labels: map(&self.labels),
+            annotations: map(&self.annotations),
+            owner_references: (!self.owners.is_empty()).then(|| {
+                self.owners
+                    .iter()
+                    .map(|uid| OwnerReference {
+                        uid: uid.to_string(),
+                        ..OwnerReference::default()
+                    })
+                    .collect()
+            }),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// A kind read back from its [`Kept`] form: an object with the kept metadata.
+pub trait FromKept: Resource + Default {
+    /// `kept` as object `name` in `namespace` (`""` for a cluster-scoped one).
+    fn from_kept(kept: &Kept, namespace: &str, name: &str) -> Self {
+        let mut object = Self::default();
+        *object.meta_mut() = kept.meta(namespace, name);
+        object
+    }
+}
+
+impl FromKept for Namespace {}
+impl FromKept for NetworkPolicy {}
+impl FromKept for Service {}
+
+/// A Secret read back: a kubeconfig Secret's key holds the kubeconfig's SHA-256, as the trim
+/// left it ([`kubeconfig_matches`]).
+impl FromKept for Secret {
+    fn from_kept(kept: &Kept, namespace: &str, name: &str) -> Self {
+        Secret {
+            metadata: kept.meta(namespace, name),
+            data: kept
+                .digest
+                .as_ref()
+                .map(|d| BTreeMap::from([(KUBECONFIG_KEY.to_string(), ByteString(d.to_vec()))])),
+            ..Secret::default()
+        }
+    }
+}
+
 /// Keeps one data key of a Secret, its UID mark and (`owners`) its owner references.
 fn keep_key(secret: &mut Secret, key: &str, owners: bool) {
     keep_meta(&mut secret.metadata, &[INSTANCE_UID_LABEL], &[], owners);
@@ -348,14 +468,14 @@ pub fn kubeconfig_matches(cached: &Secret, kubeconfig: &Exported) -> bool {
 #[derive(Default)]
 pub struct Caches {
     /// Host namespaces (labelled `platform.di-framework.dev/host-namespace=true`).
-    pub namespaces: Arc<Index<Namespace>>,
+    pub namespaces: Arc<Index<Kept>>,
     /// `networkpolicy/vcluster-api` of each host namespace (name, namespace and UID).
-    pub network_policies: Arc<Index<PartialObjectMeta<NetworkPolicy>>>,
+    pub network_policies: Arc<Index<Kept>>,
     /// The vCluster's Helm release records (`owner=helm,name=vcluster`; the labels of their
     /// revision, state and chart version).
-    pub releases: Arc<Index<PartialObjectMeta<Secret>>>,
+    pub releases: Arc<Index<Kept>>,
     /// `service/vcluster` of each host namespace (name, namespace and UID).
-    pub services: Arc<Index<PartialObjectMeta<Service>>>,
+    pub services: Arc<Index<Kept>>,
     /// Whether `deployment/vcluster` of each host namespace rolled out.
     pub deployments: Arc<Index<Rollout>>,
     /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key) with its
@@ -363,7 +483,7 @@ pub struct Caches {
     pub exported: Arc<Index<Option<Arc<Exported>>>>,
     /// The Secrets the operator manages (the instances' kubeconfigs: their UID mark, owner
     /// references and the SHA-256 of their `kubeconfig` key).
-    pub kubeconfigs: Arc<Index<Secret>>,
+    pub kubeconfigs: Arc<Index<Kept>>,
 }
 
 /// A watch of `api` narrowed by `config`, with backoff.
@@ -418,12 +538,12 @@ impl Caches {
                 Api::<Namespace>::all(client.clone()),
                 watcher::Config::default().labels(&format!("{HOST_NAMESPACE_LABEL}=true")),
             ),
-            (trim_namespace, Namespace::clone),
+            (trim_namespace, Kept::of),
         ));
         tokio::spawn(caches.network_policies.clone().feed(
             "networkpolicies",
             watch_meta::<NetworkPolicy>(client.clone(), by_name(VCLUSTER_NETWORK_POLICY)),
-            (trim_partial, PartialObjectMeta::clone),
+            (trim_partial, Kept::of),
         ));
         let secrets = match watch_namespace {
             Some(namespace) => Api::<Secret>::namespaced(client.clone(), namespace),
@@ -436,12 +556,12 @@ impl Caches {
                     secrets,
                     watcher::Config::default().labels(MANAGED_BY_SELECTOR),
                 ),
-                (trim_kubeconfig, Secret::clone),
+                (trim_kubeconfig, Kept::of_kubeconfig),
             ),
             services: caches.services.clone().tee(
                 "services",
                 watch_meta::<Service>(client.clone(), by_name(VCLUSTER)),
-                (trim_partial, PartialObjectMeta::clone),
+                (trim_partial, Kept::of),
             ),
             deployments: caches.deployments.clone().tee(
                 "deployments",
@@ -462,7 +582,7 @@ impl Caches {
                     client.clone(),
                     watcher::Config::default().labels(&format!("owner=helm,name={RELEASE}")),
                 ),
-                (trim_release, PartialObjectMeta::clone),
+                (trim_release, Kept::of),
             ),
         };
         (caches, triggers)
@@ -515,14 +635,14 @@ mod tests {
         }
     }
 
-    /// Applies `event` to `index` as a watch would, keeping whole Secrets.
-    fn apply(index: &Index<Secret>, event: Event<Secret>) {
-        let _ = index.take("test", Ok(event), trim_kubeconfig, Secret::clone);
+    /// Applies `event` to `index` as a watch would, keeping kubeconfig Secrets.
+    fn apply(index: &Index<Kept>, event: Event<Secret>) {
+        let _ = index.take("test", Ok(event), trim_kubeconfig, Kept::of_kubeconfig);
     }
 
     #[test]
     fn a_relist_replaces_the_index_only_when_complete() {
-        let index = Index::<Secret>::default();
+        let index = Index::<Kept>::default();
         apply(&index, Event::Apply(secret("a", "one")));
         apply(&index, Event::Apply(secret("a", "two")));
         apply(&index, Event::Apply(secret("b", "one")));
@@ -553,7 +673,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_trigger_passes_an_object_on_only_once_its_cache_holds_it() {
-        let index = Arc::new(Index::<Secret>::default());
+        let index = Arc::new(Index::<Kept>::default());
         let events = futures::stream::iter(vec![
             Ok(Event::Init),
             Ok(Event::InitApply(secret("a", "one"))),
@@ -562,7 +682,7 @@ mod tests {
         ]);
         let mut trigger = index
             .clone()
-            .tee("test", events, (trim_kubeconfig, Secret::clone));
+            .tee("test", events, (trim_kubeconfig, Kept::of_kubeconfig));
         let first = trigger.next().await.expect("one").expect("ok");
         assert_eq!(first.metadata.name.as_deref(), Some("one"));
         // InitDone comes with the next object: the re-list is complete once it is passed on.
@@ -580,11 +700,30 @@ mod tests {
     fn secrets_keep_only_the_kubeconfig_and_no_managed_fields() {
         let mut s: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "k", "namespace": "a", "annotations": {"x": "y"},
+                         "uid": "s", "labels": {INSTANCE_UID_LABEL: "u", "other": "o"},
+                         "ownerReferences": [{"apiVersion": "v", "kind": "PlatformInstance",
+                                              "name": "i", "uid": "u"}],
                          "managedFields": [{"manager": "m", "operation": "Apply"}]},
             "data": {"kubeconfig": "YQ==", "other": "Yg=="}
         }))
         .expect("secret");
         trim_kubeconfig(&mut s);
+        // Read back from its kept form: the same UID mark, owners' UIDs and digest.
+        let back = Secret::from_kept(&Kept::of_kubeconfig(&s), "a", "k");
+        assert_eq!(back.metadata.labels, s.metadata.labels);
+        assert_eq!(back.metadata.uid.as_deref(), Some("s"));
+        let owners = |s: &Secret| -> Vec<String> {
+            s.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|r| r.uid.clone())
+                .collect()
+        };
+        assert_eq!(owners(&back), owners(&s));
+        assert_eq!(back.data, s.data);
+        assert!(kubeconfig_matches(&back, &Exported::new("a".into())));
+        assert!(!kubeconfig_matches(&back, &Exported::new("b".into())));
         assert!(s.metadata.managed_fields.is_none());
         assert!(s.metadata.annotations.is_none());
         let keys: Vec<_> = s.data.as_ref().expect("data").keys().cloned().collect();
@@ -644,10 +783,13 @@ mod tests {
         assert!(n.metadata.deletion_timestamp.is_some());
         assert_eq!(n.metadata.uid.as_deref(), Some("u"));
         assert!(n.metadata.managed_fields.is_none() && n.spec.is_none() && n.status.is_none());
-        // What observe concludes from it is what it concludes from the whole namespace.
+        // Read back from its kept form, observe concludes from it what it concludes from the
+        // whole namespace.
+        let back = Namespace::from_kept(&Kept::of(&n), "", "h");
+        assert_eq!(back.metadata, n.metadata);
         for (key, uid) in [("t/a", "x"), ("t/a", "y"), ("t/b", "x")] {
             assert_eq!(
-                super::super::control_plane::foreign_owner(&n, key, uid),
+                super::super::control_plane::foreign_owner(&back, key, uid),
                 super::super::control_plane::foreign_owner(&whole, key, uid)
             );
         }
@@ -666,9 +808,8 @@ mod tests {
         let whole = crate::helm::release_from_secrets(&[from_meta::<Secret>(&r)]);
         trim_release(&mut r);
         assert_eq!(r.metadata.labels.as_ref().map(BTreeMap::len), Some(3));
-        assert_eq!(
-            crate::helm::release_from_secrets(&[from_meta::<Secret>(&r)]),
-            whole
-        );
+        let back = Secret::from_kept(&Kept::of(&r), "h", "");
+        assert_eq!(crate::helm::release_from_secrets(&[back]), whole);
+        assert_ne!(whole, crate::decide::model::Release::Missing);
     }
 }

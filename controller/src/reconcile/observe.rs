@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 
-use super::cache::{Caches, from_meta};
+use super::cache::{Caches, FromKept, Kept};
 use super::control_plane;
 use super::error::{ReconcileError, observing};
 use super::objects;
@@ -84,14 +84,20 @@ impl Source<'_> {
         api: impl FnOnce() -> Api<K>,
         namespace: &str,
         name: &str,
-        index: fn(&Caches) -> &super::cache::Index<K>,
+        index: fn(&Caches) -> &super::cache::Index<Kept>,
         what: &str,
     ) -> Result<Option<Arc<K>>, ReconcileError>
     where
-        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: Resource<DynamicType = ()>
+            + FromKept
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
     {
         match self {
-            Source::Cached(caches) => Ok(index(caches).get(namespace, name)),
+            Source::Cached(caches) => Ok(index(caches)
+                .get(namespace, name)
+                .map(|kept| Arc::new(K::from_kept(&kept, namespace, name)))),
             Source::Live => Ok(api()
                 .get_opt(name)
                 .await
@@ -106,12 +112,12 @@ impl Source<'_> {
         ctx: &Context,
         namespace: &str,
         name: &str,
-        index: fn(&Caches) -> &super::cache::Index<kube::api::PartialObjectMeta<K>>,
+        index: fn(&Caches) -> &super::cache::Index<Kept>,
         what: &str,
     ) -> Result<Option<K>, ReconcileError>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-            + Default
+            + FromKept
             + Clone
             + serde::de::DeserializeOwned
             + std::fmt::Debug,
@@ -119,7 +125,7 @@ impl Source<'_> {
         match self {
             Source::Cached(caches) => Ok(index(caches)
                 .get(namespace, name)
-                .map(|p| from_meta(p.as_ref()))),
+                .map(|kept| K::from_kept(&kept, namespace, name))),
             Source::Live => Api::<K>::namespaced(ctx.client.clone(), namespace)
                 .get_opt(name)
                 .await
@@ -275,7 +281,7 @@ async fn host(
             .releases
             .in_namespace(host_ns)
             .iter()
-            .map(|p| from_meta::<Secret>(p))
+            .map(|kept| Secret::from_kept(kept, host_ns, ""))
             .collect(),
         Source::Live => {
             Api::<Secret>::namespaced(client.clone(), host_ns)
