@@ -614,7 +614,8 @@ impl Caches {
 }
 
 /// A full object of kind `K` with only the metadata a metadata watch gave.
-pub fn from_meta<K: Resource + Default>(partial: &PartialObjectMeta<K>) -> K {
+#[cfg(test)]
+fn from_meta<K: Resource + Default>(partial: &PartialObjectMeta<K>) -> K {
     let mut object = K::default();
     *object.meta_mut() = partial.metadata.clone();
     object
