@@ -67,6 +67,40 @@ pub fn processes() -> Vec<Proc> {
         .collect()
 }
 
+/// The children of this process (of any of its threads, orphans re-parented to it included,
+/// zombies too), from each thread's `/proc/self/task/<tid>/children`: what a sweep looks at,
+/// without reading every process of the machine (a controller run outside a container, or
+/// beside other processes in a shared PID namespace, saw hundreds). `None` when the kernel has
+/// no such file (built without `CONFIG_PROC_CHILDREN`); the caller then reads every process.
+/// Like the full table, it is a snapshot: a child that appears or exits while it is read is
+/// seen by the next sweep.
+pub fn children() -> Option<Vec<Proc>> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut pids = BTreeSet::new();
+    let mut readable = false;
+    for task in tasks.flatten() {
+        let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        readable = true;
+        pids.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    if !readable {
+        return None;
+    }
+    Some(
+        pids.into_iter()
+            .filter_map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                parse_stat(pid, &stat)
+            })
+            .collect(),
+    )
+}
+
 /// Every descendant of `root` in `table`, parents before their children.
 pub fn descendants(table: &[Proc], root: i32) -> Vec<i32> {
     let mut tree = vec![root];
@@ -137,7 +171,8 @@ pub fn sweep() -> Vec<i32> {
     let ours = OURS.lock().map(|o| o.clone()).unwrap_or_default();
     let me = std::process::id() as i32;
     let mut reaped = Vec::new();
-    for pid in orphan_zombies(&processes(), me, &ours) {
+    let table = children().unwrap_or_else(processes);
+    for pid in orphan_zombies(&table, me, &ours) {
         // The pid is a zombie child of ours: it cannot be reused until it is reaped here.
         if waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).is_ok() {
             reaped.push(pid);

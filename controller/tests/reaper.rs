@@ -46,6 +46,16 @@ async fn orphans_are_reaped_and_our_own_children_keep_their_exit_status() {
         .find(|p| p.pid == orphan)
         .map(|p| p.ppid);
     assert_eq!(parent, Some(me), "the orphan was re-parented to us");
+    // What the sweep reads: this process's own children, the orphan and our child among them,
+    // both as zombies, and nothing of the rest of the machine.
+    let children = reaper::children().expect("this kernel lists a task's children");
+    assert!(children.iter().all(|p| p.ppid == me), "{children:?}");
+    for pid in [orphan, own] {
+        assert!(
+            children.iter().any(|p| p.pid == pid && p.state == 'Z'),
+            "{pid} is listed as our zombie child: {children:?}"
+        );
+    }
 
     assert_eq!(reaper::sweep(), vec![orphan], "only the orphan is reaped");
     assert!(!zombie(orphan));
