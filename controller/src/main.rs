@@ -528,6 +528,8 @@ async fn run_main() -> anyhow::Result<()> {
     // PID 1 in its container: orphans of the tools it runs are re-parented to it, and reaped.
     controller::reaper::become_subreaper()?;
     tokio::spawn(controller::reaper::run());
+    // Free memory left inside malloc's arenas by a burst of work goes back to the system.
+    tokio::spawn(controller::allocator::trim_periodically());
     controller::chart::verify(
         &args.vcluster_chart,
         args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
