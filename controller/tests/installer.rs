@@ -250,11 +250,11 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         "one to be Ready at 6.0.21",
         // A liveness bound, not a timing: it covers provisioning, a queue behind two other
         // installs and a real npm and Pulumi install, which took over 7 min at a load average of 25.
-        // On a new machine (npm's first build of 6.0.21's tree from the registry, the CI's lanes
-        // beside it) npm ran past this test's 150 s --install-timeout five times before the
-        // sixth attempt, resuming from what the earlier ones had put in the state volume's npm
-        // cache, built the tree 14 min after the first began; the old bound (900 s) ended
-        // before that attempt's `pulumi up`.
+        // The public registry is out of it: on new machines npm's first fetch of 6.0.21's tree
+        // through the test registry ran past this test's 150 s --install-timeout attempt after
+        // attempt (once ten times in 25 min, never finishing), so `e2e::npm::shared` fetches the
+        // stand-in's dependencies into the registry's uplink cache before any test runs
+        // (`RegistryHandle::warm_uplinks`), and the installs here read them from loopback.
         Duration::from_secs(1500),
         |pi| is_ready(pi, "6.0.21"),
     )

@@ -64,6 +64,22 @@ pub const STANDIN_VERSIONS: [(&str, Behaviour); 6] = [
 /// A version of the stand-in that is never published (the "unknown version" case).
 pub const UNPUBLISHED_VERSION: &str = "6.0.99";
 
+/// How long [`RegistryHandle::warm_uplinks`] lets npm fetch the stand-in's dependencies from the
+/// public registry (a new machine's first fetch, beside CI's other lanes, has taken minutes).
+pub const WARM_LIMIT: Duration = Duration::from_secs(20 * 60);
+
+/// The `dependencies` object of the stand-in's `package.json`, as compact JSON.
+fn standin_dependencies() -> Result<String, HarnessError> {
+    let path = standin_source().join("package.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| HarnessError::io(&path, e))?;
+    let manifest: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| HarnessError::Command {
+            what: format!("reading {}", path.display()),
+            stderr: e.to_string(),
+        })?;
+    Ok(manifest["dependencies"].to_string())
+}
+
 /// The stand-in package's source folder.
 pub fn standin_source() -> PathBuf {
     crate::repo_root().join("e2e/standin-platform")
@@ -172,6 +188,104 @@ impl RegistryHandle {
             .current_dir(&self.dir);
         crate::cmd::run(npm, None)?.ok(&format!("npm publish {STANDIN_PACKAGE}@{version}"))?;
         Ok(())
+    }
+
+    /// Fills the shared uplink cache ([`uplink_cache_dir`]) with the stand-in's dependencies
+    /// (`@pulumi/pulumi` and its tree, fetched from the public registry through this registry)
+    /// before any test runs the operator's installer, so that the first install of a new machine
+    /// is timed by what the operator does, not by the public registry: a real `npm install` of
+    /// those dependencies, with a fresh npm cache of its own so that every tarball is asked of
+    /// this registry, under [`WARM_LIMIT`] rather than a test's `--install-timeout`. Done once
+    /// per set of dependencies (a stamp in the uplink cache records it), under a file lock, so
+    /// test processes started together fetch once. No stand-in tarball is asked for, so
+    /// [`RegistryHandle::tarball_downloads`] counts only what the tests themselves asked for.
+    pub fn warm_uplinks(&self) -> Result<(), HarnessError> {
+        let dependencies = standin_dependencies()?;
+        let uplinks = uplink_cache_dir();
+        std::fs::create_dir_all(&uplinks).map_err(|e| HarnessError::io(&uplinks, e))?;
+        let lock_path = uplinks.join(".warm.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| HarnessError::io(&lock_path, e))?;
+        lock.lock().map_err(|e| HarnessError::io(&lock_path, e))?;
+        let stamp = uplinks.join(".warmed");
+        if std::fs::read_to_string(&stamp).is_ok_and(|s| s == dependencies) {
+            return Ok(());
+        }
+        let folder = self.dir.join("warm");
+        if folder.exists() {
+            std::fs::remove_dir_all(&folder).map_err(|e| HarnessError::io(&folder, e))?;
+        }
+        std::fs::create_dir_all(&folder).map_err(|e| HarnessError::io(&folder, e))?;
+        let manifest = format!(
+            "{{\"name\": \"warm-uplinks\", \"private\": true, \"dependencies\": {dependencies}}}\n"
+        );
+        let manifest_path = folder.join("package.json");
+        std::fs::write(&manifest_path, manifest)
+            .map_err(|e| HarnessError::io(&manifest_path, e))?;
+        let log_path = self.dir.join("logs/warm-uplinks.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| HarnessError::io(&log_path, e))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| HarnessError::io(&log_path, e))?;
+        let mut npm = Command::new("npm");
+        npm.arg("install")
+            .args(["--registry", &self.url])
+            .args([
+                "--ignore-scripts",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=http",
+            ])
+            .arg(format!("--cache={}", folder.join("npm-cache").display()))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .current_dir(&folder);
+        crate::process::die_with_parent(&mut npm);
+        let started = Instant::now();
+        let mut child = npm
+            .spawn()
+            .map_err(|e| HarnessError::io(Path::new("npm"), e))?;
+        let status = loop {
+            if let Some(status) = child
+                .try_wait()
+                .map_err(|e| HarnessError::io(Path::new("npm"), e))?
+            {
+                break status;
+            }
+            if started.elapsed() > WARM_LIMIT {
+                crate::process::terminate(&mut child, Duration::from_secs(5));
+                return Err(HarnessError::Timeout {
+                    what: format!(
+                        "npm install of the stand-in's dependencies through {} (log {})",
+                        self.url,
+                        log_path.display()
+                    ),
+                    after: WARM_LIMIT,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        if !status.success() {
+            return Err(HarnessError::Command {
+                what: format!(
+                    "npm install of the stand-in's dependencies through {}",
+                    self.url
+                ),
+                stderr: format!("{status}; its log is {}", log_path.display()),
+            });
+        }
+        eprintln!(
+            "npm registry: the stand-in's dependencies fetched into {} in {:.0?}",
+            uplinks.display(),
+            started.elapsed()
+        );
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::write(&stamp, &dependencies).map_err(|e| HarnessError::io(&stamp, e))
     }
 
     /// How many times the tarball of `package@version` was requested (GET) from this registry.
@@ -450,7 +564,8 @@ fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), HarnessError
 
 static SHARED: OnceLock<Result<RegistryHandle, String>> = OnceLock::new();
 
-/// One registry per test process, with the stand-ins published, started on first call (blocks
+/// One registry per test process, with the stand-ins published and the uplink cache warmed
+/// ([`RegistryHandle::warm_uplinks`]), started on first call (blocks
 /// while it starts). Its folder is `<e2e base>/npm-registry-<pid>-<ms>` (logs in `logs/`), kept
 /// while the process runs and swept by a later process.
 pub fn shared() -> Result<RegistryHandle, String> {
@@ -470,6 +585,10 @@ pub fn shared() -> Result<RegistryHandle, String> {
                 move || {
                     let registry = Registry::start(&dir).map_err(|e| e.to_string())?;
                     registry.publish_standins().map_err(|e| e.to_string())?;
+                    registry
+                        .handle()
+                        .warm_uplinks()
+                        .map_err(|e| e.to_string())?;
                     eprintln!(
                         "shared npm registry at {} (log {})",
                         registry.url(),
