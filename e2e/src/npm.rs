@@ -215,6 +215,20 @@ impl RegistryHandle {
         if std::fs::read_to_string(&stamp).is_ok_and(|s| s == dependencies) {
             return Ok(());
         }
+        let took = self.install_standin_dependencies()?;
+        eprintln!(
+            "npm registry: the stand-in's dependencies fetched into {} in {took:.0?}",
+            uplinks.display()
+        );
+        std::fs::write(&stamp, &dependencies).map_err(|e| HarnessError::io(&stamp, e))
+    }
+
+    /// Installs the stand-in's dependencies (not the stand-in) from this registry into a
+    /// scratch folder of its own with an empty npm cache, so that each of their tarballs is asked
+    /// of this registry (which fetches what its uplink cache lacks); the folder is removed after.
+    /// Returns how long npm ran. [`RegistryHandle::warm_uplinks`] is the once-per-machine call.
+    pub fn install_standin_dependencies(&self) -> Result<Duration, HarnessError> {
+        let dependencies = standin_dependencies()?;
         let folder = self.dir.join("warm");
         if folder.exists() {
             std::fs::remove_dir_all(&folder).map_err(|e| HarnessError::io(&folder, e))?;
@@ -279,13 +293,8 @@ impl RegistryHandle {
                 stderr: format!("{status}; its log is {}", log_path.display()),
             });
         }
-        eprintln!(
-            "npm registry: the stand-in's dependencies fetched into {} in {:.0?}",
-            uplinks.display(),
-            started.elapsed()
-        );
         let _ = std::fs::remove_dir_all(&folder);
-        std::fs::write(&stamp, &dependencies).map_err(|e| HarnessError::io(&stamp, e))
+        Ok(started.elapsed())
     }
 
     /// How many times the tarball of `package@version` was requested (GET) from this registry.
