@@ -1,97 +1,63 @@
-//! The process's memory allocator, tuned for a long-running controller with few cores.
+//! The process's memory allocator: jemalloc, tuned for a long-running controller with few cores
+//! whose memory is mostly long-lived cache entries with short bursts of work between them.
 //!
-//! glibc's malloc gives each thread that allocates while another holds an arena's lock an arena
-//! of its own, up to eight per core, and memory freed in one arena is reused only by allocations
-//! that land in that arena again. The controller's tokio workers and blocking threads (Helm,
-//! file reads) allocate the watch caches' objects and every reconcile's transient data in
-//! whichever arena they hold, so with many arenas the freed space stays scattered over all of
-//! them and the resident memory grows well past what is in use. [`tune`] caps the arenas at
-//! [`ARENAS`] (`mallopt(M_ARENA_MAX)`, as `MALLOC_ARENA_MAX` does) before the runtime starts
-//! its threads. docs/benchmarks.md (issue 13, the controller measured at 1,000) has an A/B of
-//! the cap at 200 instances (no measurable difference there; not A/B'd at 1,000).
+//! Provisioning a thousand instances allocates and frees far more than the caches finally keep.
+//! glibc's malloc kept what it freed between the kept objects resident (it gives memory back on
+//! its own only from the top of its heap): at 1,000 instances 27 MiB of anonymous memory for
+//! about 13.6 MB of live objects, even with its arenas capped, its mmap threshold fixed and a
+//! `malloc_trim` every 30 s. jemalloc keeps small objects of one size class together in slabs
+//! and returns the pages of emptied slabs and freed large blocks to the system after
+//! [`OPTIONS`]'s `dirty_decay_ms`, from background threads of its own: 18 MiB at 1,000 in the
+//! same benchmark run beside it, with no more CPU (docs/benchmarks.md, "Issue 13, jemalloc").
 //!
-//! What provisioning leaves behind is free memory **inside** the arena, between the objects the
-//! caches keep: at 1,000 instances the main arena held 29.5 MB from the system of which 17.0 MB
-//! were free chunks (2,927 of them, `malloc_info` in the window of the resync benchmark), all of
-//! it resident, because glibc gives memory back on its own only from the top of the heap. Two
-//! settings keep that down (docs/benchmarks.md, "Issue 13, the controller's free memory given
-//! back"):
-//!
-//! - the mmap threshold is fixed at [`MMAP_THRESHOLD`] (`mallopt(M_MMAP_THRESHOLD)`): glibc
-//!   otherwise raises it to the size of every large block freed (up to 32 MiB), after which the
-//!   list pages and response bodies of that size come from the heap and leave holes of their
-//!   size there when freed; with the threshold fixed they get pages of their own, returned when
-//!   freed;
-//! - [`trim`] (`malloc_trim(0)`) returns the whole pages inside free chunks, in every arena,
-//!   every [`TRIM_EVERY`] ([`trim_periodically`]): one such call in the benchmark's window took
-//!   `RssAnon` from 35.9 to 27.4 MiB.
+//! Each binary that takes it says so with [`crate::use_jemalloc!`] (the controller's `main.rs`, and
+//! the test that checks it in a process of its own). jemalloc reads [`OPTIONS`] at its first
+//! allocation; an operator may add or override options with the environment variable
+//! `_RJEM_MALLOC_CONF` (the name of `MALLOC_CONF` in this build of jemalloc, whose symbols are
+//! prefixed), e.g. `_RJEM_MALLOC_CONF=dirty_decay_ms:5000`.
 
-use std::time::Duration;
+pub use tikv_jemallocator::Jemalloc;
 
-/// The most malloc arenas the process uses.
-pub const ARENAS: i32 = 2;
+/// jemalloc's options: two arenas (the runtime has two workers on two cores; more arenas scatter
+/// the caches' objects over more partly used slabs), background threads that return free pages
+/// (no allocation waits for the purge), freed pages returned after one second without reuse,
+/// and returned at once with `MADV_DONTNEED` (not first lazily with `MADV_FREE`, whose pages
+/// still count as resident until the kernel needs them).
+pub const OPTIONS: &std::ffi::CStr =
+    c"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0";
 
-/// Allocations of this many bytes or more get pages of their own, given back when freed
-/// (glibc's own starting value, kept instead of raised).
-pub const MMAP_THRESHOLD: i32 = 128 * 1024;
+/// A C string as jemalloc reads its options (`const char *malloc_conf`).
+#[repr(transparent)]
+pub struct Conf(*const std::ffi::c_char);
 
-/// How often free memory inside the arenas is given back to the system.
-pub const TRIM_EVERY: Duration = Duration::from_secs(30);
-
-/// Caps glibc's malloc arenas at [`ARENAS`] and fixes the mmap threshold at [`MMAP_THRESHOLD`];
-/// call it first in `main`, before any thread starts. Returns whether the allocator took both
-/// settings (it does on glibc). A `MALLOC_ARENA_MAX` or `MALLOC_MMAP_THRESHOLD_` in the
-/// environment, set by an operator, is kept.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+// SAFETY: the pointer is to a `'static` C string that nothing writes.
 #[allow(unsafe_code)]
-pub fn tune() -> bool {
-    let set = |variable: &str, parameter: i32, value: i32| {
-        std::env::var_os(variable).is_some()
-            // SAFETY: mallopt only sets a parameter of glibc's allocator; it is called before
-            // any other thread exists, with a positive value each parameter takes.
-            || unsafe { libc::mallopt(parameter, value) == 1 }
-    };
-    let arenas = set("MALLOC_ARENA_MAX", libc::M_ARENA_MAX, ARENAS);
-    let mmap = set(
-        "MALLOC_MMAP_THRESHOLD_",
-        libc::M_MMAP_THRESHOLD,
-        MMAP_THRESHOLD,
-    );
-    arenas && mmap
-}
+unsafe impl Sync for Conf {}
 
-/// Other C libraries keep their own defaults.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn tune() -> bool {
-    false
-}
-
-/// Gives the whole free pages inside every arena back to the system (`malloc_trim(0)`; the
-/// memory stays the arena's, the next allocation there faults a fresh page in). Returns whether
-/// any page was given back.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-pub fn trim() -> bool {
-    // SAFETY: malloc_trim takes the arenas' locks itself; any thread may call it at any time.
-    unsafe { libc::malloc_trim(0) == 1 }
-}
-
-/// Other C libraries give memory back their own way.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn trim() -> bool {
-    false
-}
-
-/// [`trim`] every [`TRIM_EVERY`], for ever. A call walks the free chunks and asks the kernel to
-/// drop their whole pages, one `madvise` per chunk: 24 ms for 2,048 free chunks of 16 KiB (32 MiB)
-/// in `controller/tests/allocator.rs`, about 0.1 % of one core at this cadence. It runs on a
-/// blocking thread, so that no reconcile waits behind it on a runtime thread (an allocation
-/// that meets the arena it trims still waits for that arena's lock, or takes the other arena).
-pub async fn trim_periodically() {
-    let mut every = tokio::time::interval(TRIM_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        let _ = tokio::task::spawn_blocking(trim).await;
+impl Conf {
+    /// `options` as jemalloc reads them.
+    pub const fn new(options: &'static std::ffi::CStr) -> Self {
+        Self(options.as_ptr())
     }
+}
+
+/// Makes jemalloc, with [`OPTIONS`], the allocator of the binary that calls it (once, at the
+/// top level of the binary's crate root: the options' symbol must be in the binary itself, where
+/// jemalloc's own default would otherwise win).
+#[macro_export]
+macro_rules! use_jemalloc {
+    () => {
+        /// The process's allocator ([`controller::allocator`]).
+        #[global_allocator]
+        static GLOBAL: $crate::allocator::Jemalloc = $crate::allocator::Jemalloc;
+
+        /// jemalloc's options ([`controller::allocator::OPTIONS`]), read at its first
+        /// allocation.
+        #[allow(unsafe_code, non_upper_case_globals)]
+        // SAFETY: the one definition of this symbol in the binary, a pointer to a `'static` C
+        // string, as jemalloc declares it.
+        #[unsafe(export_name = "_rjem_malloc_conf")]
+        static malloc_conf: $crate::allocator::Conf =
+            $crate::allocator::Conf::new($crate::allocator::OPTIONS);
+    };
 }

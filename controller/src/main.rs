@@ -492,9 +492,9 @@ async fn run(
     Ok(())
 }
 
+controller::use_jemalloc!();
+
 fn main() -> anyhow::Result<()> {
-    // Before the runtime starts its threads (each would take a malloc arena of its own).
-    controller::allocator::tune();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -528,8 +528,6 @@ async fn run_main() -> anyhow::Result<()> {
     // PID 1 in its container: orphans of the tools it runs are re-parented to it, and reaped.
     controller::reaper::become_subreaper()?;
     tokio::spawn(controller::reaper::run());
-    // Free memory left inside malloc's arenas by a burst of work goes back to the system.
-    tokio::spawn(controller::allocator::trim_periodically());
     controller::chart::verify(
         &args.vcluster_chart,
         args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
