@@ -8,7 +8,8 @@
 //! `malloc_trim` every 30 s. jemalloc keeps small objects of one size class together in slabs
 //! and returns the pages of emptied slabs and freed large blocks to the system after
 //! [`OPTIONS`]'s `dirty_decay_ms`, from background threads of its own: 18 MiB at 1,000 in the
-//! same benchmark run beside it, with no more CPU (docs/benchmarks.md, "Issue 13, jemalloc").
+//! same benchmarks beside it, with no more CPU (docs/benchmarks.md, "Issue 13, jemalloc and the
+//! dist builds measured at 1,000").
 //!
 //! Each binary that takes it says so with [`crate::use_jemalloc!`] (the controller's `main.rs`, and
 //! the test that checks it in a process of its own). jemalloc reads [`OPTIONS`] at its first
