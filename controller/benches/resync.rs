@@ -127,7 +127,9 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
     let repair = 60u64;
-    let cp = ControlPlane::start(Options::new("bench-resync"))
+    // One vCluster control plane pod per instance: the fake node takes them all (its default
+    // capacity, 1,000 pods, held a run at 3,000 with 2,000 instances waiting for their pods).
+    let cp = ControlPlane::start(Options::new("bench-resync").node_pods(n.max(1000)))
         .await
         .expect("control plane");
     let cluster = cp.handle();

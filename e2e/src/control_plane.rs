@@ -37,6 +37,9 @@ pub struct Options {
     /// Where the stand-in kubelet (Jobs) finds the operator image's binaries
     /// ([`crate::standin_kubelet`]); `None`: this workspace's, built when stale.
     pub operator_bin_dir: Option<PathBuf>,
+    /// How many pods the fake node takes (its `pods` capacity; the scheduler leaves the rest
+    /// Pending). A real node's kubelet defaults to 110; one fake node stands for a cluster.
+    pub node_pods: usize,
 }
 
 impl Options {
@@ -49,6 +52,7 @@ impl Options {
             timeout: Duration::from_secs(180),
             sni_slots: 0,
             operator_bin_dir: None,
+            node_pods: 1000,
         }
     }
 
@@ -69,6 +73,13 @@ impl Options {
     /// Sets the number of SNI certificate slots: one per stand-in vCluster served at once.
     pub fn sni_slots(mut self, slots: usize) -> Self {
         self.sni_slots = slots;
+        self
+    }
+
+    /// Sets how many pods the fake node takes: at least one per vCluster a benchmark runs (each
+    /// vCluster's control plane is one pod).
+    pub fn node_pods(mut self, pods: usize) -> Self {
+        self.node_pods = pods;
         self
     }
 
@@ -360,7 +371,8 @@ impl ControlPlane {
         .await?;
 
         if options.workloads {
-            self.start_workloads(files, &client, deadline).await?;
+            self.start_workloads(files, &client, deadline, options.node_pods)
+                .await?;
             self.kubelet = Some(crate::standin_kubelet::StandInKubelet::start(
                 &self.kubeconfig,
                 &self.dir,
@@ -375,6 +387,7 @@ impl ControlPlane {
         files: &PkiFiles,
         client: &kube::Client,
         deadline: Duration,
+        node_pods: usize,
     ) -> Result<(), HarnessError> {
         let kc = self
             .dir
@@ -436,6 +449,7 @@ impl ControlPlane {
         self.spawn("kwok", &self.tools.bin("kwok"), &kwok_args)?;
 
         let nodes: Api<Node> = Api::all(client.clone());
+        let pods = node_pods.to_string();
         let node: Node = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -451,8 +465,8 @@ impl ControlPlane {
                 }
             },
             "status": {
-                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "1000", "ephemeral-storage": "1Ti"},
-                "capacity": {"cpu": "32", "memory": "256Gi", "pods": "1000", "ephemeral-storage": "1Ti"}
+                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": pods, "ephemeral-storage": "1Ti"},
+                "capacity": {"cpu": "32", "memory": "256Gi", "pods": pods, "ephemeral-storage": "1Ti"}
             }
         }))
         .map_err(|e| HarnessError::Pki(format!("node manifest: {e}")))?;
