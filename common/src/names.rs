@@ -62,12 +62,12 @@ pub fn host_namespace(namespace: &str, name: &str) -> String {
         &ring::digest::SHA256,
         format!("{namespace}/{name}").as_bytes(),
     );
-    let hash: String = digest
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>()[..HASH_LEN]
-        .to_string();
+    // The first HASH_LEN hex digits: HASH_LEN / 2 bytes of the digest.
+    let mut hash = String::with_capacity(HASH_LEN);
+    for b in &digest.as_ref()[..HASH_LEN / 2] {
+        use std::fmt::Write as _;
+        let _ = write!(hash, "{b:02x}");
+    }
     // "pi-" + ns + "-" + name + "-" + hash
     let budget = MAX_NAMESPACE - "pi-".len() - 2 - HASH_LEN;
     let (ns_len, name_len) = split_budget(namespace.len(), name.len(), budget);

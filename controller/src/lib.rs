@@ -17,4 +17,5 @@ pub mod pod_security;
 pub mod policy;
 pub mod reaper;
 pub mod reconcile;
+pub mod runtime;
 pub mod tasks;

@@ -495,9 +495,7 @@ async fn run(
 controller::use_jemalloc!();
 
 fn main() -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    controller::runtime::build()
         .context("starting the async runtime")?
         .block_on(run_main())
 }
