@@ -328,7 +328,15 @@ impl Installer {
             );
         };
         process::reap(dir);
-        let unrecorded = passphrase::check(&self.passphrase_file, dir).map_err(|e| {
+        // PBKDF2 (100,000 rounds) and file reads: on the blocking pool, not on the controller's
+        // one async thread (`crate::runtime`).
+        let checked = {
+            let (file, dir) = (self.passphrase_file.clone(), dir.to_path_buf());
+            tokio::task::spawn_blocking(move || passphrase::check(&file, &dir))
+                .await
+                .map_err(|e| TaskError::new(Failure::StateUnavailable, e.to_string()))?
+        };
+        let unrecorded = checked.map_err(|e| {
             let failure = match e {
                 passphrase::PassphraseError::Mismatch { .. } => Failure::PassphraseMismatch,
                 passphrase::PassphraseError::Store { .. } => Failure::StateUnavailable,

@@ -463,17 +463,35 @@ impl Trees {
             Some(Ok(())) => return Ok(Outcome::Reused),
             Some(Err(reason)) => {
                 tracing::warn!(tree = %top.display(), %reason, "the shared dependency tree failed its check; it is rebuilt");
-                self.discard(&top).map_err(EnsureError::Tree)?;
                 Outcome::Rebuilt(reason)
             }
             None => Outcome::Built,
         };
-        // Leftovers of builds of this key that were stopped (no one else builds it: the lock).
-        self.remove_matching(&format!(".build-{key}-"));
         let dir = self.root.join(format!(".build-{key}-{}", nonce()));
-        fs::create_dir_all(&dir)
-            .map_err(io("creating", &dir))
+        // Removing a whole tree can take seconds on a slow volume: on the blocking pool, not
+        // on the controller's one async thread (`crate::runtime`).
+        {
+            let trees = Trees {
+                root: self.root.clone(),
+            };
+            let (discard, dir, key) = (
+                matches!(outcome, Outcome::Rebuilt(_)).then_some(top.clone()),
+                dir.clone(),
+                key.to_string(),
+            );
+            tokio::task::spawn_blocking(move || {
+                if let Some(top) = discard {
+                    trees.discard(&top)?;
+                }
+                // Leftovers of builds of this key that were stopped (no one else builds it:
+                // the lock).
+                trees.remove_matching(&format!(".build-{key}-"));
+                fs::create_dir_all(&dir).map_err(io("creating", &dir))
+            })
+            .await
+            .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
             .map_err(EnsureError::Tree)?;
+        }
         // A build stopped here (a timeout drops this future) leaves `dir`, which is never used
         // and removed by the next build or collection.
         build(dir.clone()).await.map_err(EnsureError::Build)?;
