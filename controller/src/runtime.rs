@@ -5,10 +5,10 @@
 //! reconciles and watches on two workers), and every hand-over between them cost a wake-up and
 //! a context switch: about 13 % of the CPU of an idle resync at 1,000 instances
 //! (docs/benchmarks.md, "Issue 13, 12-03 afternoon"). Blocking work (checking the state
-//! passphrase, sealing, verifying and removing dependency trees, writing the program's config)
-//! goes to tokio's blocking pool, whose threads are named `controller-blocking`. Nothing in the controller blocks the async thread
-//! for long: Helm, npm and Pulumi run as child processes, and the file reads on the async
-//! thread are of small files on the state volume.
+//! passphrase; sealing, verifying, removing and linking dependency trees; writing the program's
+//! config) goes to tokio's blocking pool, whose threads are named `controller-blocking`. Nothing
+//! else holds the async thread for long: Helm, npm and Pulumi run as child processes, and the
+//! file reads on the async thread are of small files on the state volume.
 
 /// The runtime `main` runs the controller on.
 pub fn build() -> std::io::Result<tokio::runtime::Runtime> {

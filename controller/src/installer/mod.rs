@@ -414,9 +414,7 @@ impl Installer {
         let lock = trees.lock(&key).await.map_err(tree_error)?;
         if let Some(ago) = self.take_prepared(project, &key, &trees) {
             tracing::info!(version = %job.version, %key, checked_ms_ago = ago.as_millis() as u64, "reusing the shared dependency tree checked while the vCluster started: no npm install");
-            return trees
-                .link(project, &key, &self.state_dir)
-                .map_err(tree_error);
+            return self.link(trees, project, key).await.map_err(tree_error);
         }
         let build = |build_dir: PathBuf| async move {
             for (name, content) in [("package.json", &package_json), (".npmrc", &npmrc)] {
@@ -451,9 +449,22 @@ impl Installer {
                 tracing::warn!(version = %job.version, %key, %reason, "rebuilt the shared dependency tree")
             }
         }
-        trees
-            .link(project, &key, &self.state_dir)
-            .map_err(tree_error)
+        self.link(trees, project, key).await.map_err(tree_error)
+    }
+
+    /// Links `project` to the tree of `key` ([`modules::Trees::link`]) on the blocking pool: a
+    /// project of an earlier layout has a `node_modules` of its own, removed first, which can
+    /// take seconds, and the controller's async work runs on one thread (`crate::runtime`).
+    async fn link(
+        &self,
+        trees: modules::Trees,
+        project: &Path,
+        key: String,
+    ) -> Result<(), modules::TreeError> {
+        let (project, state_dir) = (project.to_path_buf(), self.state_dir.clone());
+        tokio::task::spawn_blocking(move || trees.link(&project, &key, &state_dir))
+            .await
+            .map_err(|e| modules::TreeError::Interrupted(e.to_string()))?
     }
 
     /// The shared dependency trees (`<--state-dir>/.cache/modules`).

@@ -471,9 +471,7 @@ impl Trees {
         // Removing a whole tree can take seconds on a slow volume: on the blocking pool, not
         // on the controller's one async thread (`crate::runtime`).
         {
-            let trees = Trees {
-                root: self.root.clone(),
-            };
+            let trees = self.clone();
             let (discard, dir, key) = (
                 matches!(outcome, Outcome::Rebuilt(_)).then_some(top.clone()),
                 dir.clone(),
