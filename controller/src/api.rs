@@ -2,7 +2,7 @@
 //! under the operator's field manager, merge patches under it, and delete where an object already
 //! gone is fine.
 
-use common::names::{FIELD_MANAGER, INSTANCE_UID_LABEL};
+use common::names::FIELD_MANAGER;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde::Serialize;
@@ -49,11 +49,7 @@ where
     let Some(object) = api.get_opt(name).await? else {
         return Ok(Deleted::Gone);
     };
-    if object
-        .labels()
-        .get(INSTANCE_UID_LABEL)
-        .is_some_and(|marked| marked != uid)
-    {
+    if !crate::decide::ownership::deletable(object.meta(), uid) {
         return Ok(Deleted::Foreign);
     }
     let params = DeleteParams {

@@ -17,7 +17,7 @@ use controller::helm::Helm;
 use controller::installer::Installer;
 use controller::leader::Election;
 use controller::metrics::{InstanceConditions, Metrics};
-use controller::reconcile::cache::Triggers;
+use controller::reconcile::stores::Triggers;
 use controller::reconcile::{Context, Settings, error_policy, instance_of, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
@@ -372,7 +372,7 @@ impl Args {
         metrics: &Metrics,
         identity: String,
         hosts: Hosts,
-        caches: Arc<controller::reconcile::cache::Caches>,
+        stores: controller::reconcile::stores::Stores,
     ) -> Context {
         Context {
             client,
@@ -412,8 +412,8 @@ impl Args {
             phases: Mutex::new(Default::default()),
             hosts,
             backoff: Default::default(),
-            caches,
-            vclusters: controller::reconcile::vclusters::VClusters::counted(metrics.probes.clone()),
+            stores,
+            probes: controller::reconcile::reader::Probes::counted(metrics.probes.clone()),
         }
     }
 }
@@ -583,15 +583,15 @@ async fn run_main() -> anyhow::Result<()> {
 
     let hosts = Hosts::default();
     let settings = args.settings(chart_version);
-    let (caches, triggers) =
-        controller::reconcile::cache::Caches::start(&client, args.watch_namespace.as_deref());
+    let (stores, triggers) =
+        controller::reconcile::stores::Stores::start(&client, args.watch_namespace.as_deref());
     let ctx = Arc::new(args.context(
         client.clone(),
         settings,
         &metrics,
         identity.clone(),
         hosts.clone(),
-        caches,
+        stores,
     ));
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
     let controller = run(

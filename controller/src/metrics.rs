@@ -38,9 +38,7 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// Writes to the API server by kind of object (to show that an idle resync writes nothing).
     pub writes: IntCounterVec,
-    /// vCluster API probes by how they went: `resumed` (a TLS session resumed), `full` (a full
-    /// TLS handshake), `client` (through a `kube::Client`, for a kubeconfig the light probe
-    /// cannot honour) or `failed` (no version answer).
+    /// vCluster API probes by outcome: `served` (a version answer) or `failed`.
     pub probes: IntCounterVec,
     /// `--install-timeout` in seconds, for alerts on work stuck past it.
     pub install_timeout: Gauge,
@@ -149,9 +147,9 @@ impl Metrics {
             probes: IntCounterVec::new(
                 Opts::new(
                     "platform_operator_controller_vcluster_probes_total",
-                    "vCluster API probes by outcome: resumed, full, client or failed.",
+                    "vCluster API probes by outcome: served or failed.",
                 ),
-                &["handshake"],
+                &["outcome"],
             )?,
             writes: IntCounterVec::new(
                 Opts::new(

@@ -6,11 +6,13 @@
 //! - [`provision`]: finalizer, host namespace, vCluster, `service/vcluster`, kubeconfig;
 //! - [`install`]: the platform program (install, upgrade, repair, preview, failures);
 //! - [`deletion`]: `deletionPolicy` step by step;
+//! - [`ownership`]: the one rule of what is an instance's;
 //! - [`status`]: reasons, their Event severity, and the kstatus conditions.
 
 pub mod deletion;
 pub mod install;
 pub mod model;
+pub mod ownership;
 pub mod provision;
 pub mod status;
 

@@ -106,9 +106,10 @@ pub enum Release {
 }
 
 /// Where the cluster-wide admission policy stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Protection {
     /// Not checked yet.
+    #[default]
     Unknown,
     /// The policy and its binding are in place.
     Protected,

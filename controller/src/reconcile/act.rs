@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use common::crd::PlatformInstance;
 use common::names::{
-    APPLIED_HASH_ANNOTATION, FINALIZER, INSTANCE_UID_LABEL, OWNER_SERVICE_ANNOTATION, VCLUSTER,
-    VCLUSTER_APP, VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
+    APPLIED_HASH_ANNOTATION, FINALIZER, OWNER_SERVICE_ANNOTATION, VCLUSTER, VCLUSTER_APP,
+    VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -222,8 +222,7 @@ async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
         return Ok(());
     };
     let owner: Option<OwnerReference> = t.pi.controller_owner_ref(&());
-    let secret =
-        objects::kubeconfig_secret_object(&t.ns, &t.name, &t.uid, owner, kubeconfig.text());
+    let secret = objects::kubeconfig_secret_object(&t.ns, &t.name, &t.uid, owner, kubeconfig);
     let secrets = Api::<Secret>::namespaced(t.ctx.client.clone(), &t.ns);
     apply(&secrets, &kubeconfig_secret(&t.name), &secret)
         .await
@@ -385,7 +384,7 @@ async fn replace_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let Some(job) = jobs.get_opt(&t.host_ns).await.map_err(replacing)? else {
         return Ok(());
     };
-    if job.labels().get(INSTANCE_UID_LABEL) == Some(&t.uid) {
+    if crate::decide::ownership::marked(&job.metadata, &t.uid) == Some(true) {
         return Ok(());
     }
     tracing::info!(job = %t.host_ns, instance = %key(t.pi), "replacing a cleanup Job another instance left");

@@ -7,9 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use common::names::{
-    HELM_RELEASE_ANNOTATION, INSTANCE_ANNOTATION, INSTANCE_UID_LABEL, VCLUSTER_APP,
-};
+use common::names::{HELM_RELEASE_ANNOTATION, VCLUSTER_APP};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::ResourceExt;
@@ -87,32 +85,6 @@ pub fn ready(d: &Deployment) -> bool {
 /// Helm's annotation naming the namespace of the release an object belongs to.
 const HELM_RELEASE_NAMESPACE_ANNOTATION: &str = "meta.helm.sh/release-namespace";
 
-/// Whom the host namespace belongs to, when not to instance `key` with UID `uid`: the instance
-/// its annotation names when that is another; with the same name, another UID in its mark (an
-/// earlier instance of the same name). An unmarked namespace (an earlier release created it; the
-/// next apply marks it) belongs to the instance its annotation names; one with neither names
-/// nobody else, and the instance adopts it (as it always has: a crash before the first apply
-/// leaves such a namespace).
-pub fn foreign_owner(namespace: &Namespace, key: &str, uid: &str) -> Option<String> {
-    let meta = &namespace.metadata;
-    let named = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(INSTANCE_ANNOTATION));
-    if let Some(other) = named.filter(|a| *a != key) {
-        return Some(other.clone());
-    }
-    let mark = meta
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(INSTANCE_UID_LABEL))
-        .filter(|mark| *mark != uid)?;
-    Some(format!(
-        "{} (UID {mark})",
-        named.map_or("another instance", String::as_str)
-    ))
-}
-
 /// Checks, right before helm or the controller changes what the chart rendered in `host_ns`,
 /// that the namespace is instance `key`'s (UID `uid`).
 pub async fn check_owner(
@@ -130,7 +102,7 @@ pub async fn check_owner(
         })?;
     let owner = match &namespace {
         None => Some("nobody: it does not exist".to_string()),
-        Some(n) => foreign_owner(n, key, uid),
+        Some(n) => crate::decide::ownership::host_namespace(n, key, uid).err(),
     };
     match owner {
         None => Ok(()),
@@ -237,36 +209,6 @@ mod tests {
         let mut no_status = deployment(1, json!({}));
         no_status.status = None;
         assert!(!ready(&no_status));
-    }
-
-    fn namespace(labels: serde_json::Value, annotations: serde_json::Value) -> Namespace {
-        serde_json::from_value(json!({
-            "metadata": {"name": "pi-a-b-1", "labels": labels, "annotations": annotations}
-        }))
-        .expect("namespace")
-    }
-
-    #[test]
-    fn only_a_namespace_marked_with_the_instance_uid_is_its_own() {
-        let ours = namespace(
-            json!({INSTANCE_UID_LABEL: "u-1"}),
-            json!({INSTANCE_ANNOTATION: "a/b"}),
-        );
-        assert_eq!(foreign_owner(&ours, "a/b", "u-1"), None);
-        // The same name, an earlier instance (deleted and created again).
-        assert_eq!(
-            foreign_owner(&ours, "a/b", "u-2").as_deref(),
-            Some("a/b (UID u-1)")
-        );
-        // Another instance that maps to the same host namespace.
-        assert_eq!(foreign_owner(&ours, "a/c", "u-3").as_deref(), Some("a/b"));
-        // Unmarked (an earlier release made it): the annotation decides.
-        let legacy = namespace(json!({}), json!({INSTANCE_ANNOTATION: "a/b"}));
-        assert_eq!(foreign_owner(&legacy, "a/b", "u-1"), None);
-        assert_eq!(foreign_owner(&legacy, "a/c", "u-1").as_deref(), Some("a/b"));
-        // Neither: it names nobody else, and is adopted.
-        let bare = namespace(json!({}), json!({}));
-        assert_eq!(foreign_owner(&bare, "a/b", "u-1"), None);
     }
 
     #[test]

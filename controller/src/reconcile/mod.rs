@@ -3,20 +3,21 @@
 //! the status only when it changed, with an Event for every transition. [`objects`] builds what
 //! is applied; [`error`] says what failed.
 //!
-//! Observe reads first from the watch caches ([`cache`]): when what it finds needs no action and
-//! leaves the status as it is, the reconcile ends there, without an API call. Otherwise the
-//! instance is observed again from the API server and the plan made from that fresh read is the
-//! one carried out, so no write is ever decided from a cache.
+//! Only [`reader`] reads. It reads first from the reflector stores ([`stores`]): when what
+//! observe makes of that needs no action and leaves the status as it is, the reconcile ends
+//! there, without an API call. Otherwise the instance is read again from the API server and the
+//! plan made from that fresh read is the one carried out, so no write is ever decided from a
+//! cache.
 
 pub mod act;
-pub mod cache;
 pub mod control_plane;
 pub mod error;
 pub mod kubeconfig;
 pub mod objects;
 pub mod observe;
+pub mod reader;
 pub mod report;
-pub mod vclusters;
+pub mod stores;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use common::crd::{Phase, PlatformInstance};
 use common::names::{RETRY_ANNOTATION, host_namespace};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::Reporter;
@@ -101,10 +103,10 @@ pub struct Context {
     pub hosts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
     /// Failed reconciles in a row, by instance: how long [`error_policy`] waits.
     pub backoff: crate::backoff::Backoff,
-    /// The watch caches observe reads first.
-    pub caches: Arc<cache::Caches>,
-    /// One client per vCluster API.
-    pub vclusters: vclusters::VClusters,
+    /// The reflector stores the reader reads first.
+    pub stores: stores::Stores,
+    /// Whether each vCluster's API serves.
+    pub probes: reader::Probes,
 }
 
 /// The instance's key, `<namespace>/<name>`: its helm task's key too.
@@ -168,9 +170,9 @@ pub async fn reconcile(
             .or_insert_with(|| (pi.namespace().unwrap_or_default(), pi.name_any()));
     }
     let retry_ack = if retry_requested { retry.clone() } else { None };
-    if ctx.caches.ready() {
-        let (observed, found) =
-            observe::observe(&ctx, &pi, observe::Source::Cached(&ctx.caches)).await?;
+    if ctx.stores.ready() {
+        let read = reader::read(&ctx, &pi, reader::Source::Stored(&ctx.stores)).await?;
+        let (observed, found) = observe::observe(&pi, &ctx.settings, read, Timestamp::now());
         let plan = decide::decide(&observed);
         if plan.actions.is_empty()
             && report::unchanged(&ctx, &pi, &plan, retry_ack.clone(), &found.record)
@@ -180,7 +182,8 @@ pub async fn reconcile(
         }
     }
     ctx.metrics.observed.with_label_values(&["api"]).inc();
-    let (observed, found) = observe::observe(&ctx, &pi, observe::Source::Live).await?;
+    let read = reader::read(&ctx, &pi, reader::Source::Live).await?;
+    let (observed, found) = observe::observe(&pi, &ctx.settings, read, Timestamp::now());
     let plan = decide::decide(&observed);
     tracing::debug!(instance = %key, phase = ?plan.phase, actions = ?plan.actions, "decided");
     if let Err(e) = act::act(&ctx, &pi, &plan, &found).await {

@@ -157,7 +157,7 @@ pub fn forget(ctx: &Context, key: &str) {
         hosts.retain(|_, (namespace, name)| format!("{namespace}/{name}") != key);
     }
     if let Some((namespace, name)) = key.split_once('/') {
-        ctx.vclusters.forget(&host_namespace(namespace, name));
+        ctx.probes.forget(&host_namespace(namespace, name));
     }
 }
 

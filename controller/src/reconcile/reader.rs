@@ -1,0 +1,417 @@
+//! The reader: the only code of the reconciler that reads. It gathers one instance's world (host
+//! namespace, NetworkPolicy, Helm release records, `service/vcluster`, the control plane
+//! Deployment, exported and written kubeconfigs, cleanup Job, tasks, the installer's record) into
+//! [`Read`], from the reflector stores ([`Source::Stored`]) or from the API server
+//! ([`Source::Live`], before anything is written). [`super::observe`] turns that into the
+//! decision's input without reading anything more.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use common::crd::{DeletionPolicy, PlatformInstance};
+use common::names::{
+    EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, VCLUSTER, VCLUSTER_NETWORK_POLICY,
+    host_namespace, kubeconfig_secret,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, PartialObjectMeta};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Resource, ResourceExt};
+
+use super::error::{ReconcileError, observing};
+use super::stores::{Stores, get};
+use super::{Context, install_key, key, preview_key, state_path};
+use crate::decide::model::{Protection, Release, TaskState};
+use crate::decide::ownership;
+use crate::helm::{RELEASE, release_from_secrets};
+use crate::installer::record::Record;
+
+/// Where the reader reads the objects of the API server.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// The API server, now.
+    Live,
+    /// The reflector stores (possibly stale: see [`super::stores`]).
+    Stored(&'a Stores),
+}
+
+/// Everything one reconcile of an instance read.
+#[derive(Default)]
+pub struct Read {
+    /// The host namespace.
+    pub namespace: Option<Arc<Namespace>>,
+    /// `networkpolicy/vcluster-api` in it exists.
+    pub network_policy: bool,
+    /// The vCluster's Helm release, from its records' labels.
+    pub release: Option<Release>,
+    /// `service/vcluster`'s metadata.
+    pub service: Option<ObjectMeta>,
+    /// The control plane Deployment.
+    pub deployment: Option<Arc<Deployment>>,
+    /// The kubeconfig the vCluster exported (its `config` key).
+    pub exported: Option<String>,
+    /// Whether that kubeconfig reached the vCluster's API (`None`: not tried).
+    pub serves: Option<bool>,
+    /// The instance's kubeconfig Secret.
+    pub kubeconfig: Option<Arc<Secret>>,
+    /// The cleanup Job (deleting with `Delete` only), with the message of the Job controller's
+    /// latest `FailedCreate` Event while no pod runs.
+    pub cleanup: Option<(Job, Option<String>)>,
+    /// Tenant auth's client secret, read when the program's config is put together: `Err` says
+    /// what is missing.
+    pub client_secret: Option<Result<String, String>>,
+    /// The helm, install and preview tasks (read before the record).
+    pub tasks: [TaskState; 3],
+    /// The installer's record.
+    pub record: Record,
+    /// The admission policy's state.
+    pub protection: Protection,
+    /// The instance's state directory exists.
+    pub state_exists: bool,
+}
+
+/// Reads one instance's world from `source`.
+pub async fn read(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    source: Source<'_>,
+) -> Result<Read, ReconcileError> {
+    let ns = pi.namespace().unwrap_or_default();
+    let host_ns = host_namespace(&ns, &pi.name_any());
+    let uid = pi.uid().unwrap_or_default();
+    let client = &ctx.client;
+    let mut read = Read {
+        namespace: fetch(
+            source.map(|s| &s.namespaces),
+            || Api::all(client.clone()),
+            "",
+            &host_ns,
+        )
+        .await
+        .map_err(observing(format!("namespace {host_ns}")))?,
+        ..Read::default()
+    };
+    let ours = read
+        .namespace
+        .as_deref()
+        .is_some_and(|n| ownership::host_namespace(n, &key(pi), &uid).is_ok());
+    if ours {
+        read.network_policy = fetch::<PartialObjectMeta<NetworkPolicy>>(
+            source.map(|s| &s.network_policies),
+            || api_in(client, &host_ns),
+            &host_ns,
+            VCLUSTER_NETWORK_POLICY,
+        )
+        .await
+        .map_err(observing("the host NetworkPolicy"))?
+        .is_some();
+        read.release = Some(release(ctx, source, &host_ns).await?);
+        read.service = fetch::<PartialObjectMeta<Service>>(
+            source.map(|s| &s.services),
+            || api_in(client, &host_ns),
+            &host_ns,
+            VCLUSTER,
+        )
+        .await
+        .map_err(observing("service/vcluster"))?
+        .map(|s| s.metadata.clone());
+        read.deployment = fetch(
+            source.map(|s| &s.deployments),
+            || api_in(client, &host_ns),
+            &host_ns,
+            VCLUSTER,
+        )
+        .await
+        .map_err(observing("the vCluster Deployment"))?;
+        read.exported = fetch::<Secret>(
+            source.map(|s| &s.exported),
+            || api_in(client, &host_ns),
+            &host_ns,
+            EXPORTED_KUBECONFIG_SECRET,
+        )
+        .await
+        .map_err(observing("the exported kubeconfig"))?
+        .and_then(|s| exported_kubeconfig(&s));
+        if let Some(kubeconfig) = &read.exported
+            && super::kubeconfig::vet(kubeconfig).is_ok()
+            && matches!(read.release, Some(Release::Deployed { .. }))
+            && read
+                .deployment
+                .as_deref()
+                .is_some_and(super::control_plane::ready)
+        {
+            read.serves = Some(ctx.probes.serves(&host_ns, kubeconfig, &ctx.settings).await);
+        }
+    }
+    read.kubeconfig = fetch(
+        source.map(|s| &s.kubeconfigs),
+        || api_in(client, &ns),
+        &ns,
+        &kubeconfig_secret(&pi.name_any()),
+    )
+    .await
+    .map_err(observing("the kubeconfig Secret"))?;
+    read.cleanup = cleanup(ctx, pi, &host_ns).await?;
+    let deleting = pi.meta().deletion_timestamp.is_some();
+    if read.serves == Some(true) && !deleting && ctx.settings.install_platform {
+        read.client_secret = match pi
+            .spec
+            .platform
+            .as_ref()
+            .and_then(|p| p.tenant_auth.as_ref())
+        {
+            Some(auth) => Some(client_secret(ctx, pi, &auth.client_secret_ref).await?),
+            None => None,
+        };
+    }
+    // The tasks' states before the record (see `InstallOutcome::fold`).
+    read.tasks = [
+        ctx.tasks.state(&key(pi)),
+        ctx.tasks.state(&install_key(pi)),
+        ctx.tasks.state(&preview_key(pi)),
+    ];
+    read.record = ctx.installer.record(&ns, &pi.name_any());
+    read.protection = ctx
+        .protection
+        .read()
+        .map(|p| p.clone())
+        .unwrap_or(Protection::Unknown);
+    read.state_exists = state_path(&ctx.settings, pi).exists();
+    Ok(read)
+}
+
+impl<'a> Source<'a> {
+    /// The store `pick` names, when reading the stores.
+    fn map<T>(self, pick: impl FnOnce(&'a Stores) -> &'a T) -> Option<&'a T> {
+        match self {
+            Source::Stored(stores) => Some(pick(stores)),
+            Source::Live => None,
+        }
+    }
+}
+
+fn api_in<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
+    client: &kube::Client,
+    namespace: &str,
+) -> Api<K> {
+    Api::namespaced(client.clone(), namespace)
+}
+
+/// `name` in `namespace` from `store` when given, else from the API server.
+async fn fetch<K>(
+    store: Option<&kube::runtime::reflector::Store<K>>,
+    api: impl FnOnce() -> Api<K>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Arc<K>>, kube::Error>
+where
+    K: Resource<DynamicType = ()> + kube::runtime::reflector::Lookup<DynamicType = ()>,
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
+{
+    match store {
+        Some(store) => Ok(get(store, namespace, name)),
+        None => Ok(api().get_opt(name).await?.map(Arc::new)),
+    }
+}
+
+/// The vCluster's release from its records' labels (metadata only: never Helm's payload).
+async fn release(
+    ctx: &Context,
+    source: Source<'_>,
+    host_ns: &str,
+) -> Result<Release, ReconcileError> {
+    let metas: Vec<ObjectMeta> = match source {
+        Source::Stored(stores) => stores
+            .releases
+            .state()
+            .iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some(host_ns))
+            .map(|s| s.metadata.clone())
+            .collect(),
+        Source::Live => Api::<Secret>::namespaced(ctx.client.clone(), host_ns)
+            .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
+            .await
+            .map_err(observing("the vCluster release"))?
+            .items
+            .into_iter()
+            .map(|s| s.metadata)
+            .collect(),
+    };
+    let secrets: Vec<Secret> = metas
+        .into_iter()
+        .map(|metadata| Secret {
+            metadata,
+            ..Secret::default()
+        })
+        .collect();
+    Ok(release_from_secrets(&secrets))
+}
+
+/// The kubeconfig an exported kubeconfig Secret holds (its `config` key), if any.
+pub fn exported_kubeconfig(secret: &Secret) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(EXPORTED_KUBECONFIG_KEY)
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+}
+
+/// The storage cleanup Job (only looked at while deleting with `Delete`).
+async fn cleanup(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    host_ns: &str,
+) -> Result<Option<(Job, Option<String>)>, ReconcileError> {
+    if pi.meta().deletion_timestamp.is_none() || pi.spec.deletion_policy != DeletionPolicy::Delete {
+        return Ok(None);
+    }
+    let namespace = &ctx.settings.cleanup_namespace;
+    let Some(job) = api_in::<Job>(&ctx.client, namespace)
+        .get_opt(host_ns)
+        .await
+        .map_err(observing("the cleanup Job"))?
+    else {
+        return Ok(None);
+    };
+    let waiting = job.status.as_ref().and_then(|s| s.active).unwrap_or(0) == 0
+        && super::observe::job_outcome(&job) == crate::decide::model::Cleanup::Running;
+    if !waiting || ownership::marked(&job.metadata, &pi.uid().unwrap_or_default()) != Some(true) {
+        return Ok(Some((job, None)));
+    }
+    // No pod runs: say why when the Job controller could not create one.
+    let selector = format!(
+        "involvedObject.kind=Job,involvedObject.name={host_ns},involvedObject.uid={},reason=FailedCreate",
+        job.uid().unwrap_or_default()
+    );
+    let events = api_in::<Event>(&ctx.client, namespace)
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .map_err(observing("the cleanup Job's events"))?;
+    let blocked = events
+        .items
+        .iter()
+        .filter_map(|e| e.message.clone())
+        .next_back();
+    Ok(Some((job, blocked)))
+}
+
+/// Tenant auth's client secret from the Secret `r` names; `Err` says what is missing.
+async fn client_secret(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    r: &common::crd::SecretKeyRef,
+) -> Result<Result<String, String>, ReconcileError> {
+    let ns = pi.namespace().unwrap_or_default();
+    let secret = api_in::<Secret>(&ctx.client, &ns)
+        .get_opt(&r.name)
+        .await
+        .map_err(observing(format!("the tenant auth Secret {}", r.name)))?;
+    let value = secret
+        .as_ref()
+        .and_then(|s| s.data.as_ref()?.get(&r.key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    Ok(match (secret.is_some(), value) {
+        (_, Some(v)) => Ok(v),
+        (false, None) => Err(format!(
+            "the Secret {} named by spec.platform.tenantAuth.clientSecretRef does not exist in namespace {ns}; create it with the key {}",
+            r.name, r.key
+        )),
+        (true, None) => Err(format!(
+            "the Secret {} has no key {} (spec.platform.tenantAuth.clientSecretRef.key); add the key or fix the reference",
+            r.name, r.key
+        )),
+    })
+}
+
+/// Whether each vCluster's API serves (`GET /version` through the kubeconfig it exported),
+/// asked at most once per `--target-poll` per vCluster while its kubeconfig stays the same. One
+/// `kube::Client` is kept per vCluster, so a probe reuses its connection.
+#[derive(Default)]
+pub struct Probes {
+    entries: Mutex<HashMap<String, Probe>>,
+    /// Probes by outcome (`served`, `failed`).
+    outcomes: Option<prometheus::IntCounterVec>,
+}
+
+struct Probe {
+    kubeconfig: String,
+    client: Option<kube::Client>,
+    asked: Instant,
+    serves: bool,
+}
+
+impl Probes {
+    /// Probes counted in `outcomes`.
+    pub fn counted(outcomes: prometheus::IntCounterVec) -> Self {
+        Self {
+            outcomes: Some(outcomes),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the vCluster in `host_ns` serves its API through `kubeconfig`.
+    pub async fn serves(
+        &self,
+        host_ns: &str,
+        kubeconfig: &str,
+        settings: &super::Settings,
+    ) -> bool {
+        let known = self.entries.lock().ok().and_then(|e| {
+            let p = e.get(host_ns).filter(|p| p.kubeconfig == kubeconfig)?;
+            Some(if p.asked.elapsed() < settings.target_poll {
+                Err(p.serves)
+            } else {
+                Ok(p.client.clone())
+            })
+        });
+        let client = match known {
+            Some(Err(serves)) => return serves,
+            Some(Ok(client)) => client,
+            None => client_for(kubeconfig).await,
+        };
+        let asked = Instant::now();
+        let serves = match &client {
+            Some(client) => matches!(
+                tokio::time::timeout(settings.api_probe_timeout, client.apiserver_version()).await,
+                Ok(Ok(_))
+            ),
+            None => false,
+        };
+        if let Some(outcomes) = &self.outcomes {
+            outcomes
+                .with_label_values(&[if serves { "served" } else { "failed" }])
+                .inc();
+        }
+        if let Ok(mut entries) = self.entries.lock() {
+            let probe = Probe {
+                kubeconfig: kubeconfig.to_string(),
+                client,
+                asked,
+                serves,
+            };
+            entries.insert(host_ns.to_string(), probe);
+        }
+        serves
+    }
+
+    /// Drops the vCluster in `host_ns` (its instance is gone).
+    pub fn forget(&self, host_ns: &str) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.remove(host_ns);
+        }
+    }
+}
+
+/// A client of the API `kubeconfig` names, as kube reads it.
+async fn client_for(kubeconfig: &str) -> Option<kube::Client> {
+    let parsed = Kubeconfig::from_yaml(kubeconfig).ok()?;
+    let config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+        .await
+        .ok()?;
+    kube::Client::try_from(config).ok()
+}

@@ -1,0 +1,217 @@
+//! The watch caches [`super::reader`] reads first: kube's reflector stores, one per kind, each
+//! narrowed by a label or field selector to what the controller made or the vCluster chart
+//! renders, with what nothing reads (managed fields, Helm's release payloads, pod templates,
+//! other Secret keys) dropped before it is stored.
+//!
+//! A store may be stale. [`super::reconcile`] therefore believes the stores only to conclude
+//! that nothing is to be done: any action or status change is decided again from a fresh read of
+//! the API server, and every write or delete keeps its own ownership check. Until every store has
+//! listed once ([`Stores::ready`]) the reconciler reads the API server.
+
+use std::fmt::Debug;
+
+use common::names::{
+    EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, HOST_NAMESPACE_LABEL, KUBECONFIG_KEY,
+    MANAGED_BY_SELECTOR, VCLUSTER, VCLUSTER_NETWORK_POLICY,
+};
+use futures::future::FutureExt;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Resource;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector::Lookup};
+use serde::de::DeserializeOwned;
+
+use crate::helm::RELEASE;
+
+/// The objects a watch touched (applied or deleted), as the controller takes its triggers.
+pub type Trigger<K> = BoxStream<'static, Result<K, watcher::Error>>;
+
+/// The reflector stores the reader reads.
+#[derive(Clone)]
+pub struct Stores {
+    /// Host namespaces (labelled `platform.di-framework.dev/host-namespace=true`).
+    pub namespaces: Store<Namespace>,
+    /// `networkpolicy/vcluster-api` of each host namespace (metadata).
+    pub network_policies: Store<PartialObjectMeta<NetworkPolicy>>,
+    /// The vCluster's Helm release records (`owner=helm,name=vcluster`; metadata only).
+    pub releases: Store<PartialObjectMeta<Secret>>,
+    /// `service/vcluster` of each host namespace (metadata).
+    pub services: Store<PartialObjectMeta<Service>>,
+    /// `deployment/vcluster` of each host namespace, without its pod template.
+    pub deployments: Store<Deployment>,
+    /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key only).
+    pub exported: Store<Secret>,
+    /// The instances' kubeconfig Secrets (their `kubeconfig` key only).
+    pub kubeconfigs: Store<Secret>,
+}
+
+/// The watches that also wake instances, for the controller to drive: each feeds its store
+/// before it passes an object on.
+pub struct Triggers {
+    /// The operator's Secrets (owned by instances).
+    pub kubeconfigs: Trigger<Secret>,
+    /// `service/vcluster` of each host namespace.
+    pub services: Trigger<PartialObjectMeta<Service>>,
+    /// `deployment/vcluster` of each host namespace (its rollout).
+    pub deployments: Trigger<Deployment>,
+    /// The exported kubeconfig of each host namespace.
+    pub exported: Trigger<Secret>,
+    /// The Helm release records of each host namespace.
+    pub releases: Trigger<PartialObjectMeta<Secret>>,
+}
+
+/// A reflected watch of `api` narrowed by `config`, with backoff, `trim` applied to each object
+/// before it is stored: its store and the objects it touches.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Lookup<DynamicType = ()>,
+    K: Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher::watcher(api, config.any_semantic())
+        .default_backoff()
+        .modify(move |object| {
+            object.meta_mut().managed_fields = None;
+            trim(object);
+        })
+        .reflect(writer)
+        .touched_objects();
+    (store, stream)
+}
+
+/// Keeps only the one data key `key` of a Secret.
+fn keep_key(secret: &mut Secret, key: &str) {
+    secret.string_data = None;
+    if let Some(data) = secret.data.as_mut() {
+        data.retain(|k, _| k == key);
+    }
+}
+
+impl Stores {
+    /// Starts the watches that only feed a store (each in a task of its own) and returns the
+    /// stores with the watches that also wake instances ([`Triggers`]), which feed their stores
+    /// while the controller runs them. `watch_namespace` narrows the instances' Secrets to the
+    /// namespace the controller watches.
+    pub fn start(client: &kube::Client, watch_namespace: Option<&str>) -> (Self, Triggers) {
+        let by_name =
+            |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let (namespaces, namespace_events) = reflect(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{HOST_NAMESPACE_LABEL}=true")),
+            |n| (n.spec, n.status) = (None, None),
+        );
+        let (network_policies, network_policy_events) = reflect(
+            Api::<PartialObjectMeta<NetworkPolicy>>::all(client.clone()),
+            by_name(VCLUSTER_NETWORK_POLICY),
+            |_| {},
+        );
+        tokio::spawn(namespace_events.for_each(|_| async {}));
+        tokio::spawn(network_policy_events.for_each(|_| async {}));
+        let secrets = match watch_namespace {
+            Some(namespace) => Api::<Secret>::namespaced(client.clone(), namespace),
+            None => Api::<Secret>::all(client.clone()),
+        };
+        let (kubeconfigs, kubeconfig_events) = reflect(
+            secrets,
+            watcher::Config::default().labels(MANAGED_BY_SELECTOR),
+            |s| keep_key(s, KUBECONFIG_KEY),
+        );
+        let (services, service_events) = reflect(
+            Api::<PartialObjectMeta<Service>>::all(client.clone()),
+            by_name(VCLUSTER),
+            |_| {},
+        );
+        let (deployments, deployment_events) = reflect(
+            Api::<Deployment>::all(client.clone()),
+            by_name(VCLUSTER),
+            |d: &mut Deployment| {
+                if let Some(spec) = d.spec.as_mut() {
+                    spec.template = Default::default();
+                }
+            },
+        );
+        let (exported, exported_events) = reflect(
+            Api::<Secret>::all(client.clone()),
+            by_name(EXPORTED_KUBECONFIG_SECRET),
+            |s| keep_key(s, EXPORTED_KUBECONFIG_KEY),
+        );
+        let (releases, release_events) = reflect(
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            watcher::Config::default().labels(&format!("owner=helm,name={RELEASE}")),
+            |_| {},
+        );
+        let stores = Self {
+            namespaces,
+            network_policies,
+            releases,
+            services,
+            deployments,
+            exported,
+            kubeconfigs,
+        };
+        let triggers = Triggers {
+            kubeconfigs: kubeconfig_events.boxed(),
+            services: service_events.boxed(),
+            deployments: deployment_events.boxed(),
+            exported: exported_events.boxed(),
+            releases: release_events.boxed(),
+        };
+        (stores, triggers)
+    }
+
+    /// Every store has listed once: the stores may be read.
+    pub fn ready(&self) -> bool {
+        fn listed<K: Lookup + Clone + 'static>(store: &Store<K>) -> bool
+        where
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+        }
+        listed(&self.namespaces)
+            && listed(&self.network_policies)
+            && listed(&self.releases)
+            && listed(&self.services)
+            && listed(&self.deployments)
+            && listed(&self.exported)
+            && listed(&self.kubeconfigs)
+    }
+
+    /// How many objects each store holds, by name (for the cache-size gauge).
+    pub fn sizes(&self) -> [(&'static str, usize); 7] {
+        [
+            ("namespaces", self.namespaces.len()),
+            ("networkpolicies", self.network_policies.len()),
+            ("releases", self.releases.len()),
+            ("services", self.services.len()),
+            ("deployments", self.deployments.len()),
+            ("exported", self.exported.len()),
+            ("kubeconfigs", self.kubeconfigs.len()),
+        ]
+    }
+}
+
+/// `name` in `namespace` (`""` for a cluster-scoped kind) from `store`.
+pub fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<std::sync::Arc<K>>
+where
+    K: Lookup<DynamicType = ()> + Clone + 'static,
+{
+    let key = ObjectRef::new(name);
+    store.get(&if namespace.is_empty() {
+        key
+    } else {
+        key.within(namespace)
+    })
+}
