@@ -7,7 +7,10 @@
 
 use common::crd::{DeletionPolicy, Phase};
 
-use super::model::{Action, Cleanup, Observed, Plan, PlanBuilder, Release, Requeue, TaskState};
+use super::model::{
+    Action, Cleanup, Exported, HostNamespace, KubeconfigSecret, Observed, Plan, PlanBuilder,
+    Release, Requeue, TaskState,
+};
 use super::status::{self, Kstatus, Reason};
 use crate::installer::record::Failure;
 
@@ -25,7 +28,7 @@ pub fn decide(o: &Observed) -> Plan {
     if o.install.outcome.busy() || o.install.preview_task.busy() {
         plan.act(Action::CancelInstall);
     }
-    if let Some(other) = &o.namespace_conflict {
+    if let HostNamespace::Foreign(other) = &o.host {
         return left_alone(o, plan, other);
     }
     // 1. Stop what runs: the vCluster release, then the host namespace.
@@ -33,8 +36,8 @@ pub fn decide(o: &Observed) -> Plan {
         Ok(plan) => plan,
         Err(waiting) => return waiting,
     };
-    if o.namespace_exists {
-        if !o.namespace_terminating {
+    if o.host != HostNamespace::Missing {
+        if o.host != HostNamespace::Terminating {
             plan.act(Action::DeleteNamespace);
         }
         return step(
@@ -52,13 +55,18 @@ pub fn decide(o: &Observed) -> Plan {
         if o.state_exists {
             plan.act(Action::RemoveState);
         }
-        if (o.kubeconfig_current || o.exported_kubeconfig) && o.kubeconfig_conflict.is_none() {
+        let written = match o.kubeconfig {
+            KubeconfigSecret::Current => true,
+            KubeconfigSecret::Stale => matches!(o.exported, Exported::Accepted { .. }),
+            KubeconfigSecret::Foreign(_) => false,
+        };
+        if written {
             plan.act(Action::DeleteKubeconfig);
         }
     }
     plan.act(Action::RemoveFinalizer);
-    match &o.kubeconfig_conflict {
-        Some(secret) => step(
+    match &o.kubeconfig {
+        KubeconfigSecret::Foreign(secret) => step(
             plan,
             Requeue::Idle,
             Reason::LeftAlone,
@@ -66,7 +74,7 @@ pub fn decide(o: &Observed) -> Plan {
                 "everything of the instance is cleaned up; the Secret {secret} is not this instance's and was left untouched; removing the finalizer"
             ),
         ),
-        None => step(
+        KubeconfigSecret::Current | KubeconfigSecret::Stale => step(
             plan,
             Requeue::Idle,
             Reason::Finalizing,
@@ -80,10 +88,7 @@ pub fn decide(o: &Observed) -> Plan {
 /// instance's own kubeconfig Secret goes with `Delete`, and the finalizer is dropped with a
 /// `LeftAlone` Event saying what was left.
 fn left_alone(o: &Observed, mut plan: PlanBuilder, other: &str) -> Plan {
-    if o.deletion_policy == DeletionPolicy::Delete
-        && o.kubeconfig_current
-        && o.kubeconfig_conflict.is_none()
-    {
+    if o.deletion_policy == DeletionPolicy::Delete && o.kubeconfig == KubeconfigSecret::Current {
         plan.act(Action::DeleteKubeconfig);
     }
     plan.act(Action::RemoveFinalizer);

@@ -105,6 +105,50 @@ pub enum Release {
     Failed(String),
 }
 
+/// The host namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostNamespace {
+    /// It does not exist.
+    Missing,
+    /// It belongs to someone else (named): left untouched.
+    Foreign(String),
+    /// It is this instance's and being deleted.
+    Terminating,
+    /// It is this instance's; `current`: it and its NetworkPolicy are as the controller would
+    /// apply them.
+    Ours {
+        /// As the controller would apply it.
+        current: bool,
+    },
+}
+
+/// The kubeconfig the vCluster exported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exported {
+    /// None yet.
+    Missing,
+    /// Refused: it asks for more than inline server, CA, client certificate and key or token
+    /// (why).
+    Refused(String),
+    /// Accepted; `serves`: it reached the vCluster's API (`None`: not tried).
+    Accepted {
+        /// It reached the vCluster's API.
+        serves: Option<bool>,
+    },
+}
+
+/// The instance's kubeconfig Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeconfigSecret {
+    /// It holds what the vCluster exported (or, when nothing is exported, it exists).
+    Current,
+    /// It is missing or holds something else.
+    Stale,
+    /// A Secret of its name exists and is not this instance's (its UID mark and owner reference
+    /// name nobody or someone else): its name. Left untouched.
+    Foreign(String),
+}
+
 /// Where the cluster-wide admission policy stands.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Protection {
@@ -312,14 +356,8 @@ pub struct Observed {
     pub invalid_spec: Option<String>,
     /// The host namespace's name.
     pub host_namespace: String,
-    /// The host namespace exists.
-    pub namespace_exists: bool,
-    /// It exists but names another instance in its annotation.
-    pub namespace_conflict: Option<String>,
-    /// It is being deleted.
-    pub namespace_terminating: bool,
-    /// The namespace and NetworkPolicy are as the controller would apply them.
-    pub namespace_current: bool,
+    /// The host namespace.
+    pub host: HostNamespace,
     /// The vCluster release.
     pub release: Release,
     /// The shipped chart's version.
@@ -328,18 +366,10 @@ pub struct Observed {
     pub task: TaskState,
     /// The vCluster control plane (the Deployment `vcluster`) has rolled out and is ready.
     pub statefulset_ready: bool,
-    /// The kubeconfig the vCluster exported, if it has.
-    pub exported_kubeconfig: bool,
-    /// That kubeconfig reached the vCluster's API (`None`: not tried).
-    pub api_serves: Option<bool>,
-    /// Why the kubeconfig the vCluster exported was refused (it asks for more than inline
-    /// server, CA, client certificate and key or token); when set, `exported_kubeconfig` is false.
-    pub kubeconfig_refused: Option<String>,
-    /// The instance's kubeconfig Secret holds what the vCluster exported.
-    pub kubeconfig_current: bool,
-    /// A Secret of the kubeconfig Secret's name exists and is not this instance's (its UID mark
-    /// and owner reference name nobody or someone else): its name. Left untouched.
-    pub kubeconfig_conflict: Option<String>,
+    /// The kubeconfig the vCluster exported.
+    pub exported: Exported,
+    /// The instance's kubeconfig Secret.
+    pub kubeconfig: KubeconfigSecret,
     /// The cluster-wide policy.
     pub protection: Protection,
     /// The cleanup Job (deletion with `Delete` only).

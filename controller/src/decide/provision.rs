@@ -8,7 +8,8 @@ use common::crd::Phase;
 
 use super::install;
 use super::model::{
-    Action, Observed, OwnerService, Plan, PlanBuilder, Release, Requeue, TaskState,
+    Action, Exported, HostNamespace, KubeconfigSecret, Observed, OwnerService, Plan, PlanBuilder,
+    Release, Requeue, TaskState,
 };
 use super::status::{self, Cond, Kstatus, Reason};
 use crate::installer::record::Failure;
@@ -19,7 +20,7 @@ pub fn decide(o: &Observed) -> Plan {
         return plan;
     }
     let mut plan = PlanBuilder::with([status::protection(&o.protection)]);
-    if o.namespace_terminating {
+    if o.host == HostNamespace::Terminating {
         let message = format!(
             "host namespace {} is still being deleted; waiting for it to go",
             o.host_namespace
@@ -35,7 +36,7 @@ pub fn decide(o: &Observed) -> Plan {
             Kstatus::reconciling(Reason::HostNamespaceTerminating, message),
         );
     }
-    if !o.namespace_exists || !o.namespace_current {
+    if o.host != (HostNamespace::Ours { current: true }) {
         plan.act(Action::ApplyNamespace);
     }
     plan.condition(Cond::yes(
@@ -50,7 +51,7 @@ pub fn decide(o: &Observed) -> Plan {
     let vcluster_ready = vcluster.status;
     plan.condition(vcluster);
     if vcluster_ready {
-        if let Some(secret) = &o.kubeconfig_conflict {
+        if let KubeconfigSecret::Foreign(secret) = &o.kubeconfig {
             return kubeconfig_conflict(o, plan, secret);
         }
         kubeconfig_written(o, &mut plan);
@@ -63,11 +64,11 @@ pub fn decide(o: &Observed) -> Plan {
     ));
     plan.condition(install::installed_while_waiting(&o.install));
     let (phase, reconciling) = match &o.task {
-        TaskState::Idle if o.kubeconfig_refused.is_some() && release_current(o) => (
+        TaskState::Idle if matches!(o.exported, Exported::Refused(_)) && release_current(o) => (
             Phase::Failed,
             Kstatus::stalled(Reason::KubeconfigRefused, refused(o)),
         ),
-        TaskState::Queued(_) if !o.namespace_exists => (
+        TaskState::Queued(_) if o.host == HostNamespace::Missing => (
             Phase::Pending,
             Kstatus::reconciling(Reason::Queued, "waiting for an install slot"),
         ),
@@ -102,7 +103,9 @@ fn stopped(o: &Observed) -> Option<Plan> {
             ),
         ));
     }
-    let other = o.namespace_conflict.as_ref()?;
+    let HostNamespace::Foreign(other) = &o.host else {
+        return None;
+    };
     let message = format!(
         "host namespace {} belongs to {other}; delete it or rename this instance",
         o.host_namespace
@@ -232,18 +235,18 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
             Reason::WaitingForControlPlane,
             "waiting for the vCluster control plane (deployment/vcluster) to be ready",
         )
-    } else if o.kubeconfig_refused.is_some() {
+    } else if matches!(o.exported, Exported::Refused(_)) {
         // Only a new exported kubeconfig changes this: its watch wakes the instance.
         return (
             Cond::no(c::VCLUSTER_READY, Reason::KubeconfigRefused, refused(o)),
             Requeue::Watched,
         );
-    } else if !o.exported_kubeconfig {
+    } else if o.exported == Exported::Missing {
         (
             Reason::WaitingForKubeconfig,
             "waiting for the vCluster to export its kubeconfig",
         )
-    } else if o.api_serves != Some(true) {
+    } else if o.exported != (Exported::Accepted { serves: Some(true) }) {
         // No watch sees the vCluster's API: it is probed at each poll.
         return (
             Cond::no(
@@ -278,7 +281,10 @@ fn refused(o: &Observed) -> String {
         "the kubeconfig the vCluster exported (Secret {} in {}) was refused: {}; the controller accepts only an inline server, CA, client certificate and key, and token; find who wrote that Secret and delete it so vCluster exports it again",
         common::names::EXPORTED_KUBECONFIG_SECRET,
         o.host_namespace,
-        o.kubeconfig_refused.as_deref().unwrap_or_default()
+        match &o.exported {
+            Exported::Refused(why) => why.as_str(),
+            _ => "",
+        }
     )
 }
 
@@ -305,7 +311,7 @@ fn kubeconfig_conflict(o: &Observed, mut plan: PlanBuilder, secret: &str) -> Pla
 
 /// The vCluster serves: write the kubeconfig when it differs, and record `service/vcluster`.
 fn kubeconfig_written(o: &Observed, plan: &mut PlanBuilder) {
-    if !o.kubeconfig_current {
+    if o.kubeconfig != KubeconfigSecret::Current {
         plan.act(Action::WriteKubeconfig);
     }
     if o.owner_service == OwnerService::Unrecorded {

@@ -17,21 +17,15 @@ fn base() -> Observed {
         deletion_policy: DeletionPolicy::Retain,
         invalid_spec: None,
         host_namespace: "pi-team-a-one-12345678".into(),
-        namespace_exists: true,
-        namespace_conflict: None,
-        namespace_terminating: false,
-        namespace_current: true,
+        host: HostNamespace::Ours { current: true },
         release: Release::Deployed {
             chart_version: "0.37.3".into(),
         },
         chart_version: "0.37.3".into(),
         task: TaskState::Idle,
         statefulset_ready: true,
-        exported_kubeconfig: true,
-        api_serves: Some(true),
-        kubeconfig_refused: None,
-        kubeconfig_current: true,
-        kubeconfig_conflict: None,
+        exported: Exported::Accepted { serves: Some(true) },
+        kubeconfig: KubeconfigSecret::Current,
         protection: Protection::Protected,
         cleanup: Cleanup::Missing,
         state_exists: true,
@@ -99,7 +93,7 @@ fn want<'a>(plan: &'a Plan, type_: &str) -> &'a super::status::Cond {
 fn a_new_instance_gets_its_finalizer_first() {
     let o = Observed {
         has_finalizer: false,
-        namespace_exists: false,
+        host: HostNamespace::Missing,
         release: Release::Missing,
         ..base()
     };
@@ -111,12 +105,11 @@ fn a_new_instance_gets_its_finalizer_first() {
 #[test]
 fn provisioning_applies_the_namespace_and_installs() {
     let o = Observed {
-        namespace_exists: false,
+        host: HostNamespace::Missing,
         release: Release::Missing,
         statefulset_ready: false,
-        exported_kubeconfig: false,
-        api_serves: None,
-        kubeconfig_current: false,
+        exported: Exported::Missing,
+        kubeconfig: KubeconfigSecret::Stale,
         ..base()
     };
     let plan = decide(&o);
@@ -162,7 +155,7 @@ fn queue_places_are_exact_near_the_front_then_ranges() {
 #[test]
 fn queued_installs_say_their_position() {
     let o = Observed {
-        namespace_exists: false,
+        host: HostNamespace::Missing,
         release: Release::Missing,
         task: TaskState::Queued(3),
         ..base()
@@ -206,14 +199,16 @@ fn waits_for_statefulset_kubeconfig_and_api_in_turn() {
     );
     assert_eq!(
         waiting(Observed {
-            exported_kubeconfig: false,
+            exported: Exported::Missing,
             ..base()
         }),
         ((false, "WaitingForKubeconfig"), Requeue::Watched)
     );
     assert_eq!(
         waiting(Observed {
-            api_serves: Some(false),
+            exported: Exported::Accepted {
+                serves: Some(false)
+            },
             ..base()
         }),
         ((false, "WaitingForAPI"), Requeue::Poll)
@@ -223,7 +218,7 @@ fn waits_for_statefulset_kubeconfig_and_api_in_turn() {
 #[test]
 fn a_serving_vcluster_gets_its_kubeconfig_written_and_reaches_installing() {
     let plan = decide(&Observed {
-        kubeconfig_current: false,
+        kubeconfig: KubeconfigSecret::Stale,
         ..fresh()
     });
     assert_eq!(
@@ -571,7 +566,7 @@ fn invalid_specs_and_conflicts_wait_for_a_change() {
     assert_eq!(cond(&plan, c::STALLED), (true, "InvalidSpec"));
     assert_eq!(plan.requeue, Requeue::Idle);
     let plan = decide(&Observed {
-        namespace_conflict: Some("team-b/other".into()),
+        host: HostNamespace::Foreign("team-b/other".into()),
         ..base()
     });
     assert_eq!(
@@ -622,7 +617,7 @@ fn deletion_uninstalls_then_deletes_the_namespace() {
     assert_eq!(plan.actions, [Action::DeleteNamespace]);
     let plan = decide(&Observed {
         release: Release::Missing,
-        namespace_terminating: true,
+        host: HostNamespace::Terminating,
         ..deleting(DeletionPolicy::Retain)
     });
     assert!(plan.actions.is_empty(), "wait for the namespace");
@@ -637,7 +632,7 @@ fn deletion_uninstalls_then_deletes_the_namespace() {
 fn retain_keeps_storage_and_state() {
     let plan = decide(&Observed {
         release: Release::Missing,
-        namespace_exists: false,
+        host: HostNamespace::Missing,
         ..deleting(DeletionPolicy::Retain)
     });
     assert_eq!(plan.actions, [Action::RemoveFinalizer]);
@@ -647,7 +642,7 @@ fn retain_keeps_storage_and_state() {
 fn delete_cleans_storage_then_state_then_lets_go() {
     let gone = Observed {
         release: Release::Missing,
-        namespace_exists: false,
+        host: HostNamespace::Missing,
         ..deleting(DeletionPolicy::Delete)
     };
     assert_eq!(decide(&gone).actions, [Action::StartCleanup]);
@@ -719,7 +714,7 @@ fn a_failure_the_record_missed_is_reported_from_the_task() {
 fn cleaning() -> Observed {
     Observed {
         release: Release::Missing,
-        namespace_exists: false,
+        host: HostNamespace::Missing,
         ..deleting(DeletionPolicy::Delete)
     }
 }
@@ -755,8 +750,8 @@ fn deletion_leaves_a_host_namespace_of_another_instance_alone() {
         ] {
             for cleanup in [Cleanup::Missing, Cleanup::Complete, Cleanup::Stale] {
                 let o = Observed {
-                    namespace_conflict: Some("team-b/other".into()),
-                    kubeconfig_current: false,
+                    host: HostNamespace::Foreign("team-b/other".into()),
+                    kubeconfig: KubeconfigSecret::Stale,
                     release: release.clone(),
                     cleanup: cleanup.clone(),
                     ..deleting(policy)
@@ -779,7 +774,7 @@ fn deletion_leaves_a_host_namespace_of_another_instance_alone() {
     }
     // Its own kubeconfig Secret still goes with Delete; never one that is not its own.
     let own = decide(&Observed {
-        namespace_conflict: Some("team-b/other".into()),
+        host: HostNamespace::Foreign("team-b/other".into()),
         ..deleting(DeletionPolicy::Delete)
     });
     assert_eq!(
@@ -787,8 +782,8 @@ fn deletion_leaves_a_host_namespace_of_another_instance_alone() {
         [Action::DeleteKubeconfig, Action::RemoveFinalizer]
     );
     let foreign = decide(&Observed {
-        namespace_conflict: Some("team-b/other".into()),
-        kubeconfig_conflict: Some("one-kubeconfig".into()),
+        host: HostNamespace::Foreign("team-b/other".into()),
+        kubeconfig: KubeconfigSecret::Foreign("one-kubeconfig".into()),
         ..deleting(DeletionPolicy::Delete)
     });
     assert!(destructive(&foreign).is_empty(), "{:?}", foreign.actions);
@@ -842,8 +837,7 @@ fn a_blocked_or_timed_out_cleanup_says_why_and_keeps_the_finalizer() {
 #[test]
 fn a_kubeconfig_secret_of_someone_else_is_never_written_or_deleted() {
     let conflict = Observed {
-        kubeconfig_current: false,
-        kubeconfig_conflict: Some("one-kubeconfig".into()),
+        kubeconfig: KubeconfigSecret::Foreign("one-kubeconfig".into()),
         ..fresh()
     };
     let plan = decide(&conflict);
@@ -873,8 +867,7 @@ fn a_kubeconfig_secret_of_someone_else_is_never_written_or_deleted() {
     // Deleting with Delete: everything else goes, that Secret stays.
     let done = decide(&Observed {
         cleanup: Cleanup::Complete,
-        kubeconfig_current: false,
-        kubeconfig_conflict: Some("one-kubeconfig".into()),
+        kubeconfig: KubeconfigSecret::Foreign("one-kubeconfig".into()),
         ..cleaning()
     });
     assert_eq!(done.actions, [Action::RemoveState, Action::RemoveFinalizer]);
@@ -924,10 +917,8 @@ fn an_installed_version_newer_than_the_requested_one_is_not_run_over() {
 #[test]
 fn a_refused_exported_kubeconfig_stops_provisioning() {
     let o = Observed {
-        exported_kubeconfig: false,
-        kubeconfig_refused: Some("user \"x\" sets exec".into()),
-        api_serves: None,
-        kubeconfig_current: false,
+        exported: Exported::Refused("user \"x\" sets exec".into()),
+        kubeconfig: KubeconfigSecret::Stale,
         ..fresh()
     };
     let plan = decide(&o);

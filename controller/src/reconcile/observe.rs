@@ -14,7 +14,8 @@ use kube::{Resource, ResourceExt};
 use super::reader::Read;
 use super::{Settings, key, objects};
 use crate::decide::model::{
-    Cleanup, InstallObserved, InstallOutcome, Observed, OwnerService, Release, TaskState,
+    Cleanup, Exported, HostNamespace, InstallObserved, InstallOutcome, KubeconfigSecret, Observed,
+    OwnerService, Release, TaskState,
 };
 use crate::decide::ownership;
 use crate::installer::config::{self as program, ProgramConfig};
@@ -61,8 +62,7 @@ pub fn observe(
             refused.to_string()
         });
     let exported = read.exported.clone().filter(|_| refused.is_none());
-    let (kubeconfig_current, kubeconfig_conflict) =
-        kubeconfig_state(pi, &read, exported.as_deref());
+    let kubeconfig = kubeconfig_state(pi, &read, exported.as_deref());
     let config =
         match (&exported, read.serves) {
             (Some(k), Some(true)) if !deleting && settings.install_platform => Some(
@@ -78,10 +78,14 @@ pub fn observe(
         has_finalizer: pi.finalizers().iter().any(|f| f == FINALIZER),
         deletion_policy: pi.spec.deletion_policy,
         invalid_spec: invalid_spec(pi),
-        namespace_exists: namespace.is_some(),
-        namespace_conflict: conflict,
-        namespace_terminating: namespace.is_some_and(|n| n.metadata.deletion_timestamp.is_some()),
-        namespace_current: current,
+        host: match (namespace, conflict) {
+            (None, _) => HostNamespace::Missing,
+            (Some(_), Some(owner)) => HostNamespace::Foreign(owner),
+            (Some(n), None) if n.metadata.deletion_timestamp.is_some() => {
+                HostNamespace::Terminating
+            }
+            (Some(_), None) => HostNamespace::Ours { current },
+        },
         release: ours.and(read.release).unwrap_or(Release::Missing),
         chart_version: settings.chart_version.clone(),
         task: helm,
@@ -90,11 +94,14 @@ pub fn observe(
                 .deployment
                 .as_deref()
                 .is_some_and(super::control_plane::ready),
-        exported_kubeconfig: exported.is_some(),
-        api_serves: read.serves.filter(|_| exported.is_some()),
-        kubeconfig_refused: refused,
-        kubeconfig_current,
-        kubeconfig_conflict,
+        exported: match (refused, &exported) {
+            (Some(why), _) => Exported::Refused(why),
+            (None, Some(_)) => Exported::Accepted {
+                serves: read.serves,
+            },
+            (None, None) => Exported::Missing,
+        },
+        kubeconfig,
         protection: read.protection,
         cleanup: cleanup(read.cleanup, &uid),
         state_exists: read.state_exists,
@@ -152,23 +159,27 @@ fn owner_service(
 }
 
 /// The instance's kubeconfig Secret: whether it holds what the vCluster exported (or, when
-/// nothing is exported, exists at all), and its name when it is not this instance's.
+/// nothing is exported, exists at all), or whether it is not this instance's.
 fn kubeconfig_state(
     pi: &PlatformInstance,
     read: &Read,
     exported: Option<&str>,
-) -> (bool, Option<String>) {
+) -> KubeconfigSecret {
     let uid = pi.uid().unwrap_or_default();
     let current = read.kubeconfig.as_deref();
     if current.is_some_and(|s| !ownership::kubeconfig_secret(&s.metadata, &uid)) {
-        return (false, Some(kubeconfig_secret(&pi.name_any())));
+        return KubeconfigSecret::Foreign(kubeconfig_secret(&pi.name_any()));
     }
     let holds = |k: &str| {
         current
             .and_then(|s| s.data.as_ref()?.get(KUBECONFIG_KEY))
             .is_some_and(|b| b.0 == k.as_bytes())
     };
-    (exported.map_or(current.is_some(), holds), None)
+    if exported.map_or(current.is_some(), holds) {
+        KubeconfigSecret::Current
+    } else {
+        KubeconfigSecret::Stale
+    }
 }
 
 /// The cleanup Job's state: another instance's (`Stale`), or what its conditions say.
