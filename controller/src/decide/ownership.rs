@@ -48,27 +48,27 @@ pub fn kubeconfig_secret(meta: &ObjectMeta, uid: &str) -> bool {
         .unwrap_or_else(|| meta.owner_references.iter().flatten().any(|r| r.uid == uid))
 }
 
-/// Whether the host namespace is instance `key`'s (UID `uid`); `Err` names whose it is: the
+/// Whom the host namespace belongs to when it is not instance `key`'s (UID `uid`): the
 /// instance its annotation names when that is another; with the same name, another UID in its
 /// mark (an earlier instance of the same name). An unmarked namespace (an earlier release created
 /// it; the next apply marks it) belongs to the instance its annotation names; one with neither
 /// names nobody else, and the instance adopts it (a crash before the first apply leaves such a
 /// namespace).
-pub fn host_namespace(namespace: &Namespace, key: &str, uid: &str) -> Result<(), String> {
+pub fn host_namespace(namespace: &Namespace, key: &str, uid: &str) -> Option<String> {
     let meta = &namespace.metadata;
     let named = meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(INSTANCE_ANNOTATION));
     if let Some(other) = named.filter(|a| *a != key) {
-        return Err(other.clone());
+        return Some(other.clone());
     }
     match mark(meta, uid) {
-        Mark::Theirs(mark) => Err(format!(
+        Mark::Theirs(mark) => Some(format!(
             "{} (UID {mark})",
             named.map_or("another instance", String::as_str)
         )),
-        Mark::Ours | Mark::Unmarked => Ok(()),
+        Mark::Ours | Mark::Unmarked => None,
     }
 }
 
@@ -79,7 +79,7 @@ mod tests {
     use super::*;
 
     fn foreign_owner(namespace: &Namespace, key: &str, uid: &str) -> Option<String> {
-        host_namespace(namespace, key, uid).err()
+        host_namespace(namespace, key, uid)
     }
 
     fn namespace(labels: serde_json::Value, annotations: serde_json::Value) -> Namespace {

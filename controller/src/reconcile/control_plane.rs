@@ -102,7 +102,7 @@ pub async fn check_owner(
         })?;
     let owner = match &namespace {
         None => Some("nobody: it does not exist".to_string()),
-        Some(n) => crate::decide::ownership::host_namespace(n, key, uid).err(),
+        Some(n) => crate::decide::ownership::host_namespace(n, key, uid),
     };
     match owner {
         None => Ok(()),

@@ -11,7 +11,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
-use super::reader::Read;
+use super::reader::{Missing, Read};
 use super::{Settings, key, objects};
 use crate::decide::model::{
     Cleanup, Exported, HostNamespace, InstallObserved, InstallOutcome, KubeconfigSecret, Observed,
@@ -42,7 +42,7 @@ pub fn observe(
     let uid = pi.uid().unwrap_or_default();
     let deleting = pi.meta().deletion_timestamp.is_some();
     let namespace = read.namespace.as_deref();
-    let conflict = namespace.and_then(|n| ownership::host_namespace(n, &key(pi), &uid).err());
+    let conflict = namespace.and_then(|n| ownership::host_namespace(n, &key(pi), &uid));
     let desired = || {
         objects::namespace_hash(
             &objects::namespace(&key(pi), &uid, &host_ns, settings.pod_security),
@@ -229,10 +229,11 @@ fn program_config(
     settings: &Settings,
     host_ns: &str,
     kubeconfig: &str,
-    client_secret: Option<Result<String, String>>,
-) -> Result<ProgramConfig, String> {
-    let endpoint = program::kubeconfig_server(kubeconfig)
-        .ok_or("the vCluster's kubeconfig names no server in its current context")?;
+    client_secret: Option<Result<String, Missing>>,
+) -> Result<ProgramConfig, Missing> {
+    let endpoint = program::kubeconfig_server(kubeconfig).ok_or_else(|| {
+        Missing("the vCluster's kubeconfig names no server in its current context".into())
+    })?;
     Ok(program::program_config(&program::Inputs {
         platform: pi.spec.platform.as_ref(),
         storage_root: format!(
@@ -253,7 +254,7 @@ fn install_observed(
     settings: &Settings,
     tasks: (TaskState, TaskState),
     record: &Record,
-    config: Option<&Result<ProgramConfig, String>>,
+    config: Option<&Result<ProgramConfig, Missing>>,
     now: Timestamp,
 ) -> InstallObserved {
     let repair_due = record.installed_version.is_some()
@@ -267,7 +268,7 @@ fn install_observed(
         installed: record.installed_version.clone(),
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
-        config_error: config.and_then(|c| c.as_ref().err()).cloned(),
+        config_error: config.and_then(|c| c.as_ref().err()).map(|m| m.0.clone()),
         preview_task: tasks.1,
         drift: record
             .preview

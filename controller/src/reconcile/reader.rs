@@ -64,7 +64,7 @@ pub struct Read {
     pub cleanup: Option<(Job, Option<String>)>,
     /// Tenant auth's client secret, read when the program's config is put together: `Err` says
     /// what is missing.
-    pub client_secret: Option<Result<String, String>>,
+    pub client_secret: Option<Result<String, Missing>>,
     /// The helm, install and preview tasks (read before the record).
     pub tasks: [TaskState; 3],
     /// The installer's record.
@@ -99,7 +99,7 @@ pub async fn read(
     let ours = read
         .namespace
         .as_deref()
-        .is_some_and(|n| ownership::host_namespace(n, &key(pi), &uid).is_ok());
+        .is_some_and(|n| ownership::host_namespace(n, &key(pi), &uid).is_none());
     if ours {
         read.network_policy = fetch::<PartialObjectMeta<NetworkPolicy>>(
             source.map(|s| &s.network_policies),
@@ -305,7 +305,7 @@ async fn client_secret(
     ctx: &Context,
     pi: &PlatformInstance,
     r: &common::crd::SecretKeyRef,
-) -> Result<Result<String, String>, ReconcileError> {
+) -> Result<Result<String, Missing>, ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
     let secret = api_in::<Secret>(&ctx.client, &ns)
         .get_opt(&r.name)
@@ -317,16 +317,21 @@ async fn client_secret(
         .map(|b| String::from_utf8_lossy(&b.0).into_owned());
     Ok(match (secret.is_some(), value) {
         (_, Some(v)) => Ok(v),
-        (false, None) => Err(format!(
+        (false, None) => Err(Missing(format!(
             "the Secret {} named by spec.platform.tenantAuth.clientSecretRef does not exist in namespace {ns}; create it with the key {}",
             r.name, r.key
-        )),
-        (true, None) => Err(format!(
+        ))),
+        (true, None) => Err(Missing(format!(
             "the Secret {} has no key {} (spec.platform.tenantAuth.clientSecretRef.key); add the key or fix the reference",
             r.name, r.key
-        )),
+        ))),
     })
 }
+
+/// What the platform program's config lacks (the message says what and how to fix it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Missing(pub String);
 
 /// Whether each vCluster's API serves (`GET /version` through the kubeconfig it exported),
 /// asked at most once per `--target-poll` per vCluster while its kubeconfig stays the same. One
