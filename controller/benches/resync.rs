@@ -6,9 +6,9 @@
 //! seconds and the controller's reconciles and writes). Once all are `Installing`, one full
 //! resync (every instance reconciled once, driven by `--repair-interval`) is measured: the
 //! controller's resident memory, its CPU seconds, its API writes (the goal is zero: nothing
-//! changed), where its observations came from (watch caches or the API server), how its vCluster
-//! API probes went (TLS sessions resumed, full handshakes, through a kube client, failed), and
-//! the reconcile p99.
+//! changed), where its observations came from (the reflector stores or the API server), how its
+//! vCluster API probes went (served, failed), and the reconcile p99. It ends with one gate line
+//! per goal (`gate <name>: <figure> <= <limit>: ok|over`); it asserts nothing.
 //!
 //! Run: `cargo bench -p controller --bench resync` (env `BENCH_INSTANCES` sets N;
 //! `BENCH_CONTROLLER` a controller binary to measure instead of this workspace's, e.g. one built
@@ -227,15 +227,15 @@ async fn main() {
         )
     };
     let (cached0, live0) = (observations("cache").await, observations("api").await);
-    const HANDSHAKES: [&str; 4] = ["resumed", "full", "client", "failed"];
+    const OUTCOMES: [&str; 2] = ["served", "failed"];
     let probes = || async {
         let mut counts = Vec::new();
-        for h in HANDSHAKES {
+        for outcome in OUTCOMES {
             counts.push(
                 labelled(
                     "platform_operator_controller_vcluster_probes_total",
-                    "handshake",
-                    h,
+                    "outcome",
+                    outcome,
                 )
                 .await,
             );
@@ -306,7 +306,7 @@ async fn main() {
         "| reconciles / API writes (of which status) while provisioning | {provisioning_reconciles:.0} / {provisioning_writes:.0} ({provisioning_status_writes:.0}) |"
     );
     println!(
-        "| observations while provisioning from the watch caches / the API server (each a fresh read of about nine objects) | {:.0} / {:.0} |",
+        "| observations while provisioning from the reflector stores / the API server (each a fresh read of about nine objects) | {:.0} / {:.0} |",
         provisioning_observations.0, provisioning_observations.1
     );
     println!(
@@ -314,7 +314,7 @@ async fn main() {
         reconciles1 - reconciles0
     );
     println!(
-        "| observations in the window from the watch caches / the API server | {:.0} / {:.0} |",
+        "| observations in the window from the reflector stores / the API server | {:.0} / {:.0} |",
         cached1 - cached0,
         live1 - live0
     );
@@ -325,7 +325,7 @@ async fn main() {
         .collect();
     println!(
         "| vCluster API probes in the window, {} | {} |",
-        HANDSHAKES.join(" / "),
+        OUTCOMES.join(" / "),
         window_probes.join(" / ")
     );
     println!(
@@ -350,4 +350,15 @@ async fn main() {
     if still_installing != n {
         eprintln!("conditions of i0000: {sample}");
     }
+    println!();
+    gate(&format!("controller-rss-{n}-idle"), rss, 64.0, "MiB");
+    gate(&format!("idle-resync-cpu-{n}"), cpu1 - cpu0, 2.0, "s");
+    gate(&format!("reconcile-p99-{n}"), p99_bound * 1000.0, 50.0, "ms");
+    gate("idle-resync-api-writes", writes1 - writes0, 0.0, "");
+}
+
+/// Prints the gate line of a goal: `figure <= limit` holds or not.
+fn gate(name: &str, figure: f64, limit: f64, unit: &str) {
+    let verdict = if figure <= limit { "ok" } else { "over" };
+    println!("gate {name}: {figure:.2}{unit} <= {limit}{unit}: {verdict}");
 }
