@@ -7,8 +7,9 @@ use common::conditions::{self as c, Want};
 use super::model::Protection;
 use crate::installer::record::Failure;
 
-/// Every documented condition reason the controller sets (see `docs/reference.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Every documented condition reason the controller sets (see `docs/reference.md`), named in
+/// status and Events by its variant's name (`strum`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
 pub enum Reason {
     /// Adding the finalizer.
     AddingFinalizer,
@@ -27,6 +28,7 @@ pub enum Reason {
     /// Installing (the vCluster or the platform).
     Installing,
     /// Helm failed on the vCluster (the same word as [`Failure::InstallFailed`]).
+    #[strum(serialize = "InstallFailed")]
     HelmFailed,
     /// Recovering a release an interrupted helm left pending.
     RecoveringRelease,
@@ -119,55 +121,9 @@ pub enum Severity {
 impl Reason {
     /// The CamelCase word in status and Events.
     pub fn as_str(self) -> &'static str {
-        use Reason::*;
         match self {
-            AddingFinalizer => "AddingFinalizer",
-            InvalidSpec => "InvalidSpec",
-            HostNamespaceConflict => "HostNamespaceConflict",
-            HostNamespaceTerminating => "HostNamespaceTerminating",
-            HostNamespaceApplied => "HostNamespaceApplied",
-            OwnerServiceRestoring => "OwnerServiceRestoring",
-            Queued => "Queued",
-            Installing => "Installing",
-            HelmFailed => "InstallFailed",
-            RecoveringRelease => "RecoveringRelease",
-            Upgrading => "Upgrading",
-            WaitingForControlPlane => "WaitingForControlPlane",
-            WaitingForKubeconfig => "WaitingForKubeconfig",
-            WaitingForAPI => "WaitingForAPI",
-            VClusterServing => "VClusterServing",
-            WaitingForVCluster => "WaitingForVCluster",
-            KubeconfigWritten => "KubeconfigWritten",
-            Provisioning => "Provisioning",
-            InstallerDisabled => "InstallerDisabled",
-            CheckingDrift => "CheckingDrift",
-            ConfigUnavailable => "ConfigUnavailable",
-            Resuming => "Resuming",
-            Repairing => "Repairing",
-            Installed => "Installed",
-            DriftDetected => "DriftDetected",
-            NoDrift => "NoDrift",
-            Failed(f) => f.reason(),
-            PolicyActive => "PolicyActive",
-            AdmissionPoliciesUnavailable => "AdmissionPoliciesUnavailable",
-            PolicyFailed => "PolicyFailed",
-            PolicyPending => "PolicyPending",
-            UninstallingVCluster => "UninstallingVCluster",
-            UninstallFailed => "UninstallFailed",
-            DeletingHostNamespace => "DeletingHostNamespace",
-            CleaningStorage => "CleaningStorage",
-            CleanupFailed => "CleanupFailed",
-            Finalizing => "Finalizing",
-            LeftAlone => "LeftAlone",
-            KubeconfigSecretConflict => "KubeconfigSecretConflict",
-            KubeconfigRefused => "KubeconfigRefused",
-            DowngradeRefused => "DowngradeRefused",
-            CleanupBlocked => "CleanupBlocked",
-            CleanupTimedOut => "CleanupTimedOut",
-            HelmTimedOut => "HelmTimedOut",
-            ReconcileFailed => "ReconcileFailed",
-            Idle => "Idle",
-            Progressing => "Progressing",
+            Reason::Failed(f) => f.reason(),
+            reason => reason.into(),
         }
     }
 
