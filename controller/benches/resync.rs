@@ -353,7 +353,12 @@ async fn main() {
     println!();
     gate(&format!("controller-rss-{n}-idle"), rss, 64.0, "MiB");
     gate(&format!("idle-resync-cpu-{n}"), cpu1 - cpu0, 2.0, "s");
-    gate(&format!("reconcile-p99-{n}"), p99_bound * 1000.0, 50.0, "ms");
+    gate(
+        &format!("reconcile-p99-{n}"),
+        p99_bound * 1000.0,
+        50.0,
+        "ms",
+    );
     gate("idle-resync-api-writes", writes1 - writes0, 0.0, "");
 }
 
