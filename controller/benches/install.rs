@@ -26,6 +26,8 @@
 //! watch events, nothing polled), with the wall-clock time of the apply to line it up with the
 //! controller's log (kept in the round's folder, printed at the end).
 //!
+//! Gate: the operator's own share (the rest above) of each second instance's time to Ready <= 10 %.
+//!
 //! Run: `cargo bench -p controller --bench install` (env `BENCH_VERSION`, default 6.0.22;
 //! `BENCH_LOG_LEVEL`, default `info`, the controller's `--log-level`: `info,controller=debug`
 //! for the installer's steps in its log; `BENCH_BASELINE`, another build of the controller
@@ -542,5 +544,9 @@ async fn main() {
             second.outside_up() - second.spent.helm,
             second.outside_up() - second.vcluster_start().unwrap_or(0.0)
         );
+    }
+    for (name, (_, second)) in [("cold", &cold), ("warm", &warm)] {
+        let share = 100.0 * second.operator() / second.ready;
+        support::gate(&format!("operator-share-second-{name}"), share, 10.0, " %");
     }
 }

@@ -351,19 +351,13 @@ async fn main() {
         eprintln!("conditions of i0000: {sample}");
     }
     println!();
-    gate(&format!("controller-rss-{n}-idle"), rss, 64.0, "MiB");
-    gate(&format!("idle-resync-cpu-{n}"), cpu1 - cpu0, 2.0, "s");
-    gate(
+    support::gate(&format!("controller-rss-{n}-idle"), rss, 64.0, "MiB");
+    support::gate(&format!("idle-resync-cpu-{n}"), cpu1 - cpu0, 2.0, "s");
+    support::gate(
         &format!("reconcile-p99-{n}"),
         p99_bound * 1000.0,
         50.0,
         "ms",
     );
-    gate("idle-resync-api-writes", writes1 - writes0, 0.0, "");
-}
-
-/// Prints the gate line of a goal: `figure <= limit` holds or not.
-fn gate(name: &str, figure: f64, limit: f64, unit: &str) {
-    let verdict = if figure <= limit { "ok" } else { "over" };
-    println!("gate {name}: {figure:.2}{unit} <= {limit}{unit}: {verdict}");
+    support::gate("idle-resync-api-writes", writes1 - writes0, 0.0, "");
 }

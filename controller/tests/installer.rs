@@ -329,9 +329,8 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
             && stack_config.contains("- kubernetes"),
         "{stack_config}"
     );
-    // The operator wrote that config file itself (no `pulumi config set` runs), its secrets
-    // sealed with the passphrase: the real CLI reads every value back, and the outputs the
-    // operator reads from the checkpoint are the ones `pulumi stack output` prints.
+    // The operator set that config with `pulumi config`, its secrets encrypted with the
+    // passphrase (never in the file as plaintext): the real CLI reads every value back.
     assert!(!stack_config.contains(CLIENT_SECRET), "{stack_config}");
     let cli_config = pulumi_json(&fx, &project, &["config", "--json", "--show-secrets"]);
     assert_eq!(
@@ -350,14 +349,6 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         &fx,
         &project,
         &["stack", "output", "--json", "--show-secrets"],
-    );
-    let checkpoint = std::fs::read(project.join("state/.pulumi/stacks/di-platform/dev.json"))
-        .expect("checkpoint");
-    let passphrase = std::fs::read(&fx.passphrase).expect("passphrase");
-    assert_eq!(
-        controller::installer::pulumi::checkpoint_outputs(&checkpoint, passphrase.trim_ascii())
-            .expect("the checkpoint's outputs are readable"),
-        cli_outputs
     );
     assert!(
         cli_outputs["kubeconfigs"]

@@ -12,7 +12,7 @@ use super::model::{
     Release, Requeue, TaskState,
 };
 use super::status::{self, Kstatus, Reason};
-use crate::installer::record::Failure;
+use crate::decide::model::Failure;
 
 /// Decides the next deletion step.
 pub fn decide(o: &Observed) -> Plan {

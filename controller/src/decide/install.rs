@@ -10,8 +10,8 @@ use super::model::{
     Action, InstallObserved, InstallOutcome, Plan, PlanBuilder, Requeue, TaskError, TaskState,
 };
 use super::status::{Cond, Kstatus, Reason, Step};
-use crate::installer::Mode;
-use crate::installer::record::Failure;
+use crate::decide::model::Failure;
+use crate::decide::model::Mode;
 
 /// The `Installed` condition while the vCluster is not serving.
 pub fn installed_while_waiting(i: &InstallObserved) -> Cond {

@@ -12,7 +12,7 @@ use super::model::{
     Release, Requeue, TaskState,
 };
 use super::status::{self, Cond, Kstatus, Reason};
-use crate::installer::record::Failure;
+use crate::decide::model::Failure;
 
 /// Decides what to do for an instance that is not being deleted.
 pub fn decide(o: &Observed) -> Plan {

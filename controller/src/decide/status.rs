@@ -5,7 +5,7 @@
 use common::conditions::{self as c, Want};
 
 use super::model::Protection;
-use crate::installer::record::Failure;
+use crate::decide::model::Failure;
 
 /// Every documented condition reason the controller sets (see `docs/reference.md`), named in
 /// status and Events by its variant's name (`strum`).

@@ -5,8 +5,8 @@ use common::crd::{DeletionPolicy, Phase};
 
 use super::decide;
 use super::model::*;
-use crate::installer::Mode;
-use crate::installer::record::Failure;
+use crate::decide::model::Failure;
+use crate::decide::model::Mode;
 
 fn base() -> Observed {
     Observed {
@@ -693,7 +693,7 @@ fn a_failed_uninstall_keeps_the_finalizer() {
 fn a_failure_the_record_missed_is_reported_from_the_task() {
     // The install could not write its record: the record still shows the last success.
     let mut o = with_install(|i| i.requested = "6.0.23".into());
-    let record = crate::installer::record::Record {
+    let record = crate::decide::model::Record {
         installed_version: Some("6.0.22".into()),
         ..Default::default()
     };

@@ -373,13 +373,6 @@ impl Trees {
         self.root.join(key)
     }
 
-    /// The identity of the manifest of `key`'s tree (inode, change time): a tree built, rebuilt,
-    /// replaced or restored since has another.
-    pub fn manifest_id(&self, key: &str) -> Option<(u64, i64, i64)> {
-        let meta = fs::symlink_metadata(self.tree(key).join(MANIFEST)).ok()?;
-        Some((meta.ino(), meta.ctime(), meta.ctime_nsec()))
-    }
-
     fn lock_path(&self, key: &str) -> PathBuf {
         self.root.join(format!("{key}.lock"))
     }

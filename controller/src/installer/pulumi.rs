@@ -1,10 +1,8 @@
-//! Drives the Pulumi CLI for one instance's stack: write the stack's config file the way the CLI
-//! writes it (secrets sealed with the passphrase in process, never in argv), create the stack
-//! on first use, clear a stale lock and pending operations a killed run left, `up` with an
-//! event log, a `preview` for drift, and the outputs, read from the checkpoint the `up` wrote
-//! (the CLI's `stack output` where the checkpoint is not in a form this operator reads).
-//! Results come from structured output only (the event log's summary and diagnostics,
-//! `--json`, the checkpoint); exit codes map onto typed errors.
+//! Drives the Pulumi CLI for one instance's stack: create it on first use, set its config with
+//! `pulumi config` (secrets on standard input, never in argv), clear a stale lock and the pending
+//! creates a killed run left, `up` with an event log, a `preview` for drift, and the outputs with
+//! `pulumi stack output`. Results come from the CLI's structured output only (the event log's
+//! summary and diagnostics, `--json`); exit codes map onto typed errors.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +10,6 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::process::Command;
 
-use super::crypter::{Crypter, CrypterError};
 use super::process::{self, Output};
 
 /// The one stack every instance project has.
@@ -123,13 +120,15 @@ pub enum PulumiError {
         /// The heap limit.
         limit_mib: u32,
     },
-    /// The stack's config could not be sealed, or its outputs opened, with the passphrase.
-    #[error("{what} failed: {source}")]
-    Secrets {
-        /// What was done.
-        what: &'static str,
-        /// Why.
-        source: CrypterError,
+    /// Pulumi refused the passphrase: it is not the one the stack was written with.
+    #[error(
+        "pulumi {action} refused the passphrase in {path}: it is not the one this instance's Pulumi state was encrypted with; put the original passphrase back into the Secret platform-operator-passphrase (or the Secret passphrase.existingSecret names) and restart the operator; the state is left untouched"
+    )]
+    IncorrectPassphrase {
+        /// The subcommand.
+        action: &'static str,
+        /// The passphrase file.
+        path: PathBuf,
     },
     /// A file of the workspace could not be written or removed.
     #[error("{what} {path} failed: {source}; check the state volume")]
@@ -244,26 +243,6 @@ fn record_key(name: &str) -> &str {
 /// The project name the generated `Pulumi.yaml` declares.
 pub const PROJECT: &str = "di-platform";
 
-/// Whether a file backend checkpoint (`{"version":3,"checkpoint":{"latest":{...}}}`) is one
-/// this operator reads and records no pending operations.
-pub fn no_pending_operations(checkpoint: &[u8]) -> bool {
-    let Ok(value) = serde_json::from_slice::<Value>(checkpoint) else {
-        return false;
-    };
-    let Some(checkpoint) = value
-        .get("checkpoint")
-        .filter(|_| value.get("version").and_then(Value::as_u64) == Some(3))
-    else {
-        return false;
-    };
-    match checkpoint.get("latest") {
-        None | Some(Value::Null) => true,
-        Some(latest) => latest
-            .get("pending_operations")
-            .is_none_or(|p| p.as_array().is_some_and(Vec::is_empty)),
-    }
-}
-
 /// One value of the stack's config file.
 #[derive(Clone, PartialEq, Eq)]
 pub enum ConfigValue {
@@ -271,7 +250,7 @@ pub enum ConfigValue {
     Plain(String),
     /// A plaintext list of strings (the way `config set --path key[i]` writes one).
     List(Vec<String>),
-    /// A secret, sealed with the passphrase (`secure: v1:...`).
+    /// A secret (`pulumi config set --secret`, the value on standard input).
     Secret(String),
 }
 
@@ -282,85 +261,6 @@ impl std::fmt::Debug for ConfigValue {
             ConfigValue::List(v) => f.debug_tuple("List").field(v).finish(),
             ConfigValue::Secret(_) => f.write_str("Secret(..)"),
         }
-    }
-}
-
-/// The signature key and value Pulumi marks a secret with in state
-/// (`sdk/go/common/resource/sig`).
-const SIG_KEY: &str = "4dabf18193072939515e22adb298388d";
-const SECRET_SIG: &str = "1b47061264138c4ac30d75fd1eb44270";
-
-/// `value` with every secret of the checkpoint opened: the JSON `pulumi stack output --json
-/// --show-secrets` prints. Any other special value (asset, archive, resource reference) is not
-/// read here.
-fn reveal(value: &Value, crypter: &Crypter) -> Result<Value, String> {
-    match value {
-        Value::Array(items) => items.iter().map(|v| reveal(v, crypter)).collect(),
-        Value::Object(map) => match map.get(SIG_KEY) {
-            None => map
-                .iter()
-                .map(|(k, v)| Ok((k.clone(), reveal(v, crypter)?)))
-                .collect::<Result<serde_json::Map<_, _>, String>>()
-                .map(Value::Object),
-            Some(sig) if sig == SECRET_SIG => {
-                let text = match (map.get("ciphertext"), map.get("plaintext")) {
-                    (Some(Value::String(c)), _) => crypter.decrypt(c).map_err(|e| e.to_string())?,
-                    (None, Some(Value::String(p))) => p.clone(),
-                    _ => return Err("a secret without ciphertext".into()),
-                };
-                let inner: Value = serde_json::from_str(&text)
-                    .map_err(|e| format!("a secret that is not JSON: {e}"))?;
-                reveal(&inner, crypter)
-            }
-            Some(_) => Err("an output that is not plain data or a secret".into()),
-        },
-        other => Ok(other.clone()),
-    }
-}
-
-/// The root stack's outputs in a file backend checkpoint (`{"version":3,"checkpoint":{"latest":
-/// {"secrets_providers":{"type":"passphrase",...},"resources":[...]}}}`), secrets opened with
-/// `passphrase`. `Err` says why the checkpoint is not one this operator reads (the caller then
-/// asks the CLI).
-pub fn checkpoint_outputs(checkpoint: &[u8], passphrase: &[u8]) -> Result<Value, String> {
-    let value: Value =
-        serde_json::from_slice(checkpoint).map_err(|e| format!("not plain JSON: {e}"))?;
-    if value.get("version").and_then(Value::as_u64) != Some(3) {
-        return Err("not a version 3 checkpoint".into());
-    }
-    let latest = value
-        .get("checkpoint")
-        .and_then(|c| c.get("latest"))
-        .ok_or("no deployment")?;
-    let root = latest
-        .get("resources")
-        .and_then(Value::as_array)
-        .and_then(|r| {
-            r.iter().find(|r| {
-                r.get("type").and_then(Value::as_str) == Some("pulumi:pulumi:Stack")
-                    && r.get("parent").is_none_or(Value::is_null)
-            })
-        })
-        .ok_or("no root stack resource")?;
-    let outputs = root
-        .get("outputs")
-        .cloned()
-        .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
-    let crypter = match latest.get("secrets_providers") {
-        Some(p) if p.get("type").and_then(Value::as_str) == Some("passphrase") => {
-            let state = p
-                .get("state")
-                .and_then(|s| s.get("salt"))
-                .and_then(Value::as_str)
-                .ok_or("a passphrase provider without salt")?;
-            Some(Crypter::from_state(passphrase, state).map_err(|e| e.to_string())?)
-        }
-        _ => None,
-    };
-    match crypter {
-        Some(crypter) => reveal(&outputs, &crypter),
-        None if !outputs.to_string().contains(SIG_KEY) => Ok(outputs),
-        None => Err("secrets of a provider other than the passphrase".into()),
     }
 }
 
@@ -406,10 +306,16 @@ impl Stack {
         let said = [out.stdout.as_str(), out.stderr.as_str()]
             .into_iter()
             .chain(message.as_deref());
-        if process::heap_exhausted(said) {
+        if process::heap_exhausted(said.clone()) {
             return PulumiError::OutOfMemory {
                 action,
                 limit_mib: self.heap_limit_mib,
+            };
+        }
+        if said.into_iter().any(|t| t.contains("incorrect passphrase")) {
+            return PulumiError::IncorrectPassphrase {
+                action,
+                path: self.passphrase_file.clone(),
             };
         }
         PulumiError::Failed {
@@ -514,41 +420,6 @@ impl Stack {
         Ok(removed)
     }
 
-    /// Creates the stack in a backend that holds nothing yet by writing what the file backend
-    /// reads as a new, empty stack: `.pulumi/meta.yaml` (`version: 1`, the project-scoped
-    /// layout the CLI picks for an empty backend) and the checkpoint
-    /// `{"version":3,"checkpoint":{"stack":"organization/<project>/dev","latest":null}}`
-    /// (renamed into place last). Returns false, writing nothing, when the backend already has
-    /// a `.pulumi` folder: what is there is left to the CLI ([`Self::select_or_create`]).
-    pub fn create_in_empty_backend(&self) -> Result<bool, PulumiError> {
-        let pulumi = self.backend.join(".pulumi");
-        if pulumi.exists() {
-            return Ok(false);
-        }
-        let checkpoint = self.checkpoint();
-        let stacks = checkpoint.parent().unwrap_or(&pulumi).to_path_buf();
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| PulumiError::Io {
-                what: "creating the stack in its backend",
-                path,
-                source,
-            }
-        };
-        std::fs::create_dir_all(&stacks).map_err(io(&stacks))?;
-        let meta = pulumi.join("meta.yaml");
-        std::fs::write(&meta, "version: 1\n").map_err(io(&meta))?;
-        let empty = serde_json::json!({
-            "version": 3,
-            "checkpoint": {"stack": format!("organization/{PROJECT}/{STACK}"), "latest": null},
-        });
-        let tmp = stacks.join(format!(".{STACK}.json.tmp"));
-        std::fs::write(&tmp, format!("{empty}\n"))
-            .and_then(|()| std::fs::rename(&tmp, &checkpoint))
-            .map_err(io(&checkpoint))?;
-        Ok(true)
-    }
-
     /// Selects the stack, creating it on first use.
     pub async fn select_or_create(&self) -> Result<(), PulumiError> {
         std::fs::create_dir_all(&self.backend).map_err(|source| PulumiError::Io {
@@ -565,139 +436,63 @@ impl Stack {
         .map(|_| ())
     }
 
-    /// The stack's checkpoint file in the file backend (`.pulumi/stacks/<project>/dev.json`).
-    pub fn checkpoint(&self) -> PathBuf {
-        self.backend
-            .join(".pulumi")
-            .join("stacks")
-            .join(PROJECT)
-            .join(format!("{STACK}.json"))
-    }
-
-    /// The stack's config file (`Pulumi.dev.yaml` beside `Pulumi.yaml`).
-    pub fn config_file(&self) -> PathBuf {
-        self.project.join(format!("Pulumi.{STACK}.yaml"))
-    }
-
-    fn passphrase(&self) -> Result<Vec<u8>, PulumiError> {
-        std::fs::read(&self.passphrase_file)
-            .map(|raw| raw.trim_ascii().to_vec())
-            .map_err(|source| PulumiError::Io {
-                what: "reading the passphrase file",
-                path: self.passphrase_file.clone(),
-                source,
-            })
-    }
-
-    /// Writes the stack's config file with exactly `values` (a key this operator no longer sets
-    /// is gone, a secret included), in the CLI's own format: `encryptionsalt` (the one already
-    /// there, checked against the passphrase; else a new one) and `config`, secrets as
-    /// `secure: v1:...` sealed with the passphrase. Written to a temporary file and renamed, so
-    /// never half written. Blocking: the first key of a salt takes a deliberately slow
-    /// derivation.
-    pub fn write_config(&self, values: &[(&str, ConfigValue)]) -> Result<(), PulumiError> {
-        let passphrase = self.passphrase()?;
-        let file = self.config_file();
-        let existing = std::fs::read_to_string(&file)
-            .ok()
-            .and_then(|text| serde_saphyr::from_str::<Value>(&text).ok())
-            .and_then(|v| Some(v.get("encryptionsalt")?.as_str()?.to_string()));
-        let secrets = |source| PulumiError::Secrets {
-            what: "sealing the stack's config",
-            source,
-        };
-        let crypter = match existing {
-            Some(state) => Crypter::from_state(&passphrase, &state),
-            None => Crypter::new_state(&passphrase),
-        }
-        .map_err(secrets)?;
-        let mut config = serde_json::Map::new();
+    /// Sets the stack's config to exactly `values`: each secret with `pulumi config set --secret`
+    /// (its value on standard input), then `absent` and every list removed, then the plaintext
+    /// values and lists with one `pulumi config set-all --path`. The secrets go first: Pulumi
+    /// checks the passphrase against the stack's salt before it encrypts, so a wrong passphrase
+    /// fails here with nothing written.
+    pub async fn configure(
+        &self,
+        values: &[(&str, ConfigValue)],
+        absent: &[&str],
+    ) -> Result<(), PulumiError> {
         for (key, value) in values {
-            let value = match value {
-                ConfigValue::Plain(v) => Value::String(v.clone()),
-                ConfigValue::List(v) => v.iter().cloned().map(Value::String).collect(),
-                ConfigValue::Secret(v) => {
-                    serde_json::json!({ "secure": crypter.encrypt(v).map_err(secrets)? })
-                }
-            };
-            config.insert((*key).to_string(), value);
+            if let ConfigValue::Secret(secret) = value {
+                let args = ["config", "set", "--secret", "--raw", key, "--stack", STACK];
+                self.ok("config set", &args, Some(secret.as_bytes()))
+                    .await?;
+            }
         }
-        let document = serde_json::json!({
-            "encryptionsalt": crypter.state(),
-            "config": config,
-        });
-        let write_error = |source| PulumiError::Io {
-            what: "writing the stack config",
-            path: file.clone(),
-            source,
-        };
-        let text = serde_saphyr::to_string(&document)
-            .map_err(|e| write_error(std::io::Error::other(e.to_string())))?;
-        let tmp = self.project.join(format!(".Pulumi.{STACK}.yaml.tmp"));
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &file))
-            .map_err(write_error)
+        let lists = values
+            .iter()
+            .filter(|(_, v)| matches!(v, ConfigValue::List(_)))
+            .map(|(k, _)| *k);
+        let mut remove = vec!["config", "rm-all", "--path", "--stack", STACK];
+        remove.extend(absent.iter().copied().chain(lists));
+        self.ok("config rm-all", &remove, None).await?;
+        let mut pairs = Vec::new();
+        for (key, value) in values {
+            match value {
+                ConfigValue::Plain(v) => pairs.push(format!("{key}={v}")),
+                ConfigValue::List(items) => pairs.extend(
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, item)| format!("{key}[{i}]={item}")),
+                ),
+                ConfigValue::Secret(_) => {}
+            }
+        }
+        let mut set = vec!["config", "set-all", "--path", "--stack", STACK];
+        for pair in &pairs {
+            set.extend(["--plaintext", pair.as_str()]);
+        }
+        self.ok("config set-all", &set, None).await.map(|_| ())
     }
 
-    /// Whether the file backend already holds the stack (its checkpoint file is there).
-    pub fn exists(&self) -> bool {
-        self.checkpoint().is_file()
-    }
-
-    /// Whether the stack's checkpoint file (`<backend>/.pulumi/stacks/<project>/dev.json`, the
-    /// file backend's plain JSON) says there are no pending operations, so that `clear_pending`
-    /// need not run `pulumi stack export`. Anything else (no such file, another layout, a
-    /// compressed or unreadable file) is not an answer: the export runs.
-    fn checkpoint_has_no_pending(&self) -> bool {
-        let Ok(text) = std::fs::read(self.checkpoint()) else {
-            return false;
-        };
-        no_pending_operations(&text)
-    }
-
-    /// Resolves pending operations a killed run left in the checkpoint: the stack is exported,
-    /// its `pending_operations` dropped and the result imported (the next `up --refresh` reads
-    /// the real state of anything they touched). Returns how many were dropped.
-    pub async fn clear_pending(&self) -> Result<usize, PulumiError> {
-        if self.checkpoint_has_no_pending() {
-            return Ok(0);
-        }
-        let out = self
-            .ok("stack export", &["stack", "export", "--stack", STACK], None)
-            .await?;
-        let mut state: Value =
-            serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output {
-                action: "stack export",
-                detail: e.to_string(),
-            })?;
-        let pending = state
-            .get("deployment")
-            .and_then(|d| d.get("pending_operations"))
-            .and_then(Value::as_array)
-            .map(Vec::len)
-            .unwrap_or(0);
-        if pending == 0 {
-            return Ok(0);
-        }
-        if let Some(d) = state.get_mut("deployment").and_then(Value::as_object_mut) {
-            d.remove("pending_operations");
-        }
-        let file = self.state.join("stack-export.json");
-        std::fs::write(&file, state.to_string()).map_err(|source| PulumiError::Io {
-            what: "writing the stack export",
-            path: file.clone(),
-            source,
-        })?;
-        let file_arg = file.display().to_string();
-        let result = self
-            .ok(
-                "stack import",
-                &["stack", "import", "--file", &file_arg, "--stack", STACK],
-                None,
-            )
-            .await;
-        let _ = std::fs::remove_file(&file);
-        result.map(|_| pending)
+    /// Drops the pending creates a killed run left in the state (`pulumi refresh
+    /// --clear-pending-creates`; an `up` drops every other kind of pending operation itself).
+    pub async fn clear_pending_creates(&self) -> Result<(), PulumiError> {
+        let args = [
+            "refresh",
+            "--yes",
+            "--skip-preview",
+            "--clear-pending-creates",
+            "--suppress-progress",
+            "--stack",
+            STACK,
+        ];
+        self.ok("refresh", &args, None).await.map(|_| ())
     }
 
     /// `pulumi up` with refresh (so objects deleted behind Pulumi's back are created again),
@@ -793,36 +588,18 @@ impl Stack {
         })
     }
 
-    /// The stack outputs, secrets shown (they go into Secrets, never into logs or status): read
-    /// from the checkpoint the last `up` wrote, or, where that is not in a form this operator
-    /// reads, from `pulumi stack output --json --show-secrets`.
+    /// The stack outputs, secrets shown (they go into Secrets, never into logs or status), from
+    /// `pulumi stack output --json --show-secrets`.
     pub async fn outputs(&self) -> Result<Value, PulumiError> {
-        let read = std::fs::read(self.checkpoint())
-            .map_err(|e| e.to_string())
-            .and_then(|text| {
-                let passphrase = self.passphrase().map_err(|e| e.to_string())?;
-                checkpoint_outputs(&text, &passphrase)
-            });
-        match read {
-            Ok(outputs) => return Ok(outputs),
-            Err(reason) => {
-                tracing::debug!(project = %self.project.display(), %reason, "the checkpoint's outputs are not readable here; asking the CLI")
-            }
-        }
-        let out = self
-            .ok(
-                "stack output",
-                &[
-                    "stack",
-                    "output",
-                    "--json",
-                    "--show-secrets",
-                    "--stack",
-                    STACK,
-                ],
-                None,
-            )
-            .await?;
+        let args = [
+            "stack",
+            "output",
+            "--json",
+            "--show-secrets",
+            "--stack",
+            STACK,
+        ];
+        let out = self.ok("stack output", &args, None).await?;
         serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output {
             action: "stack output",
             detail: e.to_string(),
@@ -945,6 +722,19 @@ not json
             process::env_of(&stack.command(&["up"]), "NODE_OPTIONS").as_deref(),
             Some("--max-old-space-size=768")
         );
+        let refused = Output {
+            stderr: "error: incorrect passphrase".into(),
+            ..other
+        };
+        let error = stack.failed("config set", &refused, None);
+        assert!(
+            matches!(error, PulumiError::IncorrectPassphrase { .. }),
+            "{error}"
+        );
+        assert!(
+            error.to_string().contains("passphrase.existingSecret"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -961,197 +751,6 @@ not json
             message: "x".into(),
         };
         assert_eq!(e.to_string(), "pulumi up failed (cancelled, exit 8): x");
-    }
-
-    #[test]
-    fn a_checkpoint_without_pending_operations_needs_no_export() {
-        assert!(no_pending_operations(
-            br#"{"version":3,"checkpoint":{"stack":"dev","latest":{"manifest":{},"resources":[]}}}"#
-        ));
-        assert!(no_pending_operations(
-            br#"{"version":3,"checkpoint":{"stack":"dev","latest":null}}"#
-        ));
-        assert!(no_pending_operations(
-            br#"{"version":3,"checkpoint":{"stack":"dev","latest":{"pending_operations":[]}}}"#
-        ));
-        assert!(!no_pending_operations(
-            br#"{"version":3,"checkpoint":{"latest":{"pending_operations":[{"type":"creating"}]}}}"#
-        ));
-        assert!(
-            !no_pending_operations(br#"{"version":4,"checkpoint":{"latest":{}}}"#),
-            "a format this operator does not know: export"
-        );
-        assert!(!no_pending_operations(b"\x1f\x8b compressed"));
-        assert!(!no_pending_operations(
-            br#"{"checkpoint":{"latest":{"pending_operations":{}}}}"#
-        ));
-    }
-
-    fn scratch_stack(name: &str, passphrase: &str) -> (PathBuf, Stack) {
-        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::write(dir.join("passphrase"), format!("{passphrase}\n")).expect("passphrase");
-        let stack = Stack {
-            binary: "pulumi".into(),
-            home: dir.join("home"),
-            passphrase_file: dir.join("passphrase"),
-            project: dir.clone(),
-            backend: dir.join("state"),
-            state: dir.clone(),
-            heap_limit_mib: 1024,
-        };
-        (dir, stack)
-    }
-
-    #[test]
-    fn the_config_file_holds_exactly_the_values_given_with_sealed_secrets() {
-        let (dir, stack) = scratch_stack("write-config", "config-test-passphrase");
-        let values = [
-            (
-                "platform:settings",
-                ConfigValue::Plain(r#"{"tenants":[{"name":"a: b"}]}"#.into()),
-            ),
-            (
-                "pulumi:disable-default-providers",
-                ConfigValue::List(vec!["kubernetes".into(), "helm".into()]),
-            ),
-            (
-                "platform:kubeconfig",
-                ConfigValue::Secret("apiVersion: v1\nkind: Config\n".into()),
-            ),
-            (
-                "platform:tenantAuthClientSecret",
-                ConfigValue::Secret("s3cret".into()),
-            ),
-        ];
-        stack.write_config(&values).expect("write");
-        let text = std::fs::read_to_string(stack.config_file()).expect("read");
-        assert!(
-            !text.contains("s3cret") && !text.contains("kind: Config"),
-            "{text}"
-        );
-        assert!(
-            text.contains("- kubernetes"),
-            "a YAML list, as the CLI writes it: {text}"
-        );
-        let doc: Value = serde_saphyr::from_str(&text).expect("YAML");
-        let salt = doc["encryptionsalt"].as_str().expect("salt").to_string();
-        let crypter = Crypter::from_state(b"config-test-passphrase", &salt).expect("salt opens");
-        let config = &doc["config"];
-        assert_eq!(
-            config["platform:settings"],
-            r#"{"tenants":[{"name":"a: b"}]}"#
-        );
-        assert_eq!(
-            config["pulumi:disable-default-providers"],
-            serde_json::json!(["kubernetes", "helm"])
-        );
-        let open = |key: &str| {
-            crypter
-                .decrypt(config[key]["secure"].as_str().expect("secure"))
-                .expect("opens")
-        };
-        assert_eq!(
-            open("platform:kubeconfig"),
-            "apiVersion: v1\nkind: Config\n"
-        );
-        assert_eq!(open("platform:tenantAuthClientSecret"), "s3cret");
-        // Again without the client secret: the salt stays, the dropped key is gone.
-        stack.write_config(&values[..3]).expect("rewrite");
-        let doc: Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(stack.config_file()).expect("read"))
-                .expect("YAML");
-        assert_eq!(doc["encryptionsalt"], salt.as_str());
-        assert!(
-            doc["config"]
-                .get("platform:tenantAuthClientSecret")
-                .is_none()
-        );
-        // Another passphrase does not open the salt: nothing is written.
-        std::fs::write(&stack.passphrase_file, "another").expect("passphrase");
-        let before = std::fs::read(stack.config_file()).expect("read");
-        let error = stack.write_config(&values).expect_err("wrong passphrase");
-        assert!(
-            matches!(
-                error,
-                PulumiError::Secrets {
-                    source: CrypterError::IncorrectPassphrase { .. },
-                    ..
-                }
-            ),
-            "{error}"
-        );
-        assert_eq!(std::fs::read(stack.config_file()).expect("read"), before);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_stack_is_created_only_in_an_empty_backend() {
-        let (dir, stack) = scratch_stack("create-stack", "p");
-        assert!(!stack.exists());
-        assert!(stack.create_in_empty_backend().expect("create"));
-        assert!(stack.exists());
-        let checkpoint = std::fs::read(stack.checkpoint()).expect("checkpoint");
-        assert!(no_pending_operations(&checkpoint));
-        let value: Value = serde_json::from_slice(&checkpoint).expect("json");
-        assert_eq!(value["checkpoint"]["stack"], "organization/di-platform/dev");
-        assert_eq!(
-            std::fs::read_to_string(stack.backend.join(".pulumi/meta.yaml")).expect("meta"),
-            "version: 1\n"
-        );
-        assert!(
-            !stack.create_in_empty_backend().expect("again"),
-            "a backend with anything in it is left to the CLI"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn outputs_come_from_the_checkpoint_with_their_secrets_opened() {
-        let crypter = Crypter::new_state(b"outputs-test").expect("crypter");
-        let sealed = crypter
-            .encrypt(r#"[{"tenant":"acme","user":"dev","role":"admin","kubeconfig":"kc"}]"#)
-            .expect("seal");
-        let checkpoint = serde_json::json!({
-            "version": 3,
-            "checkpoint": {
-                "stack": "organization/di-platform/dev",
-                "latest": {
-                    "secrets_providers": {"type": "passphrase", "state": {"salt": crypter.state()}},
-                    "resources": [
-                        {"urn": "urn:pulumi:dev::di-platform::pulumi:providers:kubernetes::k", "type": "pulumi:providers:kubernetes", "outputs": {"x": 1}},
-                        {"urn": "urn:pulumi:dev::di-platform::pulumi:pulumi:Stack::di-platform-dev", "type": "pulumi:pulumi:Stack",
-                         "outputs": {
-                            "httpEndpoint": "http://127.0.0.1:28080",
-                            "kubeconfigs": {SIG_KEY: SECRET_SIG, "ciphertext": sealed},
-                         }},
-                    ],
-                },
-            },
-        })
-        .to_string();
-        let outputs = checkpoint_outputs(checkpoint.as_bytes(), b"outputs-test").expect("read");
-        assert_eq!(
-            outputs,
-            serde_json::json!({
-                "httpEndpoint": "http://127.0.0.1:28080",
-                "kubeconfigs": [{"tenant": "acme", "user": "dev", "role": "admin", "kubeconfig": "kc"}],
-            })
-        );
-        assert!(checkpoint_outputs(checkpoint.as_bytes(), b"wrong").is_err());
-        let asset = checkpoint.replace(SECRET_SIG, "c44067f5952c0a294b673a41bacd8c17");
-        assert!(
-            checkpoint_outputs(asset.as_bytes(), b"outputs-test").is_err(),
-            "an asset is left to the CLI"
-        );
-        assert!(checkpoint_outputs(b"\x1f\x8b gzip", b"outputs-test").is_err());
-        assert!(checkpoint_outputs(br#"{"version":4,"checkpoint":{}}"#, b"outputs-test").is_err());
-        let empty = br#"{"version":3,"checkpoint":{"latest":{"resources":[{"type":"pulumi:pulumi:Stack"}]}}}"#;
-        assert_eq!(
-            checkpoint_outputs(empty, b"x").expect("no outputs"),
-            serde_json::json!({})
-        );
     }
 
     #[test]

@@ -6,130 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use common::crd::{Endpoints, LastInstall};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use serde::{Deserialize, Serialize};
+pub use crate::decide::model::{Failure, Preview, Record};
 
 /// The record's file name in the instance's state directory.
 pub const FILE: &str = "install.json";
-
-/// Why an install or preview failed: each a documented condition reason.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// The program (or Pulumi) failed.
-    InstallFailed,
-    /// It ran past `--install-timeout` and was stopped.
-    InstallTimedOut,
-    /// The registry has no such version of the package.
-    VersionNotFound,
-    /// The npm registry could not be reached.
-    RegistryUnreachable,
-    /// npm failed for another reason.
-    PackageInstallFailed,
-    /// The passphrase does not open the instance's state.
-    PassphraseMismatch,
-    /// The passphrase file cannot be read.
-    PassphraseUnavailable,
-    /// The state directory cannot be written.
-    StateUnavailable,
-    /// A needed executable (npm, pulumi) could not be run.
-    ToolMissing,
-    /// The outputs could not be read or passed on.
-    OutputsFailed,
-    /// The repair preview failed.
-    PreviewFailed,
-    /// The program's node process reached its heap limit (`--program-heap-limit`) and was stopped.
-    ProgramOutOfMemory,
-    /// npm's node process reached its heap limit (`--npm-heap-limit`) while installing the
-    /// package, and was stopped.
-    PackageInstallOutOfMemory,
-    /// The state volume is fuller than `--state-volume-full-percent`; the install did not start.
-    StateVolumeFull,
-}
-
-impl Failure {
-    /// The condition reason.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Failure::InstallFailed => "InstallFailed",
-            Failure::InstallTimedOut => "InstallTimedOut",
-            Failure::VersionNotFound => "VersionNotFound",
-            Failure::RegistryUnreachable => "RegistryUnreachable",
-            Failure::PackageInstallFailed => "PackageInstallFailed",
-            Failure::PassphraseMismatch => "PassphraseMismatch",
-            Failure::PassphraseUnavailable => "PassphraseUnavailable",
-            Failure::StateUnavailable => "StateUnavailable",
-            Failure::ToolMissing => "ToolMissing",
-            Failure::OutputsFailed => "OutputsFailed",
-            Failure::PreviewFailed => "PreviewFailed",
-            Failure::ProgramOutOfMemory => "ProgramOutOfMemory",
-            Failure::PackageInstallOutOfMemory => "PackageInstallOutOfMemory",
-            Failure::StateVolumeFull => "StateVolumeFull",
-        }
-    }
-}
-
-/// What a repair preview found.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Preview {
-    /// When it finished.
-    pub finished_at: Time,
-    /// The version previewed.
-    pub version: String,
-    /// Changes it would make (0: no drift).
-    pub changes: i64,
-    /// What it found, in words.
-    pub message: String,
-}
-
-/// The record.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Record {
-    /// The version of the last successful install.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub installed_version: Option<String>,
-    /// The config hash the last successful install applied.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub installed_config_hash: Option<String>,
-    /// The last install (running, succeeded or failed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_install: Option<LastInstall>,
-    /// Why the last install failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<Failure>,
-    /// The config hash the last install (whatever its result) was given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attempted_config_hash: Option<String>,
-    /// The program's outputs after the last successful install.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoints: Option<Endpoints>,
-    /// The last repair preview since the last install.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preview: Option<Preview>,
-    /// Why the last repair preview failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preview_failure: Option<(Failure, String)>,
-    /// The names of the per-membership kubeconfig Secrets the last install wrote.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub membership_secrets: Vec<String>,
-}
-
-impl Record {
-    /// When the instance was last installed or previewed (what the repair interval counts from).
-    pub fn last_checked(&self) -> Option<&Time> {
-        let install = self
-            .last_install
-            .as_ref()
-            .and_then(|l| l.finished_at.as_ref());
-        let preview = self.preview.as_ref().map(|p| &p.finished_at);
-        match (install, preview) {
-            (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
-            (a, b) => a.or(b),
-        }
-    }
-}
 
 /// The record's path for the instance directory `dir`.
 pub fn path(dir: &Path) -> PathBuf {
@@ -162,7 +42,8 @@ pub fn store(dir: &Path, record: &Record) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::crd::InstallResult;
+    use common::crd::{Endpoints, InstallResult, LastInstall};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn at(s: &str) -> Time {
         Time(s.parse().expect("timestamp"))

@@ -27,10 +27,11 @@ use super::{Context, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
 use crate::api::{Deleted, apply, delete_if_not_foreign, delete_ignoring_404, manager, not_found};
 use crate::decide::Action;
+use crate::decide::model::Failure;
+use crate::decide::model::Mode;
 use crate::decide::model::{Plan, Release, TaskError};
 use crate::helm::{Helm, HelmError, RELEASE, release_from_secrets};
-use crate::installer::record::Failure;
-use crate::installer::{self, Mode};
+use crate::installer;
 
 /// One instance being acted on.
 struct Target<'a> {
@@ -190,31 +191,7 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
         install.await
     };
     let work = timed(&t.ctx.metrics.helm_duration, "install", work);
-    // The installer's own preparation runs beside Helm and the vCluster's start, in the same
-    // task (so a deletion waits for it as for Helm): when the vCluster serves, only the
-    // install's remaining steps and `pulumi up` are left.
-    let work = match prepare(t) {
-        Some(prepare) => async move {
-            let (installed, ()) = futures::join!(work, prepare);
-            installed
-        }
-        .boxed(),
-        None => work,
-    };
     t.ctx.tasks.submit(&key(t.pi), true, work);
-}
-
-/// The installer's preparation for the instance's coming install, when one will follow: the
-/// platform program runs here and `spec.version` is not the installed version.
-fn prepare(t: &Target<'_>) -> Option<BoxFuture<'static, ()>> {
-    let version = t.pi.spec.version.clone()?;
-    if !t.ctx.settings.install_platform
-        || t.found.record.installed_version.as_deref() == Some(version.as_str())
-    {
-        return None;
-    }
-    let (installer, namespace, name) = (t.ctx.installer.clone(), t.ns.clone(), t.name.clone());
-    Some(async move { installer.prepare(&namespace, &name, &version).await }.boxed())
 }
 
 async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {

@@ -398,3 +398,10 @@ pub async fn wait_for<T>(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
+
+/// Prints a benchmark's gate line: `gate <name>: <figure> <= <limit>: ok|over` (benchmarks assert
+/// nothing; the line says whether the figure meets its gate).
+pub fn gate(name: &str, figure: f64, limit: f64, unit: &str) {
+    let verdict = if figure <= limit { "ok" } else { "over" };
+    println!("gate {name}: {figure:.2}{unit} <= {limit}{unit}: {verdict}");
+}
