@@ -299,16 +299,6 @@ impl Installer {
         previous: &Record,
         interrupted: bool,
     ) -> Result<(pulumi::Counts, Endpoints, Vec<String>), TaskError> {
-        // The steps' ends, for the timeline of an install (`--log-level controller=debug`).
-        let begun = std::time::Instant::now();
-        let step = |name: &str| {
-            tracing::debug!(
-                instance = %format!("{}/{}", job.namespace, job.name),
-                step = name,
-                ms = begun.elapsed().as_millis() as u64,
-                "install step done"
-            );
-        };
         process::reap(dir);
         self.passphrase_readable()?;
         self.check_state_volume()?;
@@ -320,19 +310,8 @@ impl Installer {
             &self.sdk_version,
         )
         .map_err(|e| TaskError::new(Failure::StateUnavailable, e))?;
-        step("project files");
-
         self.dependencies(&stack.project, dir, job).await?;
-        step("dependencies");
-
-        let started = std::time::Instant::now();
-        let (applied, up_seconds) = self.apply(&stack, &job.config, interrupted).await;
-        step("pulumi");
-        self.observe_tool(
-            "pulumi",
-            applied.is_ok(),
-            (started.elapsed().as_secs_f64() - up_seconds).max(0.0),
-        );
+        let applied = self.apply(&stack, &job.config, interrupted).await;
         let (counts, outputs) = applied.map_err(|e| {
             let failure = match e {
                 pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
@@ -347,7 +326,6 @@ impl Installer {
         let secrets = write_membership_secrets(client, job, &outputs, &previous.membership_secrets)
             .await
             .map_err(|e| TaskError::new(Failure::OutputsFailed, e))?;
-        step("membership secrets");
         Ok((counts, endpoints, secrets))
     }
 
@@ -477,19 +455,22 @@ impl Installer {
         }
     }
 
-    /// Runs the stack's `pulumi up` with its config; also returns the seconds `pulumi up`
-    /// itself ran.
+    /// Runs the stack's `pulumi up` with its config; the time of its other Pulumi commands is
+    /// the `pulumi` tool's.
     async fn apply(
         &self,
         stack: &pulumi::Stack,
         config: &ProgramConfig,
         interrupted: bool,
-    ) -> (Result<(pulumi::Counts, Value), pulumi::PulumiError>, f64) {
+    ) -> Result<(pulumi::Counts, Value), pulumi::PulumiError> {
+        let started = std::time::Instant::now();
         let mut up_seconds = 0.0;
         let result = self
             .apply_steps(stack, config, interrupted, &mut up_seconds)
             .await;
-        (result, up_seconds)
+        let other = (started.elapsed().as_secs_f64() - up_seconds).max(0.0);
+        self.observe_tool("pulumi", result.is_ok(), other);
+        result
     }
 
     async fn apply_steps(
@@ -517,11 +498,9 @@ impl Installer {
         if interrupted {
             stack.clear_pending_creates().await?;
         }
-        tracing::debug!(project = %stack.project.display(), "pulumi up starts");
         let started = std::time::Instant::now();
         let up = stack.up().await;
         *up_seconds = started.elapsed().as_secs_f64();
-        tracing::debug!(project = %stack.project.display(), seconds = *up_seconds, "pulumi up ended");
         self.observe_tool("pulumi-up", up.is_ok(), *up_seconds);
         // Every update, a failed one too, leaves a history record and a backup: keep a few.
         match stack.prune_history(self.history_keep) {
