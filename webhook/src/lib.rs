@@ -9,4 +9,3 @@ pub mod keeper;
 pub mod metrics;
 pub mod rules;
 pub mod tls;
-pub mod view;

@@ -16,8 +16,9 @@ use kube::api::{Api, PostParams};
 use kube::core::admission::Operation;
 use serde_json::Value;
 
+use common::crd::{PlatformInstance, SecretKeyRef};
+
 use crate::index::{Holder, NodePortIndex};
-use crate::view::{Instance, SecretRef, Text};
 
 /// What the rules depend on from the operator's configuration.
 #[derive(Clone, Debug)]
@@ -68,10 +69,10 @@ impl Verdict {
     }
 }
 
-/// The JSON Patch operations that apply the defaults to an object: only what is missing, so
-/// applying the result and asking again yields no operation.
-pub fn defaults(settings: &Settings, object: &Instance<'_>) -> Vec<PatchOperation> {
-    if object.spec.version.is_some() {
+/// The JSON Patch operations that apply the defaults to an object whose `spec.version` is
+/// `version`: only what is missing, so applying the result and asking again yields no operation.
+pub fn defaults(settings: &Settings, version: Option<&str>) -> Vec<PatchOperation> {
+    if version.is_some() {
         return Vec::new();
     }
     vec![PatchOperation::Add(AddOperation {
@@ -80,13 +81,27 @@ pub fn defaults(settings: &Settings, object: &Instance<'_>) -> Vec<PatchOperatio
     })]
 }
 
+/// `metadata.namespace`, or empty.
+fn namespace_of(pi: &PlatformInstance) -> &str {
+    pi.metadata.namespace.as_deref().unwrap_or_default()
+}
+
+/// `metadata.name`, else `metadata.generateName`, else empty (as `ResourceExt::name_any`).
+fn name_any(pi: &PlatformInstance) -> &str {
+    let meta = &pi.metadata;
+    meta.name
+        .as_deref()
+        .or(meta.generate_name.as_deref())
+        .unwrap_or_default()
+}
+
 /// The rules that need no API call, for CREATE and UPDATE. `old` is the stored object on UPDATE.
 pub fn check_local(
     settings: &Settings,
     index: &NodePortIndex,
     operation: &Operation,
-    new: &Instance<'_>,
-    old: Option<&Instance<'_>>,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
 ) -> Verdict {
     if let Some(old) = old.filter(|o| o.metadata.deletion_timestamp.is_some()) {
         if new.spec.version != old.spec.version {
@@ -94,8 +109,8 @@ pub fn check_local(
                 "deleting",
                 format!(
                     "spec.version cannot change while the instance is being deleted (from {} to {}); wait for the deletion to finish, then create it again",
-                    old.spec.version().unwrap_or("unset"),
-                    new.spec.version().unwrap_or("unset")
+                    old.spec.version.as_deref().unwrap_or("unset"),
+                    new.spec.version.as_deref().unwrap_or("unset")
                 ),
             ));
         }
@@ -130,10 +145,10 @@ pub fn check_local(
 fn check_version(
     settings: &Settings,
     operation: &Operation,
-    new: &Instance<'_>,
-    old: Option<&Instance<'_>>,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
 ) -> Result<Vec<Finding>, Finding> {
-    let Some(version) = new.spec.version() else {
+    let Some(version) = new.spec.version.as_deref() else {
         return Ok(matches!(operation, Operation::Create)
             .then(|| {
                 Finding::new(
@@ -162,13 +177,20 @@ fn check_version(
             ),
         ));
     }
-    let installed = old.and_then(Instance::installed_version);
+    let installed = old
+        .and_then(|o| o.status.as_ref())
+        .and_then(|s| s.installed_version.as_deref());
     let Some(installed) = installed
         .filter(|i| semver::Version::parse(i).is_ok_and(|installed_v| parsed < installed_v))
     else {
         return Ok(Vec::new());
     };
-    let opted_in = new.allow_downgrade() == Some("true");
+    let opted_in = new
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ALLOW_DOWNGRADE_ANNOTATION))
+        .is_some_and(|v| v == "true");
     if !opted_in {
         return Err(Finding::new(
             "downgrade",
@@ -190,7 +212,7 @@ fn check_version(
 fn check_node_port(
     settings: &Settings,
     index: &NodePortIndex,
-    new: &Instance<'_>,
+    new: &PlatformInstance,
 ) -> Result<Vec<Finding>, Finding> {
     let Some(gateway) = new.spec.platform.as_ref().and_then(|p| p.gateway.as_ref()) else {
         return Ok(Vec::new());
@@ -208,7 +230,7 @@ fn check_node_port(
             ),
         ));
     }
-    let (namespace, name) = (new.namespace(), new.name_any());
+    let (namespace, name) = (namespace_of(new), name_any(new));
     // Its host namespace (a hash) is worked out only when a Service holds the port.
     let own_host = std::cell::OnceCell::new();
     let taken = index.holders(port).into_iter().find(|h| match h {
@@ -230,8 +252,8 @@ fn check_node_port(
     }
     Ok(gateway
         .http_endpoint
-        .as_ref()
-        .and_then(|e| endpoint_port(e.as_str()))
+        .as_deref()
+        .and_then(endpoint_port)
         .filter(|p| *p != port)
         .map(|p| {
             Finding::new(
@@ -245,9 +267,9 @@ fn check_node_port(
 
 /// `spec.platform.gateway.routeUrlPattern`: the platform derives it only from a loopback
 /// `httpEndpoint` (seed 003), so a public endpoint without it gets a warning.
-fn check_route_pattern(new: &Instance<'_>) -> Option<Finding> {
+fn check_route_pattern(new: &PlatformInstance) -> Option<Finding> {
     let gateway = new.spec.platform.as_ref()?.gateway.as_ref()?;
-    let endpoint = gateway.http_endpoint.as_ref().map(Text::as_str)?;
+    let endpoint = gateway.http_endpoint.as_deref()?;
     if gateway.route_url_pattern.is_some() || is_loopback(endpoint) {
         return None;
     }
@@ -259,12 +281,9 @@ fn check_route_pattern(new: &Instance<'_>) -> Option<Finding> {
     ))
 }
 
-/// A URL split at its first `://` (as `split_once("://")`, found byte by byte: for strings this
-/// short, without building a substring searcher per review).
+/// A URL split at its first `://`: the scheme, and the rest.
 fn split_scheme(url: &str) -> Option<(&str, &str)> {
-    let at = url.as_bytes().windows(3).position(|w| w == b"://")?;
-    // `://` is ASCII, so both ends of it are character boundaries.
-    Some((url.get(..at)?, url.get(at + 3..)?))
+    url.split_once("://")
 }
 
 /// Whether an http(s) URL's host is this machine (127.0.0.0/8, `::1`, `localhost`).
@@ -312,10 +331,10 @@ fn endpoint_port(url: &str) -> Option<i32> {
 /// The Secret reference the Secret rule must check: `new`'s, when it has one and it is new or
 /// changed against `old`.
 fn secret_ref_to_check<'v>(
-    new: &'v Instance<'_>,
-    old: Option<&Instance<'_>>,
-) -> Option<&'v SecretRef<'v>> {
-    fn secret_ref<'v>(pi: &'v Instance<'_>) -> Option<&'v SecretRef<'v>> {
+    new: &'v PlatformInstance,
+    old: Option<&PlatformInstance>,
+) -> Option<&'v SecretKeyRef> {
+    fn secret_ref(pi: &PlatformInstance) -> Option<&SecretKeyRef> {
         pi.spec
             .platform
             .as_ref()
@@ -337,13 +356,13 @@ fn secret_ref_to_check<'v>(
 pub async fn check_secret_ref(
     client: &kube::Client,
     user: &UserInfo,
-    new: &Instance<'_>,
-    old: Option<&Instance<'_>>,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
 ) -> Verdict {
     let Some(reference) = secret_ref_to_check(new, old) else {
         return Verdict::default();
     };
-    let namespace = new.namespace();
+    let namespace = namespace_of(new);
     let field = "spec.platform.tenantAuth.clientSecretRef";
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
@@ -357,7 +376,7 @@ pub async fn check_secret_ref(
                 resource: Some("secrets".into()),
                 group: Some(String::new()),
                 version: Some("v1".into()),
-                name: Some(reference.name.as_str().to_string()),
+                name: Some(reference.name.clone()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -374,7 +393,7 @@ pub async fn check_secret_ref(
                 "secret-access",
                 format!(
                     "{field}: could not check whether you may read Secret {namespace}/{} ({e}); retry, and check the webhook's permission to create SubjectAccessReviews",
-                    reference.name.as_str()
+                    reference.name
                 ),
             ));
         }
@@ -385,7 +404,7 @@ pub async fn check_secret_ref(
             format!(
                 "{field}: {} may not get Secret {namespace}/{}, so cannot make the operator read it; ask for read access to that Secret or name one you can read",
                 user.username.as_deref().unwrap_or("the requester"),
-                reference.name.as_str()
+                reference.name
             ),
         ));
     }
@@ -399,8 +418,8 @@ pub async fn validate(
     client: &kube::Client,
     operation: &Operation,
     user: &UserInfo,
-    new: &Instance<'_>,
-    old: Option<&Instance<'_>>,
+    new: &PlatformInstance,
+    old: Option<&PlatformInstance>,
 ) -> Verdict {
     let local = check_local(settings, index, operation, new, old);
     if local.denial.is_some() || old.is_some_and(|o| o.metadata.deletion_timestamp.is_some()) {
@@ -428,31 +447,15 @@ pub async fn validate(
 mod tests {
     use super::*;
     use common::crd::{
-        DeletionPolicy, Gateway, PlatformInstance, PlatformInstanceSpec, PlatformInstanceStatus,
-        PlatformSettings,
+        DeletionPolicy, Gateway, PlatformInstanceSpec, PlatformInstanceStatus, PlatformSettings,
     };
     use kube::ResourceExt;
 
-    /// [`check_local`] on the views of typed instances.
-    fn local(
-        s: &Settings,
-        index: &NodePortIndex,
-        operation: &Operation,
-        new: &PlatformInstance,
-        old: Option<&PlatformInstance>,
-    ) -> Verdict {
-        check_local(
-            s,
-            index,
-            operation,
-            &new.into(),
-            old.map(Instance::from).as_ref(),
-        )
-    }
+    use check_local as local;
 
-    /// [`defaults`] on the view of a typed instance.
+    /// [`defaults`] for a typed instance.
     fn defaults_of(s: &Settings, object: &PlatformInstance) -> Vec<PatchOperation> {
-        defaults(s, &object.into())
+        defaults(s, object.spec.version.as_deref())
     }
 
     fn settings() -> Settings {
