@@ -304,7 +304,18 @@ pub struct SecretKeyRef {
 }
 
 /// Where an instance is in its lifecycle.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    schemars::JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 pub enum Phase {
     /// Accepted, not yet worked on (or queued).
     Pending,
@@ -323,28 +334,12 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// Every phase, in lifecycle order.
-    pub const ALL: [Phase; 7] = [
-        Phase::Pending,
-        Phase::Provisioning,
-        Phase::Installing,
-        Phase::Ready,
-        Phase::Upgrading,
-        Phase::Failed,
-        Phase::Deleting,
-    ];
+    /// Every phase, in lifecycle order (the variants, as strum lists them).
+    pub const ALL: &'static [Phase] = <Phase as strum::VariantArray>::VARIANTS;
 
     /// The phase as `status.phase` spells it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Provisioning => "Provisioning",
-            Phase::Installing => "Installing",
-            Phase::Ready => "Ready",
-            Phase::Upgrading => "Upgrading",
-            Phase::Failed => "Failed",
-            Phase::Deleting => "Deleting",
-        }
+        self.into()
     }
 }
 

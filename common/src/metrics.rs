@@ -90,14 +90,30 @@ fn row_prefix(metric: &Described) -> String {
     format!("| `{}` | {} | {} |", metric.name, metric.kind, labels)
 }
 
+/// Where the metrics page disagrees with the registry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DocError {
+    /// The page has no such section.
+    #[error("docs/metrics.md has no section {0:?}")]
+    NoSection(String),
+    /// Rows of the section to fix, one line each.
+    #[error("docs/metrics.md, {heading}:\n{}", problems.join("\n"))]
+    Rows {
+        /// The section's heading.
+        heading: String,
+        /// What is wrong, one line per row.
+        problems: Vec<String>,
+    },
+}
+
 /// Checks that the section `## {section}` of the metrics page `doc` has one table row for each
 /// of `metrics`, with its type and labels and a meaning, and no row for anything else. The
 /// error lists the rows to fix.
-pub fn check_doc(doc: &str, section: &str, metrics: &[Described]) -> Result<(), String> {
+pub fn check_doc(doc: &str, section: &str, metrics: &[Described]) -> Result<(), DocError> {
     let heading = format!("## {section}");
     let mut lines = doc.lines().skip_while(|l| l.trim_end() != heading);
     if lines.next().is_none() {
-        return Err(format!("docs/metrics.md has no section {heading:?}"));
+        return Err(DocError::NoSection(heading));
     }
     let rows: Vec<&str> = lines
         .take_while(|l| !l.starts_with("## "))
@@ -133,10 +149,7 @@ pub fn check_doc(doc: &str, section: &str, metrics: &[Described]) -> Result<(), 
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "docs/metrics.md, {heading}:\n{}",
-            problems.join("\n")
-        ))
+        Err(DocError::Rows { heading, problems })
     }
 }
 

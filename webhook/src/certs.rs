@@ -222,8 +222,10 @@ impl CertState {
     }
 }
 
-/// What the rotation loop should do with the state it read.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the rotation loop should do with the state it read (its metric label: the variant in
+/// lower case).
+#[derive(Clone, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Step {
     /// Nothing to do.
     Keep,

@@ -40,6 +40,17 @@ pub struct Keeper {
     pub metrics: Metrics,
 }
 
+/// Error from one pass of the keeper: the certificate's or the CA bundle's step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KeeperError {
+    /// Reading, issuing, serving or writing the certificate failed.
+    #[error(transparent)]
+    Certificate(#[from] certs::CertError),
+    /// Keeping the CA bundle in the webhook configurations failed.
+    #[error(transparent)]
+    Bundle(#[from] cabundle::BundleError),
+}
+
 /// Seconds since the Unix epoch.
 pub fn now() -> i64 {
     std::time::SystemTime::now()
@@ -76,7 +87,7 @@ impl Keeper {
     }
 
     /// One pass: serve, publish, rotate. Returns the state it left in place.
-    pub async fn pass(&self) -> Result<CertState, String> {
+    pub async fn pass(&self) -> Result<CertState, KeeperError> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let lifetime = self.lifetime.as_secs() as i64;
         let now = now();
@@ -88,47 +99,35 @@ impl Keeper {
             now,
             lifetime,
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         self.serve(&state)?;
         let bundle = state.bundle(now);
-        let ensured = cabundle::ensure(&self.client, &self.configs, &bundle)
-            .await
-            .map_err(|e| e.to_string())?;
+        let ensured = cabundle::ensure(&self.client, &self.configs, &bundle).await?;
         self.metrics.ca_bundle_writes.inc_by(ensured.written as u64);
         let step = certs::plan(&state, now, ensured.published);
         if step == Step::Keep {
             return Ok(state);
         }
-        let next = certs::apply_step(&state, &step, &self.subject, now, lifetime)
-            .map_err(|e| e.to_string())?;
+        let next = certs::apply_step(&state, &step, &self.subject, now, lifetime)?;
         if let Some(next) = next
-            && certs::write(&api, &self.secret, &self.namespace, &next, now, &version)
-                .await
-                .map_err(|e| e.to_string())?
+            && certs::write(&api, &self.secret, &self.namespace, &next, now, &version).await?
         {
             tracing::info!(?step, "certificate rotation step written");
             self.metrics
                 .rotations
-                .with_label_values(&[step_label(&step)])
+                .with_label_values(&[<&str>::from(&step)])
                 .inc();
             state = next;
             let bundle = state.bundle(now);
-            let ensured = cabundle::ensure(&self.client, &self.configs, &bundle)
-                .await
-                .map_err(|e| e.to_string())?;
+            let ensured = cabundle::ensure(&self.client, &self.configs, &bundle).await?;
             self.metrics.ca_bundle_writes.inc_by(ensured.written as u64);
             self.serve(&state)?;
         }
         Ok(state)
     }
 
-    fn serve(&self, state: &CertState) -> Result<(), String> {
-        if self
-            .resolver
-            .swap(&state.current)
-            .map_err(|e| e.to_string())?
-        {
+    fn serve(&self, state: &CertState) -> Result<(), KeeperError> {
+        if self.resolver.swap(&state.current)? {
             tracing::info!(
                 not_after = state.current.not_after,
                 "serving a new certificate"
@@ -156,15 +155,6 @@ impl Keeper {
                 () = changed.notified() => {},
             }
         }
-    }
-}
-
-fn step_label(step: &Step) -> &'static str {
-    match step {
-        Step::Keep => "keep",
-        Step::Prepare => "prepare",
-        Step::Promote => "promote",
-        Step::Replace => "replace",
     }
 }
 

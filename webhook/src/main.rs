@@ -86,14 +86,27 @@ struct Args {
     service_node_port_range: (i32, i32),
 }
 
-fn parse_default_version(value: &str) -> Result<String, String> {
-    common::version::parse_exact(value)
-        .map(|_| value.to_string())
-        .map_err(|e| e.to_string())
+/// A flag value the webhook cannot use.
+#[derive(Debug, thiserror::Error)]
+enum FlagError {
+    /// `--default-platform-version` is no exact version.
+    #[error(transparent)]
+    Version(#[from] common::version::VersionError),
+    /// A platform version bound is no `MAJOR.MINOR`.
+    #[error("{0:?} is not MAJOR.MINOR, such as 6.0")]
+    Minor(String),
+    /// `--service-node-port-range` is no `LOW-HIGH` port range.
+    #[error("{0:?} is not a port range LOW-HIGH, such as 30000-32767")]
+    PortRange(String),
 }
 
-fn parse_minor(value: &str) -> Result<(u64, u64), String> {
-    let err = || format!("{value:?} is not MAJOR.MINOR, such as 6.0");
+fn parse_default_version(value: &str) -> Result<String, FlagError> {
+    common::version::parse_exact(value)?;
+    Ok(value.to_string())
+}
+
+fn parse_minor(value: &str) -> Result<(u64, u64), FlagError> {
+    let err = || FlagError::Minor(value.to_string());
     let (major, minor) = value.split_once('.').ok_or_else(err)?;
     Ok((
         major.parse().map_err(|_| err())?,
@@ -101,8 +114,8 @@ fn parse_minor(value: &str) -> Result<(u64, u64), String> {
     ))
 }
 
-fn parse_port_range(value: &str) -> Result<(i32, i32), String> {
-    let err = || format!("{value:?} is not a port range LOW-HIGH, such as 30000-32767");
+fn parse_port_range(value: &str) -> Result<(i32, i32), FlagError> {
+    let err = || FlagError::PortRange(value.to_string());
     let (lo, hi) = value.split_once('-').ok_or_else(err)?;
     let (lo, hi): (i32, i32) = (
         lo.trim().parse().map_err(|_| err())?,

@@ -27,23 +27,15 @@ pub struct Metrics {
     timers: [Histogram; 2],
 }
 
-/// The two admission endpoints, as the `webhook` label of the review metrics names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The two admission endpoints, as the `webhook` label of the review metrics names them (the
+/// variant in lower case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum Webhook {
     /// `POST /mutate`.
     Mutate,
     /// `POST /validate`.
     Validate,
-}
-
-impl Webhook {
-    /// The label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Webhook::Mutate => "mutate",
-            Webhook::Validate => "validate",
-        }
-    }
 }
 
 impl Metrics {
@@ -93,7 +85,7 @@ impl Metrics {
             "Writes of the caBundle into the webhook configurations.",
         )?;
         let timers = [Webhook::Mutate, Webhook::Validate]
-            .map(|webhook| duration.with_label_values(&[webhook.label()]));
+            .map(|webhook| duration.with_label_values(&[<&str>::from(webhook)]));
         let metrics = Self {
             reviews,
             duration,
