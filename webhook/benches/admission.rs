@@ -16,12 +16,19 @@
 //!    neither, interleaved in one run; for a write that changes only an annotation (no work for
 //!    either webhook) and for one that changes the spec (work for the validating webhook).
 //!
+//! It ends with two gate lines: the slowest of the webhook's throughput rows against 10,000
+//! reviews/s, and the larger of the two writes' apply p50 ratio (the webhooks against neither)
+//! against 1.15.
+//!
 //! Run: `cargo bench -p webhook --bench admission` (env `BENCH_N` sets the request count;
 //! `ADMISSION_BENCH_WEBHOOK` runs another webhook executable, such as a build of an earlier
 //! commit kept aside, so that a before and an after are measured by the same benchmark).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use axum::Router;
 use axum::routing::post;
@@ -699,6 +706,7 @@ async fn main() {
     let per_conn = (n / 2).max(100);
     let small_body = review(small());
     let cpu0_addr = std::net::SocketAddr::from(([127, 0, 0, 1], cpu0_port));
+    let mut webhook_rates = Vec::new();
     let tables = [
         (
             "pinned to CPU 0 (`taskset -a`) after they started, so their runtimes were sized for every CPU",
@@ -755,6 +763,7 @@ async fn main() {
                 );
             }
             ratios.push(w.per_second / e.per_second);
+            webhook_rates.push(w.per_second);
         }
         println!(
             "\nwebhook / echo throughput: {}",
@@ -854,6 +863,7 @@ async fn main() {
         }
     }
     let reviews_after = webhook.reviews_answered().await;
+    let mut apply_ratio: f64 = 0.0;
     println!(
         "\n# Server-side apply through the API server ({rounds} applies of each write to each namespace, interleaved; load average at the end {})\n",
         load_average()
@@ -873,6 +883,7 @@ async fn main() {
             .map(|s| figures(s.clone(), s.iter().sum()))
             .collect();
         let base = &figs[targets.len() - 1];
+        apply_ratio = apply_ratio.max(figs[0].p50.as_secs_f64() / base.p50.as_secs_f64());
         for ((label, _), f) in targets.iter().zip(&figs) {
             println!(
                 "| {write} | {label} | {} | {} | {:.2} | {:.2} |",
@@ -887,6 +898,21 @@ async fn main() {
         "\nreviews the webhook answered during the applies: mutate {}, validate {}",
         reviews_after.0 - reviews_before.0,
         reviews_after.1 - reviews_before.1,
+    );
+    // The gates: the slowest throughput row of the webhook (every run, both ways of pinning), and
+    // the larger of the two writes' p50 ratio with the webhooks against neither.
+    println!();
+    support::gate(
+        "webhook-reviews-per-second-one-core-16-connections",
+        webhook_rates.iter().copied().fold(f64::INFINITY, f64::min),
+        ">=",
+        10_000.0,
+    );
+    support::gate(
+        "server-side-apply-p50-with-webhooks-over-without",
+        apply_ratio,
+        "<=",
+        1.15,
     );
     let _ = cluster.kubectl_ok(
         &[

@@ -17,7 +17,8 @@
 //! bodies sent) is printed for both, so a weaker attack would show.
 //!
 //! It reports the webhook's peak RSS against the chart's memory limit, and the ordinary reviews'
-//! p50/p99 and failures in every phase. Bounded: every phase has a fixed duration and count, and
+//! p50/p99 and failures in every phase, and ends with two gate lines: no ordinary review failed
+//! (quiet or under attack), and the peak RSS (VmHWM) is under the chart's 256 MiB limit. Bounded: every phase has a fixed duration and count, and
 //! every attacker stops by itself.
 //!
 //! Run: `cargo bench -p webhook --bench hostile` (env `HOSTILE_SECONDS`, `HOSTILE_IDLE`,
@@ -496,6 +497,10 @@ async fn main() {
         &|k| format!("{} / {} / {}", c(&k.big_ok), c(&k.big_503), c(&k.big_other)),
     );
     println!("\nwebhook still accepts connections after the attacks: {alive}");
+    let failed = quiet.errors + phases.iter().map(|(_, a)| a.stream.errors).sum::<u64>();
+    println!();
+    support::gate("hostile-ordinary-reviews-failed", failed as f64, "<=", 0.0);
+    support::gate("hostile-webhook-peak-rss-mib", hwm, "<", CHART_LIMIT_MIB);
     webhook.stop();
     e2e::webhook::unregister(&cluster, "hostile");
 }

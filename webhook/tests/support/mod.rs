@@ -206,3 +206,16 @@ pub fn warnings(response: &Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Prints a benchmark's gate line, `gate <name>: <figure> <op> <limit>: ok|over`, where `op` is
+/// `<=`, `<` or `>=` and `over` means the figure is on the wrong side of the limit.
+pub fn gate(name: &str, figure: f64, op: &str, limit: f64) {
+    let ok = match op {
+        "<=" => figure <= limit,
+        "<" => figure < limit,
+        ">=" => figure >= limit,
+        _ => panic!("unknown gate operator {op:?}"),
+    };
+    let verdict = if ok { "ok" } else { "over" };
+    println!("gate {name}: {figure:.2} {op} {limit}: {verdict}");
+}
