@@ -31,10 +31,9 @@ COPY webhook webhook
 COPY e2e e2e
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --profile dist --locked -p webhook \
- && cargo build --profile dist-size --locked -p controller \
- && install -D -m 0755 target/dist-size/controller /out/controller \
- && install -D -m 0755 target/dist/webhook /out/webhook
+    cargo build --release --locked -p webhook -p controller \
+ && install -D -m 0755 target/release/controller /out/controller \
+ && install -D -m 0755 target/release/webhook /out/webhook
 
 # --- Helm, the Pulumi CLI and the vCluster chart, each checked by sha256 ---------------------
 FROM debian:bookworm-slim AS tools

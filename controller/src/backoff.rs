@@ -1,72 +1,53 @@
 //! Per-instance exponential backoff with jitter for failed reconciles, in the manner of
 //! controller-runtime's per-item rate limiter: each failure in a row doubles the wait from
 //! [`BASE`] up to [`CAP`], a random share of up to half of it is taken off (so instances that
-//! failed together do not retry together), and a successful reconcile resets it.
+//! failed together do not retry together), and a successful reconcile resets it. The waits are
+//! `backon`'s.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
 /// The wait after the first failure.
 pub const BASE: Duration = Duration::from_secs(2);
 /// The longest wait.
 pub const CAP: Duration = Duration::from_secs(300);
 
-/// The wait after `failures` failures in a row (at least 1), before jitter: `BASE * 2^(n-1)`,
-/// at most `CAP`.
-pub fn ceiling(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(31);
-    BASE.saturating_mul(1 << doublings).min(CAP)
+/// One instance's waits: `backon` adds a random share of up to the whole delay, so its delays
+/// run from half of [`BASE`] to half of [`CAP`] and each wait lies between half of
+/// `BASE * 2^(n-1)` (at most `CAP`) and that.
+fn waits() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(BASE / 2)
+        .with_max_delay(CAP / 2)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
-/// The wait after `failures` failures with jitter `unit` (in `[0, 1)`): between half the
-/// ceiling and the ceiling.
-pub fn delay(failures: u32, unit: f64) -> Duration {
-    let ceiling = ceiling(failures);
-    ceiling.mul_f64(1.0 - unit.clamp(0.0, 1.0) / 2.0)
-}
-
-/// A uniform number in `[0, 1)` from the standard library's randomly keyed hasher.
-fn unit() -> f64 {
-    let bits = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
-    (bits >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// Failures in a row, by instance key.
+/// Failures in a row and the waits still to come, by instance key.
 #[derive(Debug, Default)]
 pub struct Backoff {
-    failures: Mutex<HashMap<String, u32>>,
+    failures: Mutex<HashMap<String, (u32, ExponentialBackoff)>>,
 }
 
 impl Backoff {
     /// Counts one more failure of `key` and returns how long to wait before the next try.
     pub fn failed(&self, key: &str) -> Duration {
-        let failures = match self.failures.lock() {
-            Ok(mut map) => {
-                let n = map.entry(key.to_string()).or_default();
-                *n = n.saturating_add(1);
-                *n
-            }
-            Err(_) => 1,
-        };
-        delay(failures, unit())
+        let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let (failures, waits) = map.entry(key.to_string()).or_insert_with(|| (0, waits()));
+        *failures = failures.saturating_add(1);
+        waits.next().unwrap_or(CAP)
     }
 
-    /// A reconcile of `key` succeeded: the next failure waits [`BASE`] again.
+    /// A reconcile of `key` succeeded: the next failure waits about [`BASE`] again.
     pub fn succeeded(&self, key: &str) {
-        if let Ok(mut map) = self.failures.lock() {
-            map.remove(key);
-        }
-    }
-
-    /// How many failures in a row `key` has had.
-    pub fn failures(&self, key: &str) -> u32 {
         self.failures
             .lock()
-            .ok()
-            .and_then(|m| m.get(key).copied())
-            .unwrap_or(0)
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
     }
 }
 
@@ -74,27 +55,35 @@ impl Backoff {
 mod tests {
     use super::*;
 
+    /// How many failures in a row `key` has had.
+    fn failures(b: &Backoff, key: &str) -> u32 {
+        b.failures.lock().expect("lock").get(key).map_or(0, |f| f.0)
+    }
+
     #[test]
     fn the_wait_doubles_up_to_the_cap() {
-        let waits: Vec<u64> = (1..=10).map(|n| ceiling(n).as_secs()).collect();
-        assert_eq!(waits, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
-        assert_eq!(ceiling(0), BASE);
-        assert_eq!(ceiling(u32::MAX), CAP);
+        let b = Backoff::default();
+        let ceilings = [2, 4, 8, 16, 32, 64, 128, 256, 300, 300];
+        for ceiling in ceilings.map(Duration::from_secs) {
+            let wait = b.failed("team/a");
+            assert!(
+                wait >= ceiling / 2 && wait <= ceiling,
+                "{wait:?} {ceiling:?}"
+            );
+        }
+        for _ in 0..100 {
+            assert!(b.failed("team/a") <= CAP);
+        }
     }
 
     #[test]
     fn jitter_takes_off_at_most_half() {
-        assert_eq!(delay(3, 0.0), Duration::from_secs(8));
-        assert_eq!(
-            delay(3, 0.999_999),
-            Duration::from_secs(8).mul_f64(0.500_000_5)
-        );
-        for _ in 0..1000 {
-            let u = unit();
-            assert!((0.0..1.0).contains(&u), "{u}");
-            let d = delay(4, u);
+        for i in 0..1000 {
+            let b = Backoff::default();
+            let key = format!("team/i{i}");
+            let d = (0..4).map(|_| b.failed(&key)).last().expect("a wait");
             assert!(
-                d > Duration::from_secs(8) && d <= Duration::from_secs(16),
+                d >= Duration::from_secs(8) && d <= Duration::from_secs(16),
                 "{d:?}"
             );
         }
@@ -115,14 +104,14 @@ mod tests {
             b.failed("team/a");
         }
         let fifth = b.failed("team/a");
-        assert!(fifth > Duration::from_secs(16), "{fifth:?}");
-        assert_eq!(b.failures("team/a"), 5);
+        assert!(fifth >= Duration::from_secs(16), "{fifth:?}");
+        assert_eq!(failures(&b, "team/a"), 5);
         assert!(
             b.failed("team/b") <= BASE,
             "another instance starts from the base"
         );
         b.succeeded("team/a");
-        assert_eq!(b.failures("team/a"), 0);
+        assert_eq!(failures(&b, "team/a"), 0);
         assert!(b.failed("team/a") <= BASE);
     }
 }

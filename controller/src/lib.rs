@@ -3,7 +3,6 @@
 //! admission policy that protects `service/vcluster`, and carries deletion through
 //! `deletionPolicy`.
 
-pub mod allocator;
 pub mod api;
 pub mod backoff;
 pub mod chart;
@@ -17,5 +16,4 @@ pub mod pod_security;
 pub mod policy;
 pub mod reaper;
 pub mod reconcile;
-pub mod runtime;
 pub mod tasks;

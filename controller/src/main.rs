@@ -492,16 +492,8 @@ async fn run(
     Ok(())
 }
 
-controller::use_jemalloc!();
-
-fn main() -> anyhow::Result<()> {
-    controller::runtime::build()
-        .context("starting the async runtime")?
-        .block_on(run_main())
-}
-
-/// The controller's work, on the runtime [`main`] starts.
-async fn run_main() -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(Task::Cleanup { root, dir }) = &args.task {
         return cleanup(root, dir);

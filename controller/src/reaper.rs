@@ -1,12 +1,12 @@
-//! The controller's own processes: it is PID 1 in its container, so it becomes a child
-//! subreaper (orphaned descendants of helm, npm and pulumi are re-parented to it, in a container
-//! or not) and reaps the zombies of those orphans, and only those: the tools it starts itself are
-//! registered while they run, and their exit status stays with the code that waits for them
-//! (tokio waits on its own pids; a blanket `waitpid(-1)` would steal them). It also stops every
-//! descendant at once when the controller must stop working (a lost leader lease).
+//! The controller's own processes: it is PID 1 in its container and a child subreaper wherever
+//! it runs, so orphaned descendants of helm, npm and pulumi are re-parented to it; it reaps the
+//! zombies of those orphans, and only those: the tools it starts itself are registered while
+//! they run, and their exit status stays with the code that waits for them (tokio waits on its
+//! own pids; a blanket `waitpid(-1)` would steal them). It also stops every descendant at once
+//! when the controller must stop working (a lost leader lease).
 
 use std::collections::BTreeSet;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -23,14 +23,16 @@ pub enum ReaperError {
     Subreaper(nix::Error),
 }
 
-/// How often the process table is looked at without a `SIGCHLD` (a signal can coalesce).
+/// How often the children are looked at without a `SIGCHLD` (a signal can coalesce).
 const SWEEP: Duration = Duration::from_secs(10);
 
-/// The pids of children this process started and waits for itself.
+/// The pids of children this process started and waits for itself. A spawn holds it until the
+/// new pid is in, and a sweep while it reaps: a sweep never sees a fresh child of ours unlisted.
 static OURS: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
-/// Held (shared) from a spawn until its pid is registered, and (exclusive) by a sweep, so that a
-/// sweep never sees a fresh child of ours before it is registered.
-static SPAWNING: RwLock<()> = RwLock::new(());
+
+fn ours() -> MutexGuard<'static, BTreeSet<i32>> {
+    OURS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// One process: its pid, its parent's pid and its state letter (`R`, `S`, `Z`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,61 +54,44 @@ pub fn parse_stat(pid: i32, stat: &str) -> Option<Proc> {
     Some(Proc { pid, ppid, state })
 }
 
-/// Every live process (zombies included), from `/proc`.
-pub fn processes() -> Vec<Proc> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+/// The processes of `pids` that still exist, from `/proc/<pid>/stat`.
+fn read(pids: impl IntoIterator<Item = i32>) -> Vec<Proc> {
+    let stat = |pid| {
+        parse_stat(
+            pid,
+            &std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
+        )
     };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            parse_stat(pid, &stat)
-        })
-        .collect()
+    pids.into_iter().filter_map(stat).collect()
 }
 
-/// The children of this process (of any of its threads, orphans re-parented to it included,
-/// zombies too), from each thread's `/proc/self/task/<tid>/children`: what a sweep looks at,
-/// without reading every process of the machine (a controller run outside a container, or
-/// beside other processes in a shared PID namespace, saw hundreds). `None` when the kernel has
-/// no such file (built without `CONFIG_PROC_CHILDREN`); the caller then reads every process.
-/// Like the full table, it is a snapshot: a child that appears or exits while it is read is
-/// seen by the next sweep.
+/// Every live process (zombies included), from `/proc`.
+pub fn processes() -> Vec<Proc> {
+    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    read(entries.filter_map(|e| e.file_name().to_str()?.parse().ok()))
+}
+
+/// The children of this process (of any of its threads, adopted orphans and zombies included),
+/// from each thread's `/proc/self/task/<tid>/children`: a sweep need not read every process of
+/// the machine. `None` when a thread's list cannot be read (a kernel without
+/// `CONFIG_PROC_CHILDREN`, or a thread that just ended); the caller then reads every process.
 pub fn children() -> Option<Vec<Proc>> {
-    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
     let mut pids = BTreeSet::new();
-    let mut readable = false;
-    for task in tasks.flatten() {
-        let Ok(list) = std::fs::read_to_string(task.path().join("children")) else {
-            continue;
-        };
-        readable = true;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
         pids.extend(
             list.split_whitespace()
                 .filter_map(|p| p.parse::<i32>().ok()),
         );
     }
-    if !readable {
-        return None;
-    }
-    Some(
-        pids.into_iter()
-            .filter_map(|pid| {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                parse_stat(pid, &stat)
-            })
-            .collect(),
-    )
+    Some(read(pids))
 }
 
 /// Every descendant of `root` in `table`, parents before their children.
 pub fn descendants(table: &[Proc], root: i32) -> Vec<i32> {
     let mut tree = vec![root];
     let mut i = 0;
-    while i < tree.len() {
-        let parent = tree[i];
+    while let Some(&parent) = tree.get(i) {
         for p in table {
             if p.ppid == parent && !tree.contains(&p.pid) {
                 tree.push(p.pid);
@@ -120,11 +105,8 @@ pub fn descendants(table: &[Proc], root: i32) -> Vec<i32> {
 /// The zombies among `table` that are children of `me` and not one of `ours`: what the sweep
 /// reaps.
 pub fn orphan_zombies(table: &[Proc], me: i32, ours: &BTreeSet<i32>) -> Vec<i32> {
-    table
-        .iter()
-        .filter(|p| p.ppid == me && p.state == 'Z' && !ours.contains(&p.pid))
-        .map(|p| p.pid)
-        .collect()
+    let orphan = |p: &&Proc| p.ppid == me && p.state == 'Z' && !ours.contains(&p.pid);
+    table.iter().filter(orphan).map(|p| p.pid).collect()
 }
 
 /// Makes this process the reaper of its orphaned descendants.
@@ -139,10 +121,8 @@ pub struct Registered(Option<i32>);
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        if let Some(pid) = self.0
-            && let Ok(mut ours) = OURS.lock()
-        {
-            ours.remove(&pid);
+        if let Some(pid) = self.0 {
+            ours().remove(&pid);
         }
     }
 }
@@ -152,32 +132,20 @@ impl Drop for Registered {
 pub fn spawn(
     cmd: &mut tokio::process::Command,
 ) -> std::io::Result<(tokio::process::Child, Registered)> {
-    let _spawning = SPAWNING.read();
+    let mut ours = ours();
     let child = cmd.spawn()?;
     let pid = child.id().map(|p| p as i32);
-    if let Some(pid) = pid
-        && let Ok(mut ours) = OURS.lock()
-    {
-        ours.insert(pid);
-    }
+    ours.extend(pid);
     Ok((child, Registered(pid)))
 }
 
 /// Reaps the orphaned zombies now; returns their pids.
 pub fn sweep() -> Vec<i32> {
-    let Ok(_sweeping) = SPAWNING.write() else {
-        return Vec::new();
-    };
-    let ours = OURS.lock().map(|o| o.clone()).unwrap_or_default();
-    let me = std::process::id() as i32;
-    let mut reaped = Vec::new();
+    let ours = ours();
     let table = children().unwrap_or_else(processes);
-    for pid in orphan_zombies(&table, me, &ours) {
-        // The pid is a zombie child of ours: it cannot be reused until it is reaped here.
-        if waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)).is_ok() {
-            reaped.push(pid);
-        }
-    }
+    let mut reaped = orphan_zombies(&table, std::process::id() as i32, &ours);
+    // Each is a zombie child of ours: its pid cannot be reused until it is reaped here.
+    reaped.retain(|pid| waitpid(Pid::from_raw(*pid), Some(WaitPidFlag::WNOHANG)).is_ok());
     if !reaped.is_empty() {
         tracing::debug!(?reaped, "reaped orphaned tool processes");
     }
@@ -186,39 +154,31 @@ pub fn sweep() -> Vec<i32> {
 
 /// Reaps orphaned zombies whenever a child exits (and every few seconds), for ever.
 pub async fn run() {
-    let mut children = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGCHLD; sweeping on a timer only");
-            None
-        }
-    };
+    let mut exits = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+        .inspect_err(
+            |e| tracing::warn!(error = %e, "cannot listen for SIGCHLD; sweeping on a timer only"),
+        )
+        .ok();
     loop {
         sweep();
-        match children.as_mut() {
-            Some(s) => {
-                let _ = tokio::time::timeout(SWEEP, s.recv()).await;
-            }
+        match exits.as_mut() {
+            Some(exits) => drop(tokio::time::timeout(SWEEP, exits.recv()).await),
             None => tokio::time::sleep(SWEEP).await,
         }
     }
 }
 
-/// Kills every descendant of this process (helm, npm, pulumi and whatever they started), at
-/// once and without waiting: the controller stops working. Returns how many were signalled.
+/// Kills every descendant of this process (helm, npm, pulumi and whatever they started, in any
+/// process group), at once and without waiting: the controller stops working. Returns how many
+/// were signalled.
 pub fn kill_descendants() -> usize {
-    let me = std::process::id() as i32;
     let table = processes();
-    let tree = descendants(&table, me);
-    let mut killed = 0;
-    for pid in &tree {
-        if table.iter().any(|p| p.pid == *pid && p.state != 'Z')
-            && kill(Pid::from_raw(*pid), Signal::SIGKILL).is_ok()
-        {
-            killed += 1;
-        }
-    }
+    let live = |pid: &&i32| table.iter().any(|p| p.pid == **pid && p.state != 'Z');
+    let tree = descendants(&table, std::process::id() as i32);
+    let killed = tree.iter().filter(live);
     killed
+        .filter(|pid| kill(Pid::from_raw(**pid), Signal::SIGKILL).is_ok())
+        .count()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Tracked long-running work (Helm), so a reconcile never holds a worker for minutes: one task per
 //! instance at most, installs bounded by `--max-concurrent-installs` and queued in order (with
-//! their position reported), and failures remembered with a capped backoff. Reconciles poll a
+//! their position reported), and failures remembered with a capped backoff (`backon`'s,
+//! without jitter: one retry per failed task, held back here). Reconciles poll a
 //! running task every `--target-poll`; the registry wakes an instance itself ([`Tasks::woken`])
 //! when its task ends (so the next step does not wait for the poll), when a queued task starts,
 //! and when a queued task's place, as the status words it ([`queue_place`]), changes: a queued
@@ -10,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::future::{AbortHandle, Abortable, BoxFuture};
 
 #[cfg(doc)]
@@ -26,8 +28,20 @@ pub type Key = String;
 
 struct Failure {
     error: TaskError,
-    attempts: u32,
+    /// How long after `at` the key may run again.
+    wait: Duration,
+    /// The waits of the next failures in a row.
+    waits: ExponentialBackoff,
     at: Instant,
+}
+
+/// The waits after failures in a row: [`BACKOFF_BASE`], doubling up to [`BACKOFF_CAP`].
+fn waits() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(BACKOFF_BASE)
+        .with_max_delay(BACKOFF_CAP)
+        .without_max_times()
+        .build()
 }
 
 /// A task waiting for a slot.
@@ -68,12 +82,6 @@ pub struct Tasks {
     running_gauge: prometheus::IntGauge,
     queued_gauge: prometheus::IntGauge,
     woken: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Key>>>,
-}
-
-/// The delay before retry number `attempts` (1-based).
-pub fn backoff(attempts: u32) -> Duration {
-    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
-    (BACKOFF_BASE * factor).min(BACKOFF_CAP)
 }
 
 impl Tasks {
@@ -117,7 +125,7 @@ impl Tasks {
         inner
             .failed
             .get(key)
-            .map(|f| backoff(f.attempts).saturating_sub(f.at.elapsed()))
+            .map(|f| f.wait.saturating_sub(f.at.elapsed()))
             .unwrap_or(Duration::ZERO)
     }
 
@@ -126,7 +134,7 @@ impl Tasks {
         if let Ok(mut inner) = self.inner.lock()
             && let Some(f) = inner.failed.get_mut(key)
         {
-            f.at = Instant::now() - BACKOFF_CAP;
+            f.wait = Duration::ZERO;
         }
     }
 
@@ -170,7 +178,7 @@ impl Tasks {
                 return false;
             }
             if let Some(f) = inner.failed.get(key)
-                && f.at.elapsed() < backoff(f.attempts)
+                && f.at.elapsed() < f.wait
             {
                 return false;
             }
@@ -211,15 +219,16 @@ impl Tasks {
                         inner.failed.remove(&key);
                     }
                     Err(error) => {
-                        let attempts = inner.failed.get(&key).map(|f| f.attempts + 1).unwrap_or(1);
-                        inner.failed.insert(
-                            key.clone(),
-                            Failure {
-                                error,
-                                attempts,
-                                at: Instant::now(),
-                            },
-                        );
+                        let mut waits = inner.failed.remove(&key).map_or_else(waits, |f| f.waits);
+                        let wait = waits.next().unwrap_or(BACKOFF_CAP);
+                        let at = Instant::now();
+                        let failure = Failure {
+                            error,
+                            wait,
+                            waits,
+                            at,
+                        };
+                        inner.failed.insert(key.clone(), failure);
                     }
                 }
             }
@@ -307,10 +316,11 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        assert_eq!(backoff(1), Duration::from_secs(5));
-        assert_eq!(backoff(2), Duration::from_secs(10));
-        assert_eq!(backoff(4), Duration::from_secs(40));
-        assert_eq!(backoff(30), BACKOFF_CAP);
+        let backoff: Vec<Duration> = waits().take(30).collect();
+        assert_eq!(backoff[0], Duration::from_secs(5));
+        assert_eq!(backoff[1], Duration::from_secs(10));
+        assert_eq!(backoff[3], Duration::from_secs(40));
+        assert_eq!(backoff[29], BACKOFF_CAP);
     }
 
     #[tokio::test]

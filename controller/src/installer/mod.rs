@@ -375,7 +375,7 @@ impl Installer {
 
     /// Links `project` to the tree of `key` ([`modules::Trees::link`]) on the blocking pool: a
     /// project of an earlier layout has a `node_modules` of its own, removed first, which can
-    /// take seconds, and the controller's async work runs on one thread (`crate::runtime`).
+    /// take seconds.
     async fn link(
         &self,
         trees: modules::Trees,

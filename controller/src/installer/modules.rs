@@ -462,7 +462,7 @@ impl Trees {
         };
         let dir = self.root.join(format!(".build-{key}-{}", nonce()));
         // Removing a whole tree can take seconds on a slow volume: on the blocking pool, not
-        // on the controller's one async thread (`crate::runtime`).
+        // on an async worker.
         {
             let trees = self.clone();
             let (discard, dir, key) = (
