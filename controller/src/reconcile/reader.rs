@@ -344,7 +344,8 @@ pub struct Probes {
 }
 
 struct Probe {
-    kubeconfig: String,
+    /// The SHA-256 of the kubeconfig it was asked through.
+    kubeconfig: [u8; 32],
     client: Option<kube::Client>,
     asked: Instant,
     serves: bool,
@@ -366,8 +367,9 @@ impl Probes {
         kubeconfig: &str,
         settings: &super::Settings,
     ) -> bool {
+        let digest = sha256(kubeconfig);
         let known = self.entries.lock().ok().and_then(|e| {
-            let p = e.get(host_ns).filter(|p| p.kubeconfig == kubeconfig)?;
+            let p = e.get(host_ns).filter(|p| p.kubeconfig == digest)?;
             Some(if p.asked.elapsed() < settings.target_poll {
                 Err(p.serves)
             } else {
@@ -394,7 +396,7 @@ impl Probes {
         }
         if let Ok(mut entries) = self.entries.lock() {
             let probe = Probe {
-                kubeconfig: kubeconfig.to_string(),
+                kubeconfig: digest,
                 client,
                 asked,
                 serves,
@@ -410,6 +412,12 @@ impl Probes {
             entries.remove(host_ns);
         }
     }
+}
+
+fn sha256(text: &str) -> [u8; 32] {
+    let mut out = [0; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, text.as_bytes()).as_ref());
+    out
 }
 
 /// A client of the API `kubeconfig` names, as kube reads it.
