@@ -40,6 +40,12 @@ pub struct Options {
     /// How many pods the fake node takes (its `pods` capacity; the scheduler leaves the rest
     /// Pending). A real node's kubelet defaults to 110; one fake node stands for a cluster.
     pub node_pods: usize,
+    /// Also start a real node ([`crate::real_node`]: containerd, runc, CNI, kubelet and
+    /// kube-proxy in a network namespace of its own) beside the KWOK node, which is then tainted
+    /// ([`crate::real_node::KWOK_TAINT`]) so that pods go to the real node unless they tolerate
+    /// it. Needs root and the Debian packages [`crate::real_node::DEBIAN_PACKAGES`]; off by
+    /// default.
+    pub real_node: bool,
 }
 
 impl Options {
@@ -53,6 +59,7 @@ impl Options {
             sni_slots: 0,
             operator_bin_dir: None,
             node_pods: 1000,
+            real_node: false,
         }
     }
 
@@ -80,6 +87,12 @@ impl Options {
     /// vCluster's control plane is one pod).
     pub fn node_pods(mut self, pods: usize) -> Self {
         self.node_pods = pods;
+        self
+    }
+
+    /// Also starts a real node beside the KWOK one (see [`Options::real_node`]).
+    pub fn real_node(mut self) -> Self {
+        self.real_node = true;
         self
     }
 
@@ -115,6 +128,7 @@ pub struct ControlPlane {
     tools: Tools,
     processes: Vec<Process>,
     kubelet: Option<crate::standin_kubelet::StandInKubelet>,
+    real_node: Option<crate::real_node::RealNode>,
     keep: bool,
 }
 
@@ -265,6 +279,7 @@ impl ControlPlane {
             tools,
             processes: Vec::new(),
             kubelet: None,
+            real_node: None,
             keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
         };
         let mut options = options;
@@ -339,6 +354,22 @@ impl ControlPlane {
             "--v=1".into(),
         ];
         args.extend(options.apiserver_args.iter().cloned());
+        if options.real_node && options.workloads {
+            // Before the API server starts: it dials the node through the egress proxy.
+            let node = crate::real_node::RealNode::prepare(&self.dir.join("node"))?;
+            let cert = self.dir.join("pki/admin.crt");
+            let key = self.dir.join("pki/admin.key");
+            std::fs::write(&cert, &pki.admin_cert).map_err(|e| HarnessError::io(&cert, e))?;
+            std::fs::write(&key, &pki.admin_key).map_err(|e| HarnessError::io(&key, e))?;
+            // The Node authorizer beside RBAC (a list flag: repeating it would add RBAC twice).
+            for arg in &mut args {
+                if arg == "--authorization-mode=RBAC" {
+                    *arg = "--authorization-mode=Node,RBAC".into();
+                }
+            }
+            args.extend(node.apiserver_args(&cert, &key)?);
+            self.real_node = Some(node);
+        }
         self.spawn("kube-apiserver", &self.tools.bin("kube-apiserver"), &args)?;
         self.write_kubeconfig(
             &self.kubeconfig,
@@ -378,6 +409,16 @@ impl ControlPlane {
                 &self.dir,
                 options.operator_bin_dir.clone(),
             )?);
+            if let Some(node) = self.real_node.as_mut() {
+                taint_kwok_node(&client).await?;
+                let access = crate::real_node::ControlPlaneAccess {
+                    api_port: port,
+                    ca_cert: pki.ca_cert.clone(),
+                    ca_key: pki.ca_key.clone(),
+                    ca_file: files.ca_cert.clone(),
+                };
+                node.start(&access, &client, deadline).await?;
+            }
         }
         Ok(())
     }
@@ -569,18 +610,7 @@ impl ControlPlane {
         cert: &str,
         key: &str,
     ) -> Result<(), HarnessError> {
-        use base64::Engine as _;
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
-        let config = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": b64(ca)}}],
-            "users": [{"name": "user", "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
-            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "user", "namespace": "default"}}],
-            "current-context": "e2e"
-        });
-        let yaml = serde_saphyr::to_string(&config)
-            .map_err(|e| HarnessError::Pki(format!("kubeconfig: {e}")))?;
+        let yaml = kubeconfig_yaml(&self.server, ca, cert, key)?;
         std::fs::write(path, yaml).map_err(|e| HarnessError::io(path, e))
     }
 
@@ -646,9 +676,16 @@ impl ControlPlane {
         self.kubelet.as_ref().map(|k| k.host_path(path))
     }
 
-    /// Stops the stand-in kubelet, then every process, newest first: SIGTERM, then SIGKILL after
-    /// five seconds.
+    /// The real node, when [`Options::real_node`] asked for one.
+    pub fn real_node(&self) -> Option<&crate::real_node::RealNode> {
+        self.real_node.as_ref()
+    }
+
+    /// Stops the real node (its processes by pid, its mounts, cgroups and network removed), the
+    /// stand-in kubelet, then every process, newest first: SIGTERM, then SIGKILL after five
+    /// seconds.
     pub fn stop(&mut self) {
+        self.real_node.take();
         self.kubelet.take();
         while let Some(mut p) = self.processes.pop() {
             crate::process::terminate(&mut p.child, Duration::from_secs(5));
@@ -668,6 +705,41 @@ impl Drop for ControlPlane {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A kubeconfig (YAML) for `server` with the CA and the client certificate and key (PEM).
+pub fn kubeconfig_yaml(
+    server: &str,
+    ca: &str,
+    cert: &str,
+    key: &str,
+) -> Result<String, HarnessError> {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": "user", "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "user", "namespace": "default"}}],
+        "current-context": "e2e"
+    });
+    serde_saphyr::to_string(&config).map_err(|e| HarnessError::Pki(format!("kubeconfig: {e}")))
+}
+
+/// Taints the KWOK node with [`crate::real_node::KWOK_TAINT`] (`NoSchedule`): with a real node
+/// beside it, pods go there unless they tolerate the fake one.
+async fn taint_kwok_node(client: &kube::Client) -> Result<(), HarnessError> {
+    use kube::api::{Patch, PatchParams};
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = serde_json::json!({
+        "spec": {"taints": [{"key": crate::real_node::KWOK_TAINT, "value": "fake", "effect": "NoSchedule"}]}
+    });
+    nodes
+        .patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| HarnessError::Node(format!("tainting {NODE_NAME}: {e}")))
 }
 
 /// A client for the kubeconfig at `path`.

@@ -5,10 +5,13 @@ pub mod chart;
 pub mod cmd;
 pub mod control_plane;
 pub mod https;
+pub mod images;
+pub mod node_net;
 pub mod npm;
 pub mod pki;
 pub mod process;
 pub mod prometheus;
+pub mod real_node;
 pub mod shared;
 pub mod standin_kubelet;
 pub mod standin_vcluster;
@@ -70,6 +73,10 @@ pub enum HarnessError {
         /// Its standard error.
         stderr: String,
     },
+    /// The real node ([`real_node`]) could not be prepared or started: what the machine lacks,
+    /// or which part failed.
+    #[error("real node: {0}")]
+    Node(String),
     /// Starting failed; the logs were kept.
     #[error("control plane did not start: {message}; logs kept in {}", logs.display())]
     Start {

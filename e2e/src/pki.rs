@@ -65,6 +65,8 @@ impl Pki {
     pub fn issue() -> Result<Self, HarnessError> {
         Self::issue_for(&[
             "127.0.0.1",
+            // The `kubernetes` Service's ClusterIP, as pods on the real node reach the API server.
+            crate::real_node::KUBERNETES_SERVICE_IP,
             "localhost",
             "kubernetes",
             "kubernetes.default",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the test control plane from pinned Go modules: kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubectl (k8s.io/kubernetes), etcd, helm and kwok (with its stage files), and
-# the Pulumi CLI with a Node.js language host and the Node.js dynamic-provider plugin (see
-# pulumi/NOTES.md).
+# kube-scheduler and kubectl (k8s.io/kubernetes), the real node's kubelet and kube-proxy (the same
+# pinned k8s.io/kubernetes and version stamping, in a cache entry of their own), etcd, helm and
+# kwok (with its stage files), and the Pulumi CLI with a Node.js language host and the Node.js
+# dynamic-provider plugin (see pulumi/NOTES.md).
 #
 # Each tool has its own wrapper module beside this script (go.mod + go.sum pin every version).
 # Binaries go to a cache outside the clone, keyed by a hash of the module files and the Go
@@ -20,8 +21,11 @@ mkdir -p "$cache/tools" "$cache/bin"
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
 # key NAME: a short hash over the wrapper module (go.mod, go.sum and any sources or scripts of
-# its own) and the Go version.
+# its own) and the Go version. NAME may be OUT:WRAPPER (see build): the hash then covers OUT too.
 key() {
+  case "$1" in
+    *:*) { key "${1#*:}"; echo "${1%%:*}"; } | sha256sum | cut -c1-12; return ;;
+  esac
   local dir="$here/$1"
   {
     cat "$dir/go.mod" "$dir/go.sum"
@@ -33,17 +37,19 @@ key() {
 # modver NAME MODULE: the version the wrapper module resolves for MODULE.
 modver() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
 
-# build NAME LDFLAGS PACKAGE...: build PACKAGEs of wrapper NAME into the cache, once.
+# build NAME LDFLAGS PACKAGE...: build PACKAGEs of wrapper NAME into the cache, once. NAME
+# OUT:WRAPPER builds more packages of wrapper WRAPPER into a cache entry OUT of their own, so that
+# adding them does not rebuild (or change the key of) what WRAPPER already builds.
 build() {
-  local name="$1" ldflags="$2"
-  shift 2
+  local name="${1%%:*}" wrapper="${1#*:}" ldflags="$2"
   local out
-  out="$cache/tools/$name-$(key "$name")"
+  out="$cache/tools/$name-$(key "$1")"
+  shift 2
   if [ ! -f "$out/.complete" ]; then
     log "building $name into $out (cold builds of kubernetes take several minutes)"
     rm -rf "$out"
     mkdir -p "$out/bin"
-    (cd "$here/$name" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/" "$@")
+    (cd "$here/$wrapper" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out/bin/" "$@")
     case "$name" in
       etcd)
         # Its main package is the module root (…/server/v3): name the binary etcd.
@@ -78,6 +84,12 @@ build kubernetes "$k8s_flags" \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kubectl
+
+# The real node's binaries (e2e/src/real_node.rs): the same module and stamping, built after the
+# control plane so that a run needing only the control plane has it first.
+build kubernetes-node:kubernetes "$k8s_flags" \
+  k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-proxy
 
 build etcd "" go.etcd.io/etcd/server/v3
 

@@ -42,6 +42,11 @@ enum Cmd {
         /// Keep the control plane's folder (data and logs) after it stops.
         #[arg(long)]
         keep: bool,
+        /// Also start a real node (containerd, runc, CNI, kubelet, kube-proxy in a network
+        /// namespace of its own) beside the KWOK node; needs root and the Debian packages that
+        /// e2e/run-tests.sh installs.
+        #[arg(long)]
+        real_node: bool,
     },
 }
 
@@ -54,11 +59,13 @@ fn sha256_file(path: &Path) -> anyhow::Result<String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let Cli {
-        command: Cmd::Up {
-            example,
-            bin_dir,
-            keep,
-        },
+        command:
+            Cmd::Up {
+                example,
+                bin_dir,
+                keep,
+                real_node,
+            },
     } = Cli::parse();
     let bin_dir = bin_dir.unwrap_or_else(|| {
         std::env::var_os("CARGO_TARGET_DIR")
@@ -78,8 +85,20 @@ async fn main() -> anyhow::Result<()> {
         "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK (first run builds them from Go modules)"
     );
     // The stand-in kubelet (Jobs) runs the cleanup Jobs' `controller cleanup` from bin_dir.
-    let mut cp =
-        ControlPlane::start(Options::new("local").operator_bin_dir(bin_dir.clone())).await?;
+    let mut options = Options::new("local").operator_bin_dir(bin_dir.clone());
+    if real_node {
+        options = options.real_node();
+    }
+    let mut cp = ControlPlane::start(options).await?;
+    if let Some(node) = cp.real_node() {
+        let f = node.figures();
+        eprintln!(
+            "real node {} Ready in {:.1} s (images imported in {:.1} s)",
+            e2e::real_node::NODE_NAME,
+            f.node_ready.as_secs_f64(),
+            f.images.as_secs_f64()
+        );
+    }
     if keep {
         cp.keep_files();
     }

@@ -1,0 +1,284 @@
+//! The real node ([`e2e::real_node`]): it becomes Ready beside the KWOK node, runs busybox pods
+//! to completion in real containers, and serves a ClusterIP Service through kube-proxy. Prints
+//! the figures of the issue: node start, pod start p50/p99 over 20 pods, kubelet and containerd
+//! RSS. Needs root and the Debian packages `e2e/run-tests.sh` installs for its real-node lane.
+
+use std::time::{Duration, Instant};
+
+use e2e::cmd::run;
+use e2e::images::BUSYBOX_IMAGE;
+use e2e::real_node::NODE_NAME;
+use e2e::{ControlPlane, Options};
+
+fn kubectl(cluster: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
+    let mut cmd = cluster.kubectl();
+    cmd.args(args);
+    run(cmd, stdin)
+        .expect("kubectl runs")
+        .ok(&format!("kubectl {}", args.join(" ")))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Polls `check` every 100 ms until it is true or `limit` passes.
+fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_runs_pods_and_serves_a_cluster_ip_service() {
+    let started = Instant::now();
+    let cluster = ControlPlane::start(Options::new("real-node").real_node())
+        .await
+        .unwrap_or_else(|e| panic!("control plane with a real node: {e}"));
+    let node = cluster.real_node().expect("the real node");
+    let figures = node.figures();
+    println!(
+        "figure: real node Ready {:.2} s after its first process (images imported in {:.2} s; \
+         control plane and node {:.1} s)",
+        figures.node_ready.as_secs_f64(),
+        figures.images.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    for note in node.notes() {
+        println!("note: {note}");
+    }
+
+    let ns = "real-node-test";
+    kubectl(&cluster, &["create", "namespace", ns], None);
+    wait_for(
+        "the default service account",
+        Duration::from_secs(30),
+        || {
+            let mut cmd = cluster.kubectl();
+            cmd.args(["-n", ns, "get", "serviceaccount", "default"]);
+            run(cmd, None).is_ok_and(|o| o.ok("get sa").is_ok())
+        },
+    );
+
+    // A pod to completion, in a real container.
+    let once = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: once, namespace: {ns} }}
+spec:
+  nodeName: {NODE_NAME}
+  restartPolicy: Never
+  containers:
+  - name: once
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "echo hello from $(hostname) && test -d /proc/self"]
+"#
+    );
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&once));
+    wait_for("the pod to succeed", Duration::from_secs(60), || {
+        let mut cmd = cluster.kubectl();
+        cmd.args([
+            "-n",
+            ns,
+            "get",
+            "pod",
+            "once",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        let phase = run(cmd, None).ok().and_then(|o| o.ok("phase").ok());
+        assert_ne!(phase.as_deref(), Some("Failed"), "the pod failed");
+        phase.as_deref() == Some("Succeeded")
+    });
+    let logs = kubectl(&cluster, &["-n", ns, "logs", "once"], None);
+    assert!(logs.contains("hello from once"), "logs: {logs}");
+
+    // A pod whose image was never imported fails at once, naming the image (no pull leaves).
+    let missing = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: missing, namespace: {ns} }}
+spec:
+  nodeName: {NODE_NAME}
+  restartPolicy: Never
+  containers: [{{ name: c, image: registry.invalid/nothing:1 }}]
+"#
+    );
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&missing));
+    wait_for(
+        "the missing image's pull error",
+        Duration::from_secs(60),
+        || {
+            let mut cmd = cluster.kubectl();
+            cmd.args([
+                "-n",
+                ns,
+                "get",
+                "pod",
+                "missing",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].state.waiting.message}",
+            ]);
+            run(cmd, None)
+                .ok()
+                .and_then(|o| o.ok("waiting").ok())
+                .is_some_and(|m| m.contains("registry.invalid/nothing:1"))
+        },
+    );
+
+    // Pod start over 20 pods: created one after another, each timed to Running.
+    let mut starts = Vec::new();
+    for i in 0..20 {
+        let pod = format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: p{i}, namespace: {ns}, labels: {{ app: sleepers }} }}
+spec:
+  nodeName: {NODE_NAME}
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: c
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["sleep", "3600"]
+"#
+        );
+        let t = Instant::now();
+        kubectl(&cluster, &["apply", "-f", "-"], Some(&pod));
+        let name = format!("p{i}");
+        wait_for(
+            &format!("pod {name} Running"),
+            Duration::from_secs(60),
+            || {
+                let mut cmd = cluster.kubectl();
+                cmd.args([
+                    "-n",
+                    ns,
+                    "get",
+                    "pod",
+                    &name,
+                    "-o",
+                    "jsonpath={.status.phase}",
+                ]);
+                run(cmd, None)
+                    .ok()
+                    .and_then(|o| o.ok("phase").ok())
+                    .is_some_and(|p| p == "Running")
+            },
+        );
+        starts.push(t.elapsed());
+    }
+    starts.sort();
+    println!(
+        "figure: pod start (apply to Running, 20 pods one by one) p50 {:.2} s, p99 {:.2} s",
+        percentile(&starts, 50.0).as_secs_f64(),
+        percentile(&starts, 99.0).as_secs_f64()
+    );
+
+    // A ClusterIP Service in front of an HTTP server pod, reached from another pod through
+    // kube-proxy's rules. The client is nc: Debian's busybox 1.35 `wget -T` segfaults on a
+    // refused connection.
+    let web = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: web, namespace: {ns}, labels: {{ app: web }} }}
+spec:
+  nodeName: {NODE_NAME}
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: web
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "mkdir -p /www && echo served-by-web > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    readinessProbe:
+      tcpSocket: {{ port: 8080 }}
+      periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata: {{ name: web, namespace: {ns} }}
+spec:
+  selector: {{ app: web }}
+  ports: [{{ port: 80, targetPort: 8080 }}]
+"#
+    );
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&web));
+    wait_for("the web pod Ready", Duration::from_secs(60), || {
+        let mut cmd = cluster.kubectl();
+        cmd.args([
+            "-n",
+            ns,
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ]);
+        run(cmd, None)
+            .ok()
+            .and_then(|o| o.ok("ready").ok())
+            .is_some_and(|s| s == "True")
+    });
+    let ip = kubectl(
+        &cluster,
+        &[
+            "-n",
+            ns,
+            "get",
+            "service",
+            "web",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+        None,
+    );
+    let client = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: client, namespace: {ns} }}
+spec:
+  nodeName: {NODE_NAME}
+  restartPolicy: Never
+  containers:
+  - name: client
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {ip} 80 | grep served-by && exit 0; sleep 1; done; exit 1"]
+"#
+    );
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&client));
+    wait_for("the client pod to end", Duration::from_secs(60), || {
+        let mut cmd = cluster.kubectl();
+        cmd.args([
+            "-n",
+            ns,
+            "get",
+            "pod",
+            "client",
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        run(cmd, None)
+            .ok()
+            .and_then(|o| o.ok("phase").ok())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed")
+    });
+    let out = kubectl(&cluster, &["-n", ns, "logs", "client"], None);
+    assert!(
+        out.contains("served-by-web"),
+        "the Service {ip} did not answer through kube-proxy: {out}"
+    );
+
+    let rss = node.rss_kib();
+    for (name, kib) in &rss {
+        println!("figure: {name} RSS {:.1} MiB", *kib as f64 / 1024.0);
+    }
+}
