@@ -92,17 +92,6 @@ pub struct Removed {
     pub absent: bool,
 }
 
-/// A host namespace name: a DNS label.
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
 fn io(path: &Path) -> impl Fn(Errno) -> CleanupError + '_ {
     move |e| CleanupError::Remove {
         path: path.to_path_buf(),
@@ -129,7 +118,7 @@ pub fn remove_instance_dir(root: &Path, name: &str) -> Result<Removed, CleanupEr
             root: root.to_path_buf(),
         });
     }
-    if !valid_name(name) {
+    if !common::names::is_dns_label(name) {
         return Err(CleanupError::InvalidName {
             name: name.to_string(),
         });
@@ -152,37 +141,25 @@ pub fn remove_instance_dir(root: &Path, name: &str) -> Result<Removed, CleanupEr
         root: root.to_path_buf(),
         source: e.into(),
     })?;
-    let mut removed = Removed::default();
-    let stat = match statat(&root_fd, &c_name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(stat) => stat,
-        Err(Errno::NOENT) => {
-            removed.absent = true;
-            return Ok(removed);
-        }
-        Err(e) => return Err(io(&path)(e)),
-    };
-    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
-        unlinkat(&root_fd, &c_name, AtFlags::empty()).map_err(io(&path))?;
-        removed.entries += 1;
-        return Ok(removed);
-    }
-    if stat.st_dev != root_stat.st_dev {
-        return Err(CleanupError::MountPoint {
+    let (mut removed, mut crossed) = (Removed::default(), Vec::new());
+    let found = remove(
+        &root_fd,
+        &c_name,
+        root_stat.st_dev,
+        &path,
+        0,
+        &mut removed,
+        &mut crossed,
+    )?;
+    removed.absent = !found;
+    match crossed.as_slice() {
+        [] => Ok(removed),
+        [only] if *only == path => Err(CleanupError::MountPoint {
             path,
             root: root.to_path_buf(),
-        });
+        }),
+        _ => Err(CleanupError::CrossesFilesystem { paths: crossed }),
     }
-    let dir = open_dir(&root_fd, &c_name).map_err(io(&path))?;
-    same_object(&dir, &stat, &path)?;
-    let mut crossed = Vec::new();
-    clear(&dir, root_stat.st_dev, &path, 0, &mut removed, &mut crossed)?;
-    if !crossed.is_empty() {
-        return Err(CleanupError::CrossesFilesystem { paths: crossed });
-    }
-    drop(dir);
-    unlinkat(&root_fd, &c_name, AtFlags::REMOVEDIR).map_err(io(&path))?;
-    removed.directories += 1;
-    Ok(removed)
 }
 
 /// Fails unless the opened directory is the object `stat` described (nothing was swapped in
@@ -199,183 +176,57 @@ fn same_object(dir: &OwnedFd, stat: &Stat, path: &Path) -> Result<(), CleanupErr
     }
 }
 
-/// Empties the directory `dir` (at `path`, on device `dev`): unlinks every non-directory,
-/// recurses into directories on the same device, and records those on another in `crossed`.
-fn clear(
-    dir: &OwnedFd,
+/// Removes the entry `name` of `parent` (at `path`): unlinks a non-directory, empties and removes
+/// a directory on device `dev`, and records a directory on another device in `crossed` (it and
+/// the directories holding it stay). False when there was no such entry.
+fn remove(
+    parent: &OwnedFd,
+    name: &CStr,
     dev: u64,
     path: &Path,
     depth: usize,
     removed: &mut Removed,
     crossed: &mut Vec<PathBuf>,
-) -> Result<(), CleanupError> {
+) -> Result<bool, CleanupError> {
+    let stat = match statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(io(path)(e)),
+    };
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        unlinkat(parent, name, AtFlags::empty()).map_err(io(path))?;
+        removed.entries += 1;
+        return Ok(true);
+    }
+    if stat.st_dev != dev {
+        crossed.push(path.to_path_buf());
+        return Ok(true);
+    }
     if depth >= MAX_DEPTH {
         return Err(CleanupError::TooDeep {
             path: path.to_path_buf(),
         });
     }
+    let dir = open_dir(parent, name).map_err(io(path))?;
+    same_object(&dir, &stat, path)?;
     // The names first, then the removals: the listing is not changed while it is read.
     let mut names = Vec::new();
-    for entry in Dir::read_from(dir).map_err(io(path))? {
+    for entry in Dir::read_from(&dir).map_err(io(path))? {
         let entry = entry.map_err(io(path))?;
         let name = entry.file_name();
         if name != c"." && name != c".." {
             names.push(name.to_owned());
         }
     }
-    for name in names {
-        let child = path.join(name.to_string_lossy().as_ref());
-        let stat = match statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => stat,
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(io(&child)(e)),
-        };
-        if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
-            unlinkat(dir, &name, AtFlags::empty()).map_err(io(&child))?;
-            removed.entries += 1;
-            continue;
-        }
-        if stat.st_dev != dev {
-            crossed.push(child);
-            continue;
-        }
-        let sub = open_dir(dir, &name).map_err(io(&child))?;
-        same_object(&sub, &stat, &child)?;
-        let before = crossed.len();
-        clear(&sub, dev, &child, depth + 1, removed, crossed)?;
-        drop(sub);
-        if crossed.len() == before {
-            unlinkat(dir, &name, AtFlags::REMOVEDIR).map_err(io(&child))?;
-            removed.directories += 1;
-        }
+    let before = crossed.len();
+    for child in names {
+        let at = path.join(child.to_string_lossy().as_ref());
+        remove(&dir, &child, dev, &at, depth + 1, removed, crossed)?;
     }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::os::unix::fs::symlink;
-
-    use super::*;
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("cleanup-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch");
-        dir
+    drop(dir);
+    if crossed.len() == before {
+        unlinkat(parent, name, AtFlags::REMOVEDIR).map_err(io(path))?;
+        removed.directories += 1;
     }
-
-    #[test]
-    fn removes_the_directory_and_nothing_its_links_point_to() {
-        let base = scratch("links");
-        let root = base.join("storage");
-        let outside = base.join("outside");
-        std::fs::create_dir_all(root.join("pi-a-one-1/data/deep/er")).expect("tree");
-        std::fs::create_dir_all(root.join("pi-a-two-2")).expect("neighbour");
-        std::fs::create_dir_all(&outside).expect("outside");
-        std::fs::write(root.join("pi-a-one-1/data/deep/er/db"), "x").expect("file");
-        std::fs::write(root.join("pi-a-two-2/db"), "neighbour").expect("file");
-        std::fs::write(outside.join("precious"), "keep").expect("file");
-        symlink(&outside, root.join("pi-a-one-1/data/to-outside")).expect("link");
-        symlink(
-            root.join("pi-a-two-2"),
-            root.join("pi-a-one-1/to-neighbour"),
-        )
-        .expect("link");
-        symlink(outside.join("precious"), root.join("pi-a-one-1/file-link")).expect("link");
-
-        let removed = remove_instance_dir(&root, "pi-a-one-1").expect("removed");
-        assert_eq!(
-            removed,
-            Removed {
-                entries: 4,
-                directories: 4,
-                absent: false
-            }
-        );
-        assert!(!root.join("pi-a-one-1").exists());
-        assert_eq!(
-            std::fs::read_to_string(outside.join("precious")).expect("kept"),
-            "keep"
-        );
-        assert_eq!(
-            std::fs::read_to_string(root.join("pi-a-two-2/db")).expect("kept"),
-            "neighbour"
-        );
-        // Again: nothing left to do.
-        assert!(
-            remove_instance_dir(&root, "pi-a-one-1")
-                .expect("absent")
-                .absent
-        );
-        let _ = std::fs::remove_dir_all(&base);
-    }
-
-    #[test]
-    fn an_instance_directory_that_is_a_link_is_removed_as_a_link() {
-        let base = scratch("dirlink");
-        let root = base.join("storage");
-        std::fs::create_dir_all(base.join("elsewhere")).expect("dir");
-        std::fs::write(base.join("elsewhere/data"), "keep").expect("file");
-        std::fs::create_dir_all(&root).expect("root");
-        symlink(base.join("elsewhere"), root.join("pi-x-1")).expect("link");
-        let removed = remove_instance_dir(&root, "pi-x-1").expect("removed");
-        assert_eq!(removed.entries, 1);
-        assert!(std::fs::symlink_metadata(root.join("pi-x-1")).is_err());
-        assert!(base.join("elsewhere/data").exists());
-        let _ = std::fs::remove_dir_all(&base);
-    }
-
-    #[test]
-    fn names_that_are_paths_are_refused() {
-        let base = scratch("names");
-        std::fs::create_dir_all(base.join("victim")).expect("dir");
-        for name in [
-            "",
-            ".",
-            "..",
-            "../victim",
-            "a/b",
-            "/etc",
-            "UPPER",
-            "-x",
-            "x-",
-            &"a".repeat(64),
-        ] {
-            assert!(
-                matches!(
-                    remove_instance_dir(&base.join("root"), name),
-                    Err(CleanupError::InvalidName { .. })
-                ),
-                "{name:?} is refused"
-            );
-        }
-        assert!(matches!(
-            remove_instance_dir(Path::new("relative"), "pi-x"),
-            Err(CleanupError::RelativeRoot { .. })
-        ));
-        assert!(base.join("victim").exists());
-        let error = remove_instance_dir(&base.join("missing-root"), "pi-x")
-            .expect_err("no root")
-            .to_string();
-        assert!(error.contains("hostPath"), "{error}");
-        let _ = std::fs::remove_dir_all(&base);
-    }
-
-    #[test]
-    fn another_filesystem_inside_is_left_and_reported() {
-        // /proc and /dev are other filesystems than the temporary folder on any Linux host; a
-        // root that holds them stands for a storage root with a mount inside an instance.
-        let root = Path::new("/");
-        let dev =
-            |p: &str| std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(p).expect("stat"));
-        assert_ne!(
-            dev("/"),
-            dev("/proc"),
-            "this host mounts /proc as its own filesystem"
-        );
-        let error = remove_instance_dir(root, "proc").expect_err("a mount point");
-        assert!(matches!(error, CleanupError::MountPoint { .. }), "{error}");
-        assert!(Path::new("/proc/self").exists());
-    }
+    Ok(true)
 }

@@ -102,7 +102,7 @@ impl Helm {
         &self,
         action: &'static str,
         namespace: &str,
-        args: &[String],
+        args: &[impl AsRef<std::ffi::OsStr>],
     ) -> Result<String, HelmError> {
         let mut cmd = Command::new(&self.binary);
         cmd.args(args)
@@ -144,17 +144,10 @@ impl Helm {
     }
 
     /// The arguments of `helm upgrade --install` of the release in `namespace` from `chart`, with
-    /// the controller's values file `values` and then `extra_values`.
-    ///
-    /// `--disable-openapi-validation`: with an API server that validates fields itself
-    /// (Kubernetes 1.27 and later; the operator needs 1.30), Helm's "OpenAPI validation" only
-    /// downloads and parses the OpenAPI v3 document of every API group the chart uses to learn
-    /// that the server supports the `fieldValidation` parameter, and then validates nothing on
-    /// the client; Helm does not send the parameter on its writes, so the server applies its
-    /// default either way. The flag removes that download and parse (more than half of Helm's
-    /// CPU per install, `cargo bench -p controller --bench helm`) and changes nothing that is
-    /// checked (`controller/tests/helm.rs`). The values are still checked against the chart's
-    /// `values.schema.json`.
+    /// the controller's values file `values` and then `extra_values`. `--disable-openapi-validation`
+    /// skips only Helm's download of the server's OpenAPI documents (more than half of its CPU,
+    /// `cargo bench -p controller --bench helm`): the API server validates fields itself, and the
+    /// values are still checked against the chart's schema (`controller/tests/helm.rs`).
     pub fn upgrade_args(
         &self,
         namespace: &str,
@@ -198,15 +191,13 @@ impl Helm {
         values: &str,
         extra_values: Option<&Path>,
     ) -> Result<(), HelmError> {
-        std::fs::create_dir_all(&self.work_dir).map_err(|source| HelmError::Values {
-            path: self.work_dir.clone(),
-            source,
-        })?;
         let file = self.work_dir.join(format!("{namespace}-values.yaml"));
-        std::fs::write(&file, values).map_err(|source| HelmError::Values {
-            path: file.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&self.work_dir)
+            .and_then(|()| std::fs::write(&file, values))
+            .map_err(|source| HelmError::Values {
+                path: file.clone(),
+                source,
+            })?;
         let args = self.upgrade_args(namespace, chart, chart_version, &file, extra_values);
         let result = self.run("upgrade --install", namespace, &args).await;
         let _ = std::fs::remove_file(&file);
@@ -217,33 +208,15 @@ impl Helm {
     /// uninstalled (nothing of it ever served), a pending upgrade or rollback is rolled back to
     /// the last deployed revision.
     pub async fn recover(&self, namespace: &str, status: &str) -> Result<(), HelmError> {
-        let args: Vec<String> = if status == "pending-install" {
-            ["uninstall", RELEASE, "-n", namespace, "--wait=false"]
-                .map(String::from)
-                .to_vec()
+        let timeout = format!("{}s", self.timeout.as_secs().max(1));
+        let (action, tail) = if status == "pending-install" {
+            ("uninstall", vec!["--wait=false"])
         } else {
-            [
-                "rollback",
-                RELEASE,
-                "-n",
-                namespace,
-                "--timeout",
-                &format!("{}s", self.timeout.as_secs().max(1)),
-            ]
-            .map(String::from)
-            .to_vec()
+            ("rollback", vec!["--timeout", &timeout])
         };
-        self.run(
-            if status == "pending-install" {
-                "uninstall"
-            } else {
-                "rollback"
-            },
-            namespace,
-            &args,
-        )
-        .await
-        .map(|_| ())
+        let mut args = vec![action, RELEASE, "-n", namespace];
+        args.extend(tail);
+        self.run(action, namespace, &args).await.map(|_| ())
     }
 
     /// Uninstalls the release (a missing release is fine).
@@ -255,8 +228,7 @@ impl Helm {
             namespace,
             "--ignore-not-found",
             "--wait=false",
-        ]
-        .map(String::from);
+        ];
         self.run("uninstall", namespace, &args).await.map(|_| ())
     }
 }

@@ -49,21 +49,23 @@ pub struct Metrics {
 }
 
 /// A histogram family with `buckets` (seconds).
-fn histograms(
-    name: &str,
-    help: &str,
-    buckets: &[f64],
-    labels: &[&str],
-) -> Result<HistogramVec, prometheus::Error> {
+fn histograms(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> Result<HistogramVec> {
     HistogramVec::new(
         HistogramOpts::new(name, help).buckets(buckets.to_vec()),
         labels,
     )
 }
 
+/// A counter family.
+fn counters(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+type Result<T> = std::result::Result<T, prometheus::Error>;
+
 impl Metrics {
     /// Creates the metrics and registers them in `registry`.
-    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+    pub fn register(registry: &Registry) -> Result<Self> {
         let m = Self::new()?;
         // Every phase is shown from the start (at 0 until an instance reaches it).
         for phase in common::crd::Phase::ALL {
@@ -75,13 +77,11 @@ impl Metrics {
         Ok(m)
     }
 
-    fn new() -> Result<Self, prometheus::Error> {
+    fn new() -> Result<Self> {
         Ok(Self {
-            reconciles: IntCounterVec::new(
-                Opts::new(
-                    "platform_operator_controller_reconciles_total",
-                    "Reconciles by result and error category.",
-                ),
+            reconciles: counters(
+                "platform_operator_controller_reconciles_total",
+                "Reconciles by result and error category.",
                 &["result", "category"],
             )?,
             reconcile_duration: Histogram::with_opts(
@@ -94,11 +94,9 @@ impl Metrics {
                     0.5, 1.0, 2.5, 5.0, 10.0,
                 ]),
             )?,
-            observed: IntCounterVec::new(
-                Opts::new(
-                    "platform_operator_controller_observations_total",
-                    "Observations of an instance by source: cache (nothing to do) or api.",
-                ),
+            observed: counters(
+                "platform_operator_controller_observations_total",
+                "Observations of an instance by source: cache (nothing to do) or api.",
                 &["source"],
             )?,
             instances: IntGaugeVec::new(
@@ -144,18 +142,14 @@ impl Metrics {
                 "platform_operator_controller_leader",
                 "1 while this replica leads.",
             )?,
-            probes: IntCounterVec::new(
-                Opts::new(
-                    "platform_operator_controller_vcluster_probes_total",
-                    "vCluster API probes by outcome: served or failed.",
-                ),
+            probes: counters(
+                "platform_operator_controller_vcluster_probes_total",
+                "vCluster API probes by outcome: served or failed.",
                 &["outcome"],
             )?,
-            writes: IntCounterVec::new(
-                Opts::new(
-                    "platform_operator_controller_api_writes_total",
-                    "Writes the controller made, by object kind.",
-                ),
+            writes: counters(
+                "platform_operator_controller_api_writes_total",
+                "Writes the controller made, by object kind.",
                 &["kind"],
             )?,
             install_timeout: Gauge::new(
@@ -215,7 +209,7 @@ pub struct InstanceConditions {
 
 impl InstanceConditions {
     /// The collector over `store`.
-    pub fn new(store: Store<PlatformInstance>) -> Result<Self, prometheus::Error> {
+    pub fn new(store: Store<PlatformInstance>) -> Result<Self> {
         Ok(Self {
             store,
             conditions: IntGaugeVec::new(

@@ -5,10 +5,19 @@
 //! needs (it runs as root with a hostPath volume, which `baseline` forbids) while warning and
 //! auditing at the chosen level.
 
-use std::fmt;
-
-/// A Pod Security Standards level.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// A Pod Security Standards level, named as Kubernetes and vCluster spell it.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "lowercase")]
 pub enum Level {
     /// No restriction.
     Privileged,
@@ -22,19 +31,9 @@ pub enum Level {
 }
 
 impl Level {
-    /// The level's name as Kubernetes and vCluster spell it.
+    /// The level's name.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Privileged => "privileged",
-            Level::Baseline => "baseline",
-            Level::Restricted => "restricted",
-        }
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 

@@ -138,12 +138,8 @@ pub fn decide(i: &InstallObserved, mut plan: PlanBuilder, vcluster: Requeue) -> 
     // A failed install waits out its backoff (its retry is held back by the task registry
     // until then); other work is looked at on the next poll.
     let requeue = match outcome.requeue {
-        Requeue::Backoff => Requeue::Backoff,
-        Requeue::Poll => Requeue::Poll,
-        Requeue::Queued => Requeue::Queued,
-        Requeue::Watched => Requeue::Watched,
         Requeue::Idle if vcluster != Requeue::Idle || !plan.actions.is_empty() => Requeue::Poll,
-        Requeue::Idle => Requeue::Idle,
+        requeue => requeue,
     };
     plan.finish(outcome.phase, requeue, outcome.kstatus)
 }
@@ -171,34 +167,45 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
             "{installed} is installed and spec.version asks for the older {}: the controller does not run an older program over newer state; set spec.version to {installed} or later, or set the annotation {ALLOW_DOWNGRADE_ANNOTATION}=true to downgrade on purpose",
             i.requested
         );
-        plan.condition(Cond::no(
-            c::INSTALLED,
+        return stalled(
+            plan,
+            Phase::Failed,
             Reason::DowngradeRefused,
-            message.clone(),
-        ));
-        return Outcome {
-            phase: Phase::Failed,
-            kstatus: Kstatus::stalled(Reason::DowngradeRefused, message),
-            requeue: Requeue::Idle,
-        };
+            message,
+            Requeue::Idle,
+        );
     }
     if let Some(e) = &i.config_error {
         let message = format!("{e}; the installer waits for it");
-        plan.condition(Cond::no(
-            c::INSTALLED,
+        return stalled(
+            plan,
+            x.phase,
             Reason::ConfigUnavailable,
-            message.clone(),
-        ));
-        return Outcome {
-            phase: x.phase,
-            kstatus: Kstatus::stalled(Reason::ConfigUnavailable, message),
-            requeue: Requeue::Poll,
-        };
+            message,
+            Requeue::Poll,
+        );
     }
     if let Some((need, message)) = need(&x) {
         return run(&x, need, message, plan);
     }
     settled(&x, plan)
+}
+
+/// `Installed=False` and `Stalled=True`, both with `reason` and `message`.
+fn stalled(
+    plan: &mut PlanBuilder,
+    phase: Phase,
+    reason: Reason,
+    message: String,
+    requeue: Requeue,
+) -> Outcome {
+    plan.condition(Cond::no(c::INSTALLED, reason, message.clone()));
+    let kstatus = Kstatus::stalled(reason, message);
+    Outcome {
+        phase,
+        kstatus,
+        requeue,
+    }
 }
 
 /// The installed version when it is newer than `spec.version` and no downgrade is allowed (the

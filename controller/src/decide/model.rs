@@ -30,37 +30,23 @@ impl Mode {
     }
 }
 
-/// Why an install or preview failed: each a documented condition reason.
+/// Why an install or preview failed: each a condition reason documented in `docs/controller.md`.
+#[allow(missing_docs)]
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
 pub enum Failure {
-    /// The program (or Pulumi) failed.
     InstallFailed,
-    /// It ran past `--install-timeout` and was stopped.
     InstallTimedOut,
-    /// The registry has no such version of the package.
     VersionNotFound,
-    /// The npm registry could not be reached.
     RegistryUnreachable,
-    /// npm failed for another reason.
     PackageInstallFailed,
-    /// The passphrase does not open the instance's state.
     PassphraseMismatch,
-    /// The passphrase file cannot be read.
     PassphraseUnavailable,
-    /// The state directory cannot be written.
     StateUnavailable,
-    /// A needed executable (npm, pulumi) could not be run.
     ToolMissing,
-    /// The outputs could not be read or passed on.
     OutputsFailed,
-    /// The repair preview failed.
     PreviewFailed,
-    /// The program's node process reached its heap limit (`--program-heap-limit`) and was stopped.
     ProgramOutOfMemory,
-    /// npm's node process reached its heap limit (`--npm-heap-limit`) while installing the
-    /// package, and was stopped.
     PackageInstallOutOfMemory,
-    /// The state volume is fuller than `--state-volume-full-percent`; the install did not start.
     StateVolumeFull,
 }
 

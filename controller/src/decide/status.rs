@@ -7,105 +7,58 @@ use common::conditions::{self as c, Want};
 use super::model::Protection;
 use crate::decide::model::Failure;
 
-/// Every documented condition reason the controller sets (see `docs/reference.md`), named in
-/// status and Events by its variant's name (`strum`).
+/// Every condition reason the controller sets, named in status and Events by its variant's name
+/// (`strum`); each is documented in `docs/controller.md`.
+#[allow(missing_docs)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
 pub enum Reason {
-    /// Adding the finalizer.
     AddingFinalizer,
-    /// `spec` cannot be acted on.
     InvalidSpec,
-    /// The host namespace belongs to another instance.
     HostNamespaceConflict,
-    /// The host namespace is still being deleted.
     HostNamespaceTerminating,
-    /// The host namespace and its NetworkPolicy are applied.
     HostNamespaceApplied,
-    /// `service/vcluster` is being put back.
     OwnerServiceRestoring,
-    /// Waiting for an install slot.
     Queued,
-    /// Installing (the vCluster or the platform).
     Installing,
-    /// Helm failed on the vCluster (the same word as [`Failure::InstallFailed`]).
     #[strum(serialize = "InstallFailed")]
     HelmFailed,
-    /// Recovering a release an interrupted helm left pending.
     RecoveringRelease,
-    /// Upgrading the vCluster chart.
     Upgrading,
-    /// Waiting for the vCluster control plane (the Deployment `vcluster`).
     WaitingForControlPlane,
-    /// Waiting for the vCluster to export its kubeconfig.
     WaitingForKubeconfig,
-    /// Waiting for the vCluster API to answer.
     WaitingForAPI,
-    /// The vCluster serves its API.
     VClusterServing,
-    /// Waiting for the vCluster before writing the kubeconfig or installing.
     WaitingForVCluster,
-    /// The admin kubeconfig is written.
     KubeconfigWritten,
-    /// The vCluster is coming up.
     Provisioning,
-    /// The installer is turned off.
     InstallerDisabled,
-    /// A repair preview runs.
     CheckingDrift,
-    /// The program's config cannot be put together.
     ConfigUnavailable,
-    /// An interrupted install runs again.
     Resuming,
-    /// The installed version is installed again.
     Repairing,
-    /// The platform is installed.
     Installed,
-    /// The repair preview found drift.
     DriftDetected,
-    /// No drift found.
     NoDrift,
-    /// An install or preview failed, for the reason given.
     Failed(Failure),
-    /// The admission policy is active.
     PolicyActive,
-    /// The API server serves no admission policies.
     AdmissionPoliciesUnavailable,
-    /// Creating the admission policy failed.
     PolicyFailed,
-    /// The admission policy was not checked yet.
     PolicyPending,
-    /// Deletion: helm uninstalls the vCluster.
     UninstallingVCluster,
-    /// Deletion: helm uninstall failed.
     UninstallFailed,
-    /// Deletion: the host namespace goes.
     DeletingHostNamespace,
-    /// Deletion: the storage cleanup Job runs.
     CleaningStorage,
-    /// Deletion: the storage cleanup Job failed.
     CleanupFailed,
-    /// Deletion: removing the finalizer.
     Finalizing,
-    /// Deletion: the host namespace (or another object) carries another instance's marks; it
-    /// was left untouched and the finalizer dropped.
     LeftAlone,
-    /// A Secret named like the instance's kubeconfig Secret is not this instance's.
     KubeconfigSecretConflict,
-    /// The kubeconfig the vCluster exported asks for more than inline credentials.
     KubeconfigRefused,
-    /// The installed version is newer than `spec.version` and no downgrade was allowed.
     DowngradeRefused,
-    /// Deletion: the cleanup Job's pod cannot be created.
     CleanupBlocked,
-    /// Deletion: the cleanup Job ran past `--cleanup-deadline`.
     CleanupTimedOut,
-    /// A helm run took longer than `--helm-timeout` and was killed.
     HelmTimedOut,
-    /// An action of the reconcile failed (an API write); it is retried with backoff.
     ReconcileFailed,
-    /// kstatus: nothing is reconciling.
     Idle,
-    /// kstatus: working, or not stalled.
     Progressing,
 }
 
@@ -174,24 +127,24 @@ pub struct Cond {
 }
 
 impl Cond {
-    /// A condition that holds.
-    pub fn yes(type_: &'static str, reason: Reason, message: impl Into<String>) -> Self {
+    fn new(type_: &'static str, status: bool, reason: Reason, message: impl Into<String>) -> Self {
+        let message = message.into();
         Self {
             type_,
-            status: true,
+            status,
             reason,
-            message: message.into(),
+            message,
         }
+    }
+
+    /// A condition that holds.
+    pub fn yes(type_: &'static str, reason: Reason, message: impl Into<String>) -> Self {
+        Self::new(type_, true, reason, message)
     }
 
     /// A condition that does not hold.
     pub fn no(type_: &'static str, reason: Reason, message: impl Into<String>) -> Self {
-        Self {
-            type_,
-            status: false,
-            reason,
-            message: message.into(),
-        }
+        Self::new(type_, false, reason, message)
     }
 
     /// The condition as [`common::conditions::merge`] takes it.
@@ -296,12 +249,8 @@ pub fn act_failed(mut plan: super::Plan, error: &str) -> super::Plan {
     let message = format!("{error} (retrying with backoff)");
     for cond in &mut plan.conditions {
         if cond.type_ == c::READY || cond.type_ == c::RECONCILING {
-            *cond = Cond {
-                type_: cond.type_,
-                status: cond.type_ == c::RECONCILING,
-                reason: Reason::ReconcileFailed,
-                message: message.clone(),
-            };
+            let status = cond.type_ == c::RECONCILING;
+            *cond = Cond::new(cond.type_, status, Reason::ReconcileFailed, &message);
         }
     }
     plan
@@ -309,28 +258,29 @@ pub fn act_failed(mut plan: super::Plan, error: &str) -> super::Plan {
 
 /// The `OwnerServiceProtected` condition.
 pub fn protection(p: &Protection) -> Cond {
-    match p {
-        Protection::Protected => Cond::yes(
-            c::OWNER_SERVICE_PROTECTED,
+    let (status, reason, message) = match p {
+        Protection::Protected => (
+            true,
             Reason::PolicyActive,
-            "the ValidatingAdmissionPolicy platform-operator-protect-vcluster-service protects service/vcluster",
+            "the ValidatingAdmissionPolicy platform-operator-protect-vcluster-service protects service/vcluster".into(),
         ),
-        Protection::Unsupported => Cond::no(
-            c::OWNER_SERVICE_PROTECTED,
+        Protection::Unsupported => (
+            false,
             Reason::AdmissionPoliciesUnavailable,
-            "the API server serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy; service/vcluster is unprotected (Kubernetes 1.30 or later protects it); the controller repairs it if changed",
+            "the API server serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy; service/vcluster is unprotected (Kubernetes 1.30 or later protects it); the controller repairs it if changed".into(),
         ),
-        Protection::Failed(e) => Cond::no(
-            c::OWNER_SERVICE_PROTECTED,
+        Protection::Failed(e) => (
+            false,
             Reason::PolicyFailed,
             format!("creating the admission policy failed: {e}"),
         ),
-        Protection::Unknown => Cond::no(
-            c::OWNER_SERVICE_PROTECTED,
+        Protection::Unknown => (
+            false,
             Reason::PolicyPending,
-            "the admission policy has not been checked yet",
+            "the admission policy has not been checked yet".into(),
         ),
-    }
+    };
+    Cond::new(c::OWNER_SERVICE_PROTECTED, status, reason, message)
 }
 
 #[cfg(test)]
