@@ -230,3 +230,131 @@ fn remove(
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("cleanup-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch");
+        dir
+    }
+
+    #[test]
+    fn removes_the_directory_and_nothing_its_links_point_to() {
+        let base = scratch("links");
+        let root = base.join("storage");
+        let outside = base.join("outside");
+        std::fs::create_dir_all(root.join("pi-a-one-1/data/deep/er")).expect("tree");
+        std::fs::create_dir_all(root.join("pi-a-two-2")).expect("neighbour");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::fs::write(root.join("pi-a-one-1/data/deep/er/db"), "x").expect("file");
+        std::fs::write(root.join("pi-a-two-2/db"), "neighbour").expect("file");
+        std::fs::write(outside.join("precious"), "keep").expect("file");
+        symlink(&outside, root.join("pi-a-one-1/data/to-outside")).expect("link");
+        symlink(
+            root.join("pi-a-two-2"),
+            root.join("pi-a-one-1/to-neighbour"),
+        )
+        .expect("link");
+        symlink(outside.join("precious"), root.join("pi-a-one-1/file-link")).expect("link");
+
+        let removed = remove_instance_dir(&root, "pi-a-one-1").expect("removed");
+        assert_eq!(
+            removed,
+            Removed {
+                entries: 4,
+                directories: 4,
+                absent: false
+            }
+        );
+        assert!(!root.join("pi-a-one-1").exists());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("precious")).expect("kept"),
+            "keep"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("pi-a-two-2/db")).expect("kept"),
+            "neighbour"
+        );
+        // Again: nothing left to do.
+        assert!(
+            remove_instance_dir(&root, "pi-a-one-1")
+                .expect("absent")
+                .absent
+        );
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn an_instance_directory_that_is_a_link_is_removed_as_a_link() {
+        let base = scratch("dirlink");
+        let root = base.join("storage");
+        std::fs::create_dir_all(base.join("elsewhere")).expect("dir");
+        std::fs::write(base.join("elsewhere/data"), "keep").expect("file");
+        std::fs::create_dir_all(&root).expect("root");
+        symlink(base.join("elsewhere"), root.join("pi-x-1")).expect("link");
+        let removed = remove_instance_dir(&root, "pi-x-1").expect("removed");
+        assert_eq!(removed.entries, 1);
+        assert!(std::fs::symlink_metadata(root.join("pi-x-1")).is_err());
+        assert!(base.join("elsewhere/data").exists());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn names_that_are_paths_are_refused() {
+        let base = scratch("names");
+        std::fs::create_dir_all(base.join("victim")).expect("dir");
+        for name in [
+            "",
+            ".",
+            "..",
+            "../victim",
+            "a/b",
+            "/etc",
+            "UPPER",
+            "-x",
+            "x-",
+            &"a".repeat(64),
+        ] {
+            assert!(
+                matches!(
+                    remove_instance_dir(&base.join("root"), name),
+                    Err(CleanupError::InvalidName { .. })
+                ),
+                "{name:?} is refused"
+            );
+        }
+        assert!(matches!(
+            remove_instance_dir(Path::new("relative"), "pi-x"),
+            Err(CleanupError::RelativeRoot { .. })
+        ));
+        assert!(base.join("victim").exists());
+        let error = remove_instance_dir(&base.join("missing-root"), "pi-x")
+            .expect_err("no root")
+            .to_string();
+        assert!(error.contains("hostPath"), "{error}");
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn another_filesystem_inside_is_left_and_reported() {
+        // /proc and /dev are other filesystems than the temporary folder on any Linux host; a
+        // root that holds them stands for a storage root with a mount inside an instance.
+        let root = Path::new("/");
+        let dev =
+            |p: &str| std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(p).expect("stat"));
+        assert_ne!(
+            dev("/"),
+            dev("/proc"),
+            "this host mounts /proc as its own filesystem"
+        );
+        let error = remove_instance_dir(root, "proc").expect_err("a mount point");
+        assert!(matches!(error, CleanupError::MountPoint { .. }), "{error}");
+        assert!(Path::new("/proc/self").exists());
+    }
+}

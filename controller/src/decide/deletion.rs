@@ -50,7 +50,7 @@ pub fn decide(o: &Observed) -> Plan {
     // 2. With Delete, remove the storage and the state; Retain keeps both.
     if o.deletion_policy == DeletionPolicy::Delete {
         if let Some(waiting) = cleanup(o, &mut plan) {
-            return plan.finish(Phase::Deleting, waiting.0, waiting.1);
+            return plan.finish(Phase::Deleting, Requeue::Poll, waiting);
         }
         if o.state_exists {
             plan.act(Action::RemoveState);
@@ -150,62 +150,44 @@ fn uninstall(o: &Observed, mut plan: PlanBuilder) -> Result<PlanBuilder, Plan> {
     }
 }
 
-/// The storage cleanup Job, until it completes: when to look again and what to report.
-fn cleanup(o: &Observed, plan: &mut PlanBuilder) -> Option<(Requeue, Kstatus)> {
+/// The storage cleanup Job, until it completes: what to report (looked at again on the poll
+/// cadence; a failed or timed-out Job waits for a person, who deletes it).
+fn cleanup(o: &Observed, plan: &mut PlanBuilder) -> Option<Kstatus> {
     match &o.cleanup {
         Cleanup::Missing => {
             plan.act(Action::StartCleanup);
-            Some((
-                Requeue::Poll,
-                Kstatus::reconciling(Reason::CleaningStorage, "running the storage cleanup Job"),
+            Some(Kstatus::reconciling(
+                Reason::CleaningStorage,
+                "running the storage cleanup Job",
             ))
         }
         Cleanup::Stale => {
             plan.act(Action::ReplaceCleanup);
-            Some((
-                Requeue::Poll,
-                Kstatus::reconciling(
-                    Reason::CleaningStorage,
-                    "a cleanup Job of that name was left by another instance (another UID); replacing it",
-                ),
+            Some(Kstatus::reconciling(
+                Reason::CleaningStorage,
+                "a cleanup Job of that name was left by another instance (another UID); replacing it",
             ))
         }
-        Cleanup::Blocked(e) => Some((
-            Requeue::Poll,
-            Kstatus::reconciling(
-                Reason::CleanupBlocked,
-                format!(
-                    "the storage cleanup Job cannot create its pod ({e}); fix the cause (a quota, an admission policy in the cleanup namespace) or the Job fails after --cleanup-deadline"
-                ),
+        Cleanup::Blocked(e) => Some(Kstatus::reconciling(
+            Reason::CleanupBlocked,
+            format!(
+                "the storage cleanup Job cannot create its pod ({e}); fix the cause (a quota, an admission policy in the cleanup namespace) or the Job fails after --cleanup-deadline"
             ),
         )),
-        Cleanup::TimedOut(e) => Some((
-            // Waits for a person (who deletes the Job): looked at on the poll cadence, not
-            // every second.
-            Requeue::Poll,
-            Kstatus::stalled(
-                Reason::CleanupTimedOut,
-                format!(
-                    "the storage cleanup Job ran past --cleanup-deadline ({e}); the instance's storage directory is left; look at the Job's pods and events, fix the cause and delete the Job to retry"
-                ),
+        Cleanup::TimedOut(e) => Some(Kstatus::stalled(
+            Reason::CleanupTimedOut,
+            format!(
+                "the storage cleanup Job ran past --cleanup-deadline ({e}); the instance's storage directory is left; look at the Job's pods and events, fix the cause and delete the Job to retry"
             ),
         )),
-        Cleanup::Running => Some((
-            Requeue::Poll,
-            Kstatus::reconciling(
-                Reason::CleaningStorage,
-                "waiting for the storage cleanup Job to complete",
-            ),
+        Cleanup::Running => Some(Kstatus::reconciling(
+            Reason::CleaningStorage,
+            "waiting for the storage cleanup Job to complete",
         )),
-        Cleanup::Failed(e) => Some((
-            // Waits for a person (who deletes the Job): looked at on the poll cadence, not
-            // every second.
-            Requeue::Poll,
-            Kstatus::stalled(
-                Reason::CleanupFailed,
-                format!(
-                    "the storage cleanup Job failed ({e}); the instance's storage directory is left; read the Job's logs, fix it and delete the Job to retry"
-                ),
+        Cleanup::Failed(e) => Some(Kstatus::stalled(
+            Reason::CleanupFailed,
+            format!(
+                "the storage cleanup Job failed ({e}); the instance's storage directory is left; read the Job's logs, fix it and delete the Job to retry"
             ),
         )),
         Cleanup::Complete => None,

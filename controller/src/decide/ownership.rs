@@ -6,34 +6,15 @@ use common::names::{INSTANCE_ANNOTATION, INSTANCE_UID_LABEL};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-/// Whom an object's UID mark names, for instance `uid`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Mark {
-    /// Marked with the instance's UID.
-    Ours,
-    /// Not marked (written by an earlier release, or by no controller).
-    Unmarked,
-    /// Marked with another UID.
-    Theirs(String),
-}
-
-/// The mark `meta` carries, for instance `uid`.
-pub fn mark(meta: &ObjectMeta, uid: &str) -> Mark {
-    match meta.labels.as_ref().and_then(|l| l.get(INSTANCE_UID_LABEL)) {
-        None => Mark::Unmarked,
-        Some(mark) if mark == uid => Mark::Ours,
-        Some(mark) => Mark::Theirs(mark.clone()),
-    }
+/// The UID mark `meta` carries.
+fn uid_mark(meta: &ObjectMeta) -> Option<&String> {
+    meta.labels.as_ref()?.get(INSTANCE_UID_LABEL)
 }
 
 /// Whether `meta` carries the UID mark of instance `uid`: `Some(true)` marked with it,
 /// `Some(false)` marked with another, `None` unmarked.
 pub fn marked(meta: &ObjectMeta, uid: &str) -> Option<bool> {
-    match mark(meta, uid) {
-        Mark::Ours => Some(true),
-        Mark::Theirs(_) => Some(false),
-        Mark::Unmarked => None,
-    }
+    uid_mark(meta).map(|mark| mark == uid)
 }
 
 /// Whether an object may be deleted as instance `uid`'s: it carries no other instance's mark.
@@ -63,13 +44,9 @@ pub fn host_namespace(namespace: &Namespace, key: &str, uid: &str) -> Option<Str
     if let Some(other) = named.filter(|a| *a != key) {
         return Some(other.clone());
     }
-    match mark(meta, uid) {
-        Mark::Theirs(mark) => Some(format!(
-            "{} (UID {mark})",
-            named.map_or("another instance", String::as_str)
-        )),
-        Mark::Ours | Mark::Unmarked => None,
-    }
+    let theirs = uid_mark(meta).filter(|mark| *mark != uid)?;
+    let named = named.map_or("another instance", String::as_str);
+    Some(format!("{named} (UID {theirs})"))
 }
 
 #[cfg(test)]
