@@ -42,7 +42,7 @@ pub async fn report(
             &Patch::Apply(&patch),
         )
         .await
-        .map_err(|source| ReconcileError::WriteStatus { source })?;
+        .map_err(ReconcileError::WriteStatus)?;
     ctx.metrics.writes.with_label_values(&["status"]).inc();
     publish_events(ctx, pi, plan, &old).await;
     Ok(())
