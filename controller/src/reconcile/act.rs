@@ -176,14 +176,8 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
         }
         install.await
     };
-    submit_timed(
-        t,
-        &key(t.pi),
-        true,
-        &t.ctx.metrics.helm_duration,
-        "install",
-        work,
-    );
+    let helm = &t.ctx.metrics.helm_duration;
+    submit_timed(t, &key(t.pi), true, helm, "install", work);
 }
 
 async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
@@ -217,14 +211,8 @@ fn restore_owner_service(t: &Target<'_>) {
             })?;
         install.await
     };
-    submit_timed(
-        t,
-        &key(t.pi),
-        false,
-        &t.ctx.metrics.helm_duration,
-        "restore",
-        work,
-    );
+    let helm = &t.ctx.metrics.helm_duration;
+    submit_timed(t, &key(t.pi), false, helm, "restore", work);
 }
 
 fn install(t: &Target<'_>, mode: Mode) {
@@ -279,14 +267,8 @@ fn uninstall_vcluster(t: &Target<'_>) {
         guard.await?;
         helm.uninstall(&namespace).await.map_err(helm_error)
     };
-    submit_timed(
-        t,
-        &key(t.pi),
-        false,
-        &t.ctx.metrics.helm_duration,
-        "uninstall",
-        work,
-    );
+    let helm = &t.ctx.metrics.helm_duration;
+    submit_timed(t, &key(t.pi), false, helm, "uninstall", work);
 }
 
 async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {

@@ -21,11 +21,8 @@ pub const STOP_LIMIT: Duration = Duration::from_secs(300);
 #[derive(Debug, thiserror::Error)]
 pub enum StopError {
     /// Reading the Deployment or listing its pods failed.
-    #[error("reading {what} failed: {source}; check the controller's RBAC in the host namespace")]
-    Read {
-        what: &'static str,
-        source: kube::Error,
-    },
+    #[error("reading {0} failed: {1}; check the controller's RBAC in the host namespace")]
+    Read(&'static str, #[source] kube::Error),
     /// The host namespace is not the instance's (its marks name someone else, or it is gone).
     #[error(
         "host namespace {namespace} belongs to {owner}, not this instance; the controller leaves it and its vCluster untouched"
@@ -37,8 +34,8 @@ pub enum StopError {
     )]
     Foreign { namespace: String },
     /// Scaling the Deployment to zero failed.
-    #[error("scaling the vCluster Deployment to zero failed: {source}; the controller retries")]
-    Scale { source: kube::Error },
+    #[error("scaling the vCluster Deployment to zero failed: {0}; the controller retries")]
+    Scale(#[source] kube::Error),
     /// Pods were still there after [`STOP_LIMIT`].
     #[error(
         "{left} vCluster pod(s) in {namespace} did not stop within {}s; look at `kubectl -n {namespace} get pods` and their events",
@@ -73,10 +70,7 @@ pub async fn check_owner(
     let namespace = Api::<Namespace>::all(client)
         .get_opt(host_ns)
         .await
-        .map_err(|source| StopError::Read {
-            what: "the host namespace",
-            source,
-        })?;
+        .map_err(|e| StopError::Read("the host namespace", e))?;
     let owner = match &namespace {
         None => Some("nobody: it does not exist".to_string()),
         Some(n) => crate::decide::ownership::host_namespace(n, key, uid),
@@ -98,10 +92,7 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
     let Some(d) = deployments
         .get_opt(RELEASE)
         .await
-        .map_err(|source| StopError::Read {
-            what: "the vCluster Deployment",
-            source,
-        })?
+        .map_err(|e| StopError::Read("the vCluster Deployment", e))?
     else {
         return Ok(());
     };
@@ -121,7 +112,7 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
                 &Patch::Merge(json!({"spec": {"replicas": 0}})),
             )
             .await
-            .map_err(|source| StopError::Scale { source })?;
+            .map_err(StopError::Scale)?;
     }
     let pods: Api<Pod> = Api::namespaced(client, host_ns);
     let selector = format!("app={VCLUSTER_APP},release={RELEASE}");
@@ -130,10 +121,7 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
         let left = pods
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(|source| StopError::Read {
-                what: "the vCluster pods",
-                source,
-            })?
+            .map_err(|e| StopError::Read("the vCluster pods", e))?
             .items
             .len();
         if left == 0 {

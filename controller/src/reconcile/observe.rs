@@ -63,13 +63,10 @@ pub fn observe(
         });
     let exported = read.exported.clone().filter(|_| refused.is_none());
     let kubeconfig = kubeconfig_state(pi, &read, exported.as_deref());
-    let config =
-        match (&exported, read.serves) {
-            (Some(k), Some(true)) if !deleting && settings.install_platform => Some(
-                program_config(pi, settings, &host_ns, k, read.client_secret),
-            ),
-            _ => None,
-        };
+    let platform = read.serves == Some(true) && !deleting && settings.install_platform;
+    let config = (exported.as_deref())
+        .filter(|_| platform)
+        .map(|k| program_config(pi, settings, &host_ns, k, read.client_secret));
     let [helm, install, preview] = read.tasks;
     let observed = Observed {
         generation: pi.meta().generation.unwrap_or(0),
