@@ -1,7 +1,8 @@
-//! The act step: carries out a plan's actions in order, one function per action. Writes are
-//! server-side applies under the operator's field manager; long work (helm, npm, pulumi) is
-//! submitted to the task registry and never awaited here.
+//! The act step: carries out a plan's actions in order. Writes are server-side applies under the
+//! operator's field manager; long work (helm, npm, pulumi) is submitted to the task registry and
+//! never awaited here.
 
+use std::future::Future;
 use std::time::Instant;
 
 use common::crd::PlatformInstance;
@@ -10,15 +11,14 @@ use common::names::{
     VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
 use kube::{Resource, ResourceExt};
+use prometheus::HistogramVec;
 use serde_json::json;
 
 use super::error::{ReconcileError, observing};
@@ -27,10 +27,8 @@ use super::{Context, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
 use crate::api::{Deleted, apply, delete_if_not_foreign, delete_ignoring_404, manager, not_found};
 use crate::decide::Action;
-use crate::decide::model::Failure;
-use crate::decide::model::Mode;
-use crate::decide::model::{Plan, Release, TaskError};
-use crate::helm::{Helm, HelmError, RELEASE, release_from_secrets};
+use crate::decide::model::{Failure, Mode, Plan, Release, TaskError};
+use crate::helm::{HelmError, RELEASE, release_from_secrets};
 use crate::installer;
 
 /// One instance being acted on.
@@ -51,16 +49,14 @@ pub async fn act(
     plan: &Plan,
     found: &Found,
 ) -> Result<(), ReconcileError> {
-    let ns = pi.namespace().unwrap_or_default();
-    let name = pi.name_any();
-    let host_ns = host_namespace(&ns, &name);
+    let (ns, name) = (pi.namespace().unwrap_or_default(), pi.name_any());
     let t = Target {
         ctx,
         pi,
         found,
+        host_ns: host_namespace(&ns, &name),
         ns,
         name,
-        host_ns,
         uid: pi.uid().unwrap_or_default(),
     };
     for action in &plan.actions {
@@ -98,6 +94,14 @@ fn wrote(ctx: &Context, kind: &str) {
     ctx.metrics.writes.with_label_values(&[kind]).inc();
 }
 
+/// `result`, with an object already gone counted as done.
+fn gone_is_done<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(e) if !not_found(&e) => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Sets the instance's finalizers, guarded by the resourceVersion read.
 async fn patch_finalizers(t: &Target<'_>, finalizers: Vec<String>) -> Result<(), kube::Error> {
     let patch =
@@ -113,23 +117,15 @@ async fn add_finalizer(t: &Target<'_>) -> Result<(), ReconcileError> {
     finalizers.push(FINALIZER.to_string());
     patch_finalizers(t, finalizers)
         .await
-        .map_err(|source| ReconcileError::AddFinalizer { source })?;
+        .map_err(ReconcileError::AddFinalizer)?;
     wrote(t.ctx, "finalizer");
     Ok(())
 }
 
 async fn remove_finalizer(t: &Target<'_>) -> Result<(), ReconcileError> {
-    let finalizers: Vec<String> =
-        t.pi.finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-    match patch_finalizers(t, finalizers).await {
-        Ok(()) => {}
-        Err(e) if not_found(&e) => {}
-        Err(source) => return Err(ReconcileError::RemoveFinalizer { source }),
-    }
+    let mut finalizers = t.pi.finalizers().to_vec();
+    finalizers.retain(|f| f != FINALIZER);
+    gone_is_done(patch_finalizers(t, finalizers).await).map_err(ReconcileError::RemoveFinalizer)?;
     for k in task_keys(t.pi) {
         t.ctx.tasks.forget(&k);
     }
@@ -137,49 +133,39 @@ async fn remove_finalizer(t: &Target<'_>) -> Result<(), ReconcileError> {
 }
 
 async fn apply_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
-    let client = &t.ctx.client;
-    let mut namespace =
-        objects::namespace(&key(t.pi), &t.uid, &t.host_ns, t.ctx.settings.pod_security);
-    let policy = objects::network_policy(&t.host_ns, &t.uid, &t.ctx.settings.operator_namespace);
+    let settings = &t.ctx.settings;
+    let mut namespace = objects::namespace(&key(t.pi), &t.uid, &t.host_ns, settings.pod_security);
+    let policy = objects::network_policy(&t.host_ns, &t.uid, &settings.operator_namespace);
     let applied = objects::namespace_hash(&namespace, &policy);
     namespace
         .metadata
         .annotations
         .get_or_insert_default()
         .insert(APPLIED_HASH_ANNOTATION.to_string(), applied);
-    apply(
-        &Api::<Namespace>::all(client.clone()),
-        &t.host_ns,
-        &namespace,
-    )
-    .await
-    .map_err(|source| ReconcileError::ApplyNamespace {
-        what: "namespace",
-        source,
-    })?;
+    let namespaces = Api::<Namespace>::all(t.ctx.client.clone());
+    apply(&namespaces, &t.host_ns, &namespace)
+        .await
+        .map_err(|e| ReconcileError::ApplyNamespace("namespace", e))?;
     wrote(t.ctx, "namespace");
-    let policies = Api::<NetworkPolicy>::namespaced(client.clone(), &t.host_ns);
+    let policies = Api::<NetworkPolicy>::namespaced(t.ctx.client.clone(), &t.host_ns);
     apply(&policies, VCLUSTER_NETWORK_POLICY, &policy)
         .await
-        .map_err(|source| ReconcileError::ApplyNamespace {
-            what: "networkpolicy",
-            source,
-        })?;
+        .map_err(|e| ReconcileError::ApplyNamespace("networkpolicy", e))?;
     wrote(t.ctx, "networkpolicy");
     Ok(())
 }
 
 fn install_vcluster(t: &Target<'_>, recover: bool) {
-    let (client, namespace) = (t.ctx.client.clone(), t.host_ns.clone());
+    let (helm, client, namespace) = (t.ctx.helm.clone(), t.ctx.client.clone(), t.host_ns.clone());
     let guard = owner_check(t);
-    let (helm, install) = chart_install(t);
+    let install = chart_install(t);
     let work = async move {
         if recover {
             let secrets: Api<Secret> = Api::namespaced(client, &namespace);
             let releases = secrets
                 .list(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
                 .await
-                .map_err(|e| TaskError::from(e.to_string()))?;
+                .map_err(task_error)?;
             if let Release::Pending(status) = release_from_secrets(&releases.items) {
                 tracing::info!(%namespace, %status, "recovering an interrupted helm release");
                 guard.await?;
@@ -190,20 +176,20 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
         }
         install.await
     };
-    let work = timed(&t.ctx.metrics.helm_duration, "install", work);
-    t.ctx.tasks.submit(&key(t.pi), true, work);
+    let helm = &t.ctx.metrics.helm_duration;
+    submit_timed(t, &key(t.pi), true, helm, "install", work);
 }
 
 async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
     let Some(kubeconfig) = &t.found.exported else {
         return Ok(());
     };
-    let owner: Option<OwnerReference> = t.pi.controller_owner_ref(&());
+    let owner = t.pi.controller_owner_ref(&());
     let secret = objects::kubeconfig_secret_object(&t.ns, &t.name, &t.uid, owner, kubeconfig);
     let secrets = Api::<Secret>::namespaced(t.ctx.client.clone(), &t.ns);
     apply(&secrets, &kubeconfig_secret(&t.name), &secret)
         .await
-        .map_err(|source| ReconcileError::WriteKubeconfig { source })?;
+        .map_err(ReconcileError::WriteKubeconfig)?;
     wrote(t.ctx, "secret");
     Ok(())
 }
@@ -211,7 +197,7 @@ async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
 fn restore_owner_service(t: &Target<'_>) {
     tracing::warn!(instance = %key(t.pi), "service/vcluster was changed or deleted; recreating it from the chart");
     let services: Api<Service> = Api::namespaced(t.ctx.client.clone(), &t.host_ns);
-    let (_, install) = chart_install(t);
+    let install = chart_install(t);
     let guard = owner_check(t);
     let work = async move {
         guard.await?;
@@ -221,12 +207,12 @@ fn restore_owner_service(t: &Target<'_>) {
         delete_ignoring_404(&services, VCLUSTER)
             .await
             .map_err(|e| {
-                TaskError::from(format!("deleting the changed service/vcluster failed: {e}"))
+                task_error(format!("deleting the changed service/vcluster failed: {e}"))
             })?;
         install.await
     };
-    let work = timed(&t.ctx.metrics.helm_duration, "restore", work);
-    t.ctx.tasks.submit(&key(t.pi), false, work);
+    let helm = &t.ctx.metrics.helm_duration;
+    submit_timed(t, &key(t.pi), false, helm, "restore", work);
 }
 
 fn install(t: &Target<'_>, mode: Mode) {
@@ -253,8 +239,8 @@ fn install(t: &Target<'_>, mode: Mode) {
     }
     let (installer, client) = (t.ctx.installer.clone(), t.ctx.client.clone());
     let work = async move { installer.install(client, job).await };
-    let work = timed(&t.ctx.metrics.install_duration, mode.as_str(), work);
-    t.ctx.tasks.submit(&install_key(t.pi), true, work);
+    let histogram = &t.ctx.metrics.install_duration;
+    submit_timed(t, &install_key(t.pi), true, histogram, mode.as_str(), work);
 }
 
 fn preview(t: &Target<'_>) {
@@ -262,8 +248,8 @@ fn preview(t: &Target<'_>) {
     let (namespace, instance) = (t.ns.clone(), t.name.clone());
     let version = t.found.record.installed_version.clone().unwrap_or_default();
     let work = async move { installer.preview(&namespace, &instance, &version).await };
-    let work = timed(&t.ctx.metrics.install_duration, "preview", work);
-    t.ctx.tasks.submit(&preview_key(t.pi), true, work);
+    let histogram = &t.ctx.metrics.install_duration;
+    submit_timed(t, &preview_key(t.pi), true, histogram, "preview", work);
 }
 
 fn cancel_install(t: &Target<'_>) {
@@ -281,15 +267,15 @@ fn uninstall_vcluster(t: &Target<'_>) {
         guard.await?;
         helm.uninstall(&namespace).await.map_err(helm_error)
     };
-    let work = timed(&t.ctx.metrics.helm_duration, "uninstall", work);
-    t.ctx.tasks.submit(&key(t.pi), false, work);
+    let helm = &t.ctx.metrics.helm_duration;
+    submit_timed(t, &key(t.pi), false, helm, "uninstall", work);
 }
 
 async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let namespaces = Api::<Namespace>::all(t.ctx.client.clone());
     let deleted = delete_if_not_foreign(&namespaces, &t.host_ns, &t.uid)
         .await
-        .map_err(|source| ReconcileError::DeleteNamespace { source })?;
+        .map_err(ReconcileError::DeleteNamespace)?;
     if deleted == Deleted::Foreign {
         // Marked for another instance since it was observed: the next reconcile sees the
         // conflict and leaves it alone.
@@ -300,13 +286,10 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-/// The file in the instance's state directory that names the node its vCluster ran on: the node
-/// that holds its node-local storage directory.
+/// The file in the instance's state directory naming the node that holds its storage.
 const STORAGE_NODE_FILE: &str = "storage-node";
 
-/// Before the vCluster goes, records the node its control plane pod runs on, so that the
-/// cleanup Job runs where the storage directory is. Best effort: without it the Job is not
-/// pinned.
+/// Records the node the vCluster's pod runs on, where the cleanup Job must run. Best effort.
 async fn record_storage_node(t: &Target<'_>) {
     let pods: Api<Pod> = Api::namespaced(t.ctx.client.clone(), &t.host_ns);
     let listed = pods
@@ -331,33 +314,25 @@ async fn record_storage_node(t: &Target<'_>) {
     }
 }
 
-/// The node recorded by [`record_storage_node`], if any.
-fn storage_node(t: &Target<'_>) -> Option<String> {
-    let text =
-        std::fs::read_to_string(state_path(&t.ctx.settings, t.pi).join(STORAGE_NODE_FILE)).ok()?;
-    let node = text.trim();
-    (!node.is_empty()).then(|| node.to_string())
-}
-
 async fn start_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let settings = &t.ctx.settings;
-    // Pinned to the node the vCluster ran on, where its node-local storage is.
-    let node = storage_node(t);
-    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), &t.uid, node.as_deref());
+    // Pinned to the node the vCluster ran on (see `record_storage_node`), where its storage is.
+    let node = std::fs::read_to_string(state_path(settings, t.pi).join(STORAGE_NODE_FILE)).ok();
+    let node = node.as_deref().map(str::trim).filter(|n| !n.is_empty());
+    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), &t.uid, node);
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &settings.cleanup_namespace);
     apply(&jobs, &t.host_ns, &job)
         .await
-        .map_err(|source| ReconcileError::StartCleanup { source })?;
+        .map_err(ReconcileError::StartCleanup)?;
     wrote(t.ctx, "job");
     Ok(())
 }
 
-/// Deletes the cleanup Job of this name that another instance left (checked again here, and
-/// deleted only with that Job's UID as a precondition); the next reconcile creates this
-/// instance's own.
+/// Deletes the cleanup Job another instance left (checked again here, deleted with that Job's
+/// UID as a precondition); the next reconcile creates this instance's own.
 async fn replace_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &t.ctx.settings.cleanup_namespace);
-    let replacing = |source| ReconcileError::ReplaceCleanup { source };
+    let replacing = ReconcileError::ReplaceCleanup;
     let Some(job) = jobs.get_opt(&t.host_ns).await.map_err(replacing)? else {
         return Ok(());
     };
@@ -373,11 +348,7 @@ async fn replace_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
         propagation_policy: Some(PropagationPolicy::Background),
         ..DeleteParams::default()
     };
-    match jobs.delete(&t.host_ns, &params).await {
-        Ok(_) => {}
-        Err(e) if not_found(&e) => {}
-        Err(source) => return Err(replacing(source)),
-    }
+    gone_is_done(jobs.delete(&t.host_ns, &params).await).map_err(replacing)?;
     wrote(t.ctx, "job");
     Ok(())
 }
@@ -385,8 +356,8 @@ async fn replace_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
 fn remove_state(t: &Target<'_>) -> Result<(), ReconcileError> {
     let path = state_path(&t.ctx.settings, t.pi);
     match std::fs::remove_dir_all(&path) {
-        Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
-            Err(ReconcileError::RemoveState { path, source })
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(ReconcileError::RemoveState(path, e))
         }
         _ => Ok(()),
     }
@@ -397,52 +368,52 @@ async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
     let name = kubeconfig_secret(&t.name);
     let deleted = delete_if_not_foreign(&secrets, &name, &t.uid)
         .await
-        .map_err(|source| ReconcileError::DeleteKubeconfig { source })?;
+        .map_err(ReconcileError::DeleteKubeconfig)?;
     if deleted == Deleted::Foreign {
         tracing::warn!(secret = %name, instance = %key(t.pi), "not deleting a kubeconfig Secret marked with another instance's UID");
     }
     Ok(())
 }
 
-/// A future that checks, when a helm task runs, that the host namespace is still the instance's
-/// ([`control_plane::check_owner`]).
-fn owner_check(t: &Target<'_>) -> BoxFuture<'static, Result<(), TaskError>> {
-    let (client, namespace, instance, uid) = (
-        t.ctx.client.clone(),
-        t.host_ns.clone(),
-        key(t.pi),
-        t.uid.clone(),
-    );
-    async move {
-        control_plane::check_owner(client, &namespace, &instance, &uid)
-            .await
-            .map_err(|e| TaskError::from(e.to_string()))
-    }
-    .boxed()
+/// A task's error saying what `e` says.
+fn task_error(e: impl std::fmt::Display) -> TaskError {
+    TaskError::from(e.to_string())
 }
 
-/// A helm error as a task's: a timeout keeps its reason ([`Failure::InstallTimedOut`], reported
-/// as `HelmTimedOut`).
+/// A helm error as a task's: a timeout keeps its reason ([`Failure::InstallTimedOut`]).
 fn helm_error(e: HelmError) -> TaskError {
     match e {
         HelmError::TimedOut { .. } => TaskError::new(Failure::InstallTimedOut, e.to_string()),
-        e => TaskError::from(e.to_string()),
+        e => task_error(e),
     }
 }
 
-/// The helm driver and a future that installs or upgrades the vCluster of the target's host
-/// namespace from the verified chart with the controller's values, after checking the namespace
-/// is the instance's and stopping its control plane ([`control_plane::stop`]).
-fn chart_install(t: &Target<'_>) -> (Helm, BoxFuture<'static, Result<(), TaskError>>) {
-    let ctx = t.ctx;
-    let (helm, settings, namespace) = (ctx.helm.clone(), ctx.settings.clone(), t.host_ns.clone());
-    let (driver, client) = (helm.clone(), ctx.client.clone());
+/// A check, when a helm task runs, that the host namespace is still the instance's.
+fn owner_check(t: &Target<'_>) -> impl Future<Output = Result<(), TaskError>> + Send + 'static {
+    let (client, namespace) = (t.ctx.client.clone(), t.host_ns.clone());
+    let (instance, uid) = (key(t.pi), t.uid.clone());
+    async move {
+        control_plane::check_owner(client, &namespace, &instance, &uid)
+            .await
+            .map_err(task_error)
+    }
+}
+
+/// Installs or upgrades the vCluster from the verified chart, after the owner check and
+/// stopping its control plane ([`control_plane::stop`]).
+fn chart_install(t: &Target<'_>) -> impl Future<Output = Result<(), TaskError>> + Send + 'static {
+    let (helm, settings, namespace) = (
+        t.ctx.helm.clone(),
+        t.ctx.settings.clone(),
+        t.host_ns.clone(),
+    );
+    let client = t.ctx.client.clone();
     let guard = owner_check(t);
-    let work = async move {
+    async move {
         guard.await?;
         control_plane::stop(client, &namespace)
             .await
-            .map_err(|e| TaskError::from(e.to_string()))?;
+            .map_err(task_error)?;
         let values = objects::vcluster_values(
             &settings.storage_root_base,
             &namespace,
@@ -457,19 +428,20 @@ fn chart_install(t: &Target<'_>) -> (Helm, BoxFuture<'static, Result<(), TaskErr
         )
         .await
         .map_err(helm_error)
-    };
-    (driver, work.boxed())
+    }
 }
 
-/// Wraps a task so its duration lands in `histogram` (Helm's or the installer's), by operation
-/// and outcome.
-fn timed(
-    histogram: &prometheus::HistogramVec,
+/// Submits `work` as task `task`, its duration landing in `histogram` by operation and outcome.
+fn submit_timed(
+    t: &Target<'_>,
+    task: &str,
+    bounded: bool,
+    histogram: &HistogramVec,
     operation: &'static str,
-    work: impl std::future::Future<Output = Result<(), TaskError>> + Send + 'static,
-) -> BoxFuture<'static, Result<(), TaskError>> {
+    work: impl Future<Output = Result<(), TaskError>> + Send + 'static,
+) {
     let histogram = histogram.clone();
-    async move {
+    let work = async move {
         let start = Instant::now();
         let result = work.await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
@@ -477,8 +449,8 @@ fn timed(
             .with_label_values(&[operation, outcome])
             .observe(start.elapsed().as_secs_f64());
         result
-    }
-    .boxed()
+    };
+    t.ctx.tasks.submit(task, bounded, work.boxed());
 }
 
 /// `service/vcluster` of `host_ns`, if it exists.
@@ -494,22 +466,19 @@ async fn record_owner_service(ctx: &Context, host_ns: &str) -> Result<(), Reconc
     let Some(svc) = vcluster_service(ctx, host_ns).await? else {
         return Ok(());
     };
-    let record = format!(
-        "{}/{}",
-        svc.metadata.uid.clone().unwrap_or_default(),
-        objects::service_hash(&svc)
-    );
+    let uid = svc.metadata.uid.clone().unwrap_or_default();
+    let record = format!("{uid}/{}", objects::service_hash(&svc));
     let patch = json!({"metadata": {"annotations": {OWNER_SERVICE_ANNOTATION: record}}});
     Api::<Namespace>::all(ctx.client.clone())
         .patch(host_ns, &manager(), &Patch::Merge(&patch))
         .await
-        .map_err(|source| ReconcileError::RecordOwnerService { source })?;
+        .map_err(ReconcileError::RecordOwnerService)?;
     wrote(ctx, "namespace");
     Ok(())
 }
 
-/// Points owner references that name the old `service/vcluster` UID (Secrets and ConfigMaps in
-/// the host namespace) at the recreated Service.
+/// Points the owner references of the host Secrets and ConfigMaps that name the old
+/// `service/vcluster` UID at the recreated Service.
 async fn relink_owner_references(
     ctx: &Context,
     host_ns: &str,
@@ -518,33 +487,17 @@ async fn relink_owner_references(
     let Some(svc) = vcluster_service(ctx, host_ns).await? else {
         return Ok(());
     };
-    let new_uid = svc.metadata.uid.clone().unwrap_or_default();
-    let relink = |refs: &[OwnerReference]| -> Option<serde_json::Value> {
-        if !refs.iter().any(|r| r.uid == old_uid) {
-            return None;
-        }
-        let updated: Vec<_> = refs
-            .iter()
-            .cloned()
-            .map(|mut r| {
-                if r.uid == old_uid {
-                    r.uid = new_uid.clone();
-                }
-                r
-            })
-            .collect();
-        Some(json!({"metadata": {"ownerReferences": updated}}))
-    };
-    relink_kind::<Secret>(ctx, host_ns, &relink, "secret").await?;
-    relink_kind::<ConfigMap>(ctx, host_ns, &relink, "configmap").await?;
-    Ok(())
+    let new_uid = svc.metadata.uid.unwrap_or_default();
+    relink::<Secret>(ctx, host_ns, old_uid, &new_uid, "secret").await?;
+    relink::<ConfigMap>(ctx, host_ns, old_uid, &new_uid, "configmap").await
 }
 
-/// Applies `relink` to every object of kind `K` in `host_ns` whose owner references need it.
-async fn relink_kind<K>(
+/// Relinks every object of kind `K` in `host_ns` with an owner reference to `old_uid`.
+async fn relink<K>(
     ctx: &Context,
     host_ns: &str,
-    relink: &impl Fn(&[OwnerReference]) -> Option<serde_json::Value>,
+    old_uid: &str,
+    new_uid: &str,
     kind: &'static str,
 ) -> Result<(), ReconcileError>
 where
@@ -554,19 +507,26 @@ where
         + std::fmt::Debug,
 {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), host_ns);
-    let failed = |source| ReconcileError::RelinkOwnerService { what: kind, source };
+    let failed = |e| ReconcileError::RelinkOwnerService(kind, e);
     for object in api
         .list(&ListParams::default())
         .await
         .map_err(failed)?
         .items
     {
-        if let Some(patch) = relink(object.owner_references()) {
-            api.patch(&object.name_any(), &manager(), &Patch::Merge(&patch))
-                .await
-                .map_err(failed)?;
-            wrote(ctx, kind);
+        let mut refs = object.owner_references().to_vec();
+        let stale: Vec<_> = refs.iter_mut().filter(|r| r.uid == old_uid).collect();
+        if stale.is_empty() {
+            continue;
         }
+        for r in stale {
+            r.uid = new_uid.to_string();
+        }
+        let patch = json!({"metadata": {"ownerReferences": refs}});
+        api.patch(&object.name_any(), &manager(), &Patch::Merge(&patch))
+            .await
+            .map_err(failed)?;
+        wrote(ctx, kind);
     }
     Ok(())
 }

@@ -1,9 +1,6 @@
-//! The vCluster control plane: the chart renders it as the Deployment `vcluster` (no volume
-//! claim, the default embedded database). When it has rolled out ([`ready`]), and stopping it
-//! before helm changes the release ([`stop`]) so that an upgrade never runs two pods on one
-//! hostPath database. What the chart renders carries no UID mark of the instance, so before helm
-//! or the controller touches it, [`check_owner`] checks the host namespace's own mark: the
-//! namespace is the instance's, and the object is the Helm release's in that namespace.
+//! The vCluster control plane, the chart's Deployment `vcluster`: whether it has rolled out
+//! ([`ready`]), stopping it before helm changes the release ([`stop`]) so that no two pods share
+//! its hostPath database, and the ownership check before helm touches it ([`check_owner`]).
 
 use std::time::{Duration, Instant};
 
@@ -24,52 +21,30 @@ pub const STOP_LIMIT: Duration = Duration::from_secs(300);
 #[derive(Debug, thiserror::Error)]
 pub enum StopError {
     /// Reading the Deployment or listing its pods failed.
-    #[error("reading {what} failed: {source}; check the controller's RBAC in the host namespace")]
-    Read {
-        /// What was read.
-        what: &'static str,
-        /// Why.
-        source: kube::Error,
-    },
+    #[error("reading {0} failed: {1}; check the controller's RBAC in the host namespace")]
+    Read(&'static str, #[source] kube::Error),
     /// The host namespace is not the instance's (its marks name someone else, or it is gone).
     #[error(
         "host namespace {namespace} belongs to {owner}, not this instance; the controller leaves it and its vCluster untouched"
     )]
-    NotOwned {
-        /// The host namespace.
-        namespace: String,
-        /// Whom its marks name.
-        owner: String,
-    },
+    NotOwned { namespace: String, owner: String },
     /// `deployment/vcluster` is not the Helm release's.
     #[error(
         "deployment/{RELEASE} in {namespace} does not belong to the Helm release {RELEASE}; remove it or move it away"
     )]
-    Foreign {
-        /// The host namespace.
-        namespace: String,
-    },
+    Foreign { namespace: String },
     /// Scaling the Deployment to zero failed.
-    #[error("scaling the vCluster Deployment to zero failed: {source}; the controller retries")]
-    Scale {
-        /// Why.
-        source: kube::Error,
-    },
+    #[error("scaling the vCluster Deployment to zero failed: {0}; the controller retries")]
+    Scale(#[source] kube::Error),
     /// Pods were still there after [`STOP_LIMIT`].
     #[error(
         "{left} vCluster pod(s) in {namespace} did not stop within {}s; look at `kubectl -n {namespace} get pods` and their events",
         STOP_LIMIT.as_secs()
     )]
-    TimedOut {
-        /// The host namespace.
-        namespace: String,
-        /// How many pods were left.
-        left: usize,
-    },
+    TimedOut { namespace: String, left: usize },
 }
 
-/// The control plane Deployment has rolled out: its controller saw the current spec, and every
-/// pod is updated, ready and available, with no pod of an older template left.
+/// The Deployment has rolled out: its current spec, every pod updated, ready and available.
 pub fn ready(d: &Deployment) -> bool {
     let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(1);
     let Some(status) = d.status.as_ref() else {
@@ -85,8 +60,7 @@ pub fn ready(d: &Deployment) -> bool {
 /// Helm's annotation naming the namespace of the release an object belongs to.
 const HELM_RELEASE_NAMESPACE_ANNOTATION: &str = "meta.helm.sh/release-namespace";
 
-/// Checks, right before helm or the controller changes what the chart rendered in `host_ns`,
-/// that the namespace is instance `key`'s (UID `uid`).
+/// Checks that `host_ns` is still instance `key`'s (UID `uid`), right before helm changes it.
 pub async fn check_owner(
     client: kube::Client,
     host_ns: &str,
@@ -96,10 +70,7 @@ pub async fn check_owner(
     let namespace = Api::<Namespace>::all(client)
         .get_opt(host_ns)
         .await
-        .map_err(|source| StopError::Read {
-            what: "the host namespace",
-            source,
-        })?;
+        .map_err(|e| StopError::Read("the host namespace", e))?;
     let owner = match &namespace {
         None => Some("nobody: it does not exist".to_string()),
         Some(n) => crate::decide::ownership::host_namespace(n, key, uid),
@@ -113,20 +84,15 @@ pub async fn check_owner(
     }
 }
 
-/// Stops the control plane of `host_ns` before helm changes its release. The chart's Deployment
-/// rolls with `maxSurge: 1`, which would run a second pod on the same hostPath database; scaling
-/// the Deployment (the release's own, checked by its Helm annotation) to zero and waiting for
-/// its pods to go makes every helm upgrade a Recreate. Helm's three-way merge then sets the
-/// chart's replica count again. No Deployment yet (a first install) is fine.
+/// Stops the control plane of `host_ns` before helm changes its release: the chart's rollout
+/// (`maxSurge: 1`) would run a second pod on the same hostPath database, so the release's own
+/// Deployment is scaled to zero and its pods awaited; helm then sets the replicas again.
 pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> {
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), host_ns);
     let Some(d) = deployments
         .get_opt(RELEASE)
         .await
-        .map_err(|source| StopError::Read {
-            what: "the vCluster Deployment",
-            source,
-        })?
+        .map_err(|e| StopError::Read("the vCluster Deployment", e))?
     else {
         return Ok(());
     };
@@ -146,7 +112,7 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
                 &Patch::Merge(json!({"spec": {"replicas": 0}})),
             )
             .await
-            .map_err(|source| StopError::Scale { source })?;
+            .map_err(StopError::Scale)?;
     }
     let pods: Api<Pod> = Api::namespaced(client, host_ns);
     let selector = format!("app={VCLUSTER_APP},release={RELEASE}");
@@ -155,10 +121,7 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
         let left = pods
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(|source| StopError::Read {
-                what: "the vCluster pods",
-                source,
-            })?
+            .map_err(|e| StopError::Read("the vCluster pods", e))?
             .items
             .len();
         if left == 0 {

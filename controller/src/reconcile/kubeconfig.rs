@@ -1,9 +1,6 @@
-//! Vetting the kubeconfig a vCluster exports into its host namespace before the controller uses
-//! it (to probe the vCluster's API, to write the instance's kubeconfig Secret, to hand it to the
-//! platform program). Anyone who can write that Secret chooses what a client built from it does,
-//! so only inline material is accepted: a server, a CA, a client certificate and key, a token.
-//! `exec`, auth providers, `tokenFile`, file paths, proxies, impersonation and anything unknown
-//! are refused, with what was refused in the error.
+//! Vetting the kubeconfig a vCluster exports before the controller uses it: whoever can write
+//! that Secret chooses what a client built from it does, so only inline material is accepted (a
+//! server, a CA, a client certificate and key, a token); anything else is refused by name.
 
 use serde_json::Value;
 
@@ -16,21 +13,13 @@ pub enum KubeconfigRefused {
     /// A key outside the accepted inline material.
     #[error("{section} {entry:?} sets {key}, which the controller does not accept")]
     Key {
-        /// `cluster`, `user`, `context` or `kubeconfig`.
         section: &'static str,
-        /// The entry's name.
         entry: String,
-        /// The refused key.
         key: String,
     },
     /// A cluster's server is not an `https://` URL.
     #[error("cluster {entry:?} has server {server:?}; only https:// servers are accepted")]
-    Server {
-        /// The cluster's name.
-        entry: String,
-        /// Its server.
-        server: String,
-    },
+    Server { entry: String, server: String },
 }
 
 /// Top-level keys a kubeconfig may have.
@@ -58,10 +47,10 @@ pub fn vet(kubeconfig: &str) -> Result<(), KubeconfigRefused> {
         return Err(KubeconfigRefused::Unreadable("not a mapping".into()));
     };
     only("kubeconfig", "", root.keys(), ROOT)?;
-    for (list, inner, section, allowed) in [
-        ("clusters", "cluster", "cluster", CLUSTER),
-        ("users", "user", "user", USER),
-        ("contexts", "context", "context", CONTEXT),
+    for (list, section, allowed) in [
+        ("clusters", "cluster", CLUSTER),
+        ("users", "user", USER),
+        ("contexts", "context", CONTEXT),
     ] {
         let entries = match root.get(list) {
             None | Some(Value::Null) => continue,
@@ -83,8 +72,8 @@ pub fn vet(kubeconfig: &str) -> Result<(), KubeconfigRefused> {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            only(section, &name, entry.keys(), &["name", inner])?;
-            let body = match entry.get(inner) {
+            only(section, &name, entry.keys(), &["name", section])?;
+            let body = match entry.get(section) {
                 None | Some(Value::Null) => continue,
                 Some(Value::Object(body)) => body,
                 Some(_) => {

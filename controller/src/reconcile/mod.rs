@@ -1,22 +1,20 @@
 //! The reconciler: [`observe`] one instance and what belongs to it, decide (pure, in
 //! [`crate::decide`]), [`act`] with server-side apply under one field manager, then [`report`]
-//! the status only when it changed, with an Event for every transition. [`objects`] builds what
-//! is applied; [`error`] says what failed.
+//! the status only when it changed, with an Event for every transition.
 //!
-//! Only [`reader`] reads. It reads first from the reflector stores ([`stores`]): when what
-//! observe makes of that needs no action and leaves the status as it is, the reconcile ends
-//! there, without an API call. Otherwise the instance is read again from the API server and the
-//! plan made from that fresh read is the one carried out, so no write is ever decided from a
-//! cache.
+//! Only [`reader`] reads, first from the reflector stores ([`stores`]): when that needs no action
+//! and leaves the status as it is, the reconcile ends there. Otherwise the instance is read again
+//! from the API server and the plan made from that fresh read is carried out, so no write is
+//! ever decided from a cache.
 
-pub mod act;
-pub mod control_plane;
-pub mod error;
-pub mod kubeconfig;
+mod act;
+mod control_plane;
+mod error;
+mod kubeconfig;
 pub mod objects;
-pub mod observe;
+mod observe;
 pub mod reader;
-pub mod report;
+mod report;
 pub mod stores;
 
 use std::collections::BTreeMap;
@@ -98,8 +96,7 @@ pub struct Context {
     pub reporter: Reporter,
     /// Each instance's last reported phase, for the instances-by-phase gauge.
     pub phases: Mutex<BTreeMap<String, Phase>>,
-    /// Host namespace → instance (`namespace`, `name`), so a change to `service/vcluster` wakes
-    /// the instance that owns it.
+    /// Host namespace → instance (`namespace`, `name`), for waking the owner of a `service/vcluster`.
     pub hosts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
     /// Failed reconciles in a row, by instance: how long [`error_policy`] waits.
     pub backoff: crate::backoff::Backoff,
@@ -110,22 +107,21 @@ pub struct Context {
 }
 
 /// The instance's key, `<namespace>/<name>`: its helm task's key too.
-pub fn key(pi: &PlatformInstance) -> String {
+pub(crate) fn key(pi: &PlatformInstance) -> String {
     format!("{}/{}", pi.namespace().unwrap_or_default(), pi.name_any())
 }
 
 /// The task key of an instance's installs.
-pub fn install_key(pi: &PlatformInstance) -> String {
+fn install_key(pi: &PlatformInstance) -> String {
     format!("{}#install", key(pi))
 }
 
 /// The task key of an instance's repair previews.
-pub fn preview_key(pi: &PlatformInstance) -> String {
+fn preview_key(pi: &PlatformInstance) -> String {
     format!("{}#preview", key(pi))
 }
 
-/// The instance (`namespace`, `name`) a task key belongs to: the inverse of [`key`],
-/// [`install_key`] and [`preview_key`].
+/// The instance (`namespace`, `name`) a task key belongs to: the inverse of [`key`] and the like.
 pub fn instance_of(task_key: &str) -> Option<(&str, &str)> {
     let (namespace, name) = task_key.split_once('/')?;
     Some((
@@ -140,7 +136,7 @@ fn task_keys(pi: &PlatformInstance) -> [String; 3] {
 }
 
 /// The instance's state directory under `--state-dir`.
-pub fn state_path(settings: &Settings, pi: &PlatformInstance) -> PathBuf {
+fn state_path(settings: &Settings, pi: &PlatformInstance) -> PathBuf {
     settings
         .state_dir
         .join(pi.namespace().unwrap_or_default())
@@ -164,16 +160,14 @@ pub async fn reconcile(
     }
     if let Ok(mut hosts) = ctx.hosts.lock() {
         // The host namespace's name is the instance's: the entry, once there, stays right.
-        let host = host_namespace(&pi.namespace().unwrap_or_default(), &pi.name_any());
+        let (ns, name) = (pi.namespace().unwrap_or_default(), pi.name_any());
         hosts
-            .entry(host)
-            .or_insert_with(|| (pi.namespace().unwrap_or_default(), pi.name_any()));
+            .entry(host_namespace(&ns, &name))
+            .or_insert((ns, name));
     }
     let retry_ack = if retry_requested { retry.clone() } else { None };
     if ctx.stores.ready() {
-        let read = reader::read(&ctx, &pi, reader::Source::Stored(&ctx.stores)).await?;
-        let (observed, found) = observe::observe(&pi, &ctx.settings, read, Timestamp::now());
-        let plan = decide::decide(&observed);
+        let (plan, found) = plan_from(&ctx, &pi, reader::Source::Stored(&ctx.stores)).await?;
         if plan.actions.is_empty()
             && report::unchanged(&ctx, &pi, &plan, retry_ack.clone(), &found.record)
         {
@@ -182,9 +176,7 @@ pub async fn reconcile(
         }
     }
     ctx.metrics.observed.with_label_values(&["api"]).inc();
-    let read = reader::read(&ctx, &pi, reader::Source::Live).await?;
-    let (observed, found) = observe::observe(&pi, &ctx.settings, read, Timestamp::now());
-    let plan = decide::decide(&observed);
+    let (plan, found) = plan_from(&ctx, &pi, reader::Source::Live).await?;
     tracing::debug!(instance = %key, phase = ?plan.phase, actions = ?plan.actions, "decided");
     if let Err(e) = act::act(&ctx, &pi, &plan, &found).await {
         // The status and an Event say what failed, not only the log and the metric.
@@ -202,6 +194,17 @@ pub async fn reconcile(
         report::report(&ctx, &pi, &plan, retry_ack, &found.record).await?;
     }
     Ok(finish(&ctx, &pi, &key, &plan, timer))
+}
+
+/// Reads the instance's world from `source`, observes it and decides.
+async fn plan_from(
+    ctx: &Context,
+    pi: &PlatformInstance,
+    source: reader::Source<'_>,
+) -> Result<(decide::Plan, observe::Found), ReconcileError> {
+    let read = reader::read(ctx, pi, source).await?;
+    let (observed, found) = observe::observe(pi, &ctx.settings, read, Timestamp::now());
+    Ok((decide::decide(&observed), found))
 }
 
 /// The end of a successful reconcile: its metrics, and when to look again.
@@ -229,23 +232,14 @@ fn finish(
                 .unwrap_or_default();
             Requeue::requeue(wait.max(Duration::from_secs(1)))
         }
-        // What was just done is looked at on the next poll; a queued task is otherwise left
-        // to the task queue, which wakes the instance when the task starts or its place in the
-        // status changes (`Tasks::woken`, wired in main): polling every queued instance each
-        // --target-poll made the reconciles while provisioning grow with the square of the
-        // instances.
-        decide::Requeue::Queued if !plan.actions.is_empty() => {
+        // What was just done is looked at on the next poll. A queued task is left to the task
+        // queue and a wait on a rollout or an exported kubeconfig to their watches: both wake
+        // the instance (`Tasks::woken`, the watches in main), so polling them is not needed.
+        decide::Requeue::Queued | decide::Requeue::Watched if !plan.actions.is_empty() => {
             Requeue::requeue(ctx.settings.target_poll)
         }
         decide::Requeue::Queued | decide::Requeue::Idle => {
             Requeue::requeue(ctx.settings.repair_interval)
-        }
-        // Waiting for the Deployment's rollout or the exported kubeconfig: their watches wake
-        // the instance, so it is not polled (polling the instances that waited there made most
-        // of the reconciles while a thousand provisioned); the fallback only covers a wake-up
-        // that never came.
-        decide::Requeue::Watched if !plan.actions.is_empty() => {
-            Requeue::requeue(ctx.settings.target_poll)
         }
         decide::Requeue::Watched => Requeue::requeue(watch_fallback(
             ctx.settings.target_poll,
@@ -254,23 +248,19 @@ fn finish(
     }
 }
 
-/// How many `--target-poll`s an instance waiting on a watch waits at most before it is looked
-/// at anyway.
-pub const WATCH_FALLBACK_POLLS: u32 = 30;
+/// How many `--target-poll`s an instance waiting on a watch waits at most.
+const WATCH_FALLBACK_POLLS: u32 = 30;
 
-/// How long an instance waiting on a watch ([`decide::Requeue::Watched`]) waits at most:
-/// [`WATCH_FALLBACK_POLLS`] times `--target-poll` (5 minutes at the default 10 s), never longer
-/// than `--repair-interval`. It is work in progress, so not the repair interval itself (30
-/// minutes by default): a wake-up that never came costs minutes, not half an hour.
-pub fn watch_fallback(target_poll: Duration, repair_interval: Duration) -> Duration {
+/// How long an instance waiting on a watch waits at most, in case the wake-up never comes:
+/// [`WATCH_FALLBACK_POLLS`] times `--target-poll`, within `--repair-interval`.
+fn watch_fallback(target_poll: Duration, repair_interval: Duration) -> Duration {
     target_poll
         .saturating_mul(WATCH_FALLBACK_POLLS)
         .min(repair_interval)
 }
 
-/// What to do after a failed reconcile: count it by the failed step and retry after the
-/// instance's exponential backoff with jitter ([`crate::backoff`]; reset by a successful
-/// reconcile). Invalid specs are not errors, they wait in `decide`.
+/// After a failed reconcile: count it by the failed step and retry after the instance's backoff
+/// ([`crate::backoff`]). Invalid specs are not errors, they wait in `decide`.
 pub fn error_policy(
     pi: Arc<PlatformInstance>,
     error: &ReconcileError,

@@ -1,6 +1,5 @@
-//! The objects the reconciler applies for an instance, as typed `k8s-openapi` objects: the host
-//! namespace, its NetworkPolicy, the instance's kubeconfig Secret and the storage cleanup Job;
-//! and the vCluster chart's values. Pure: unit-tested against what the API server is sent.
+//! The objects the reconciler applies for an instance (host namespace, NetworkPolicy, kubeconfig
+//! Secret, cleanup Job) and the vCluster chart's values. Pure.
 
 use std::collections::BTreeMap;
 
@@ -35,10 +34,8 @@ fn one(key: &str, value: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(key.to_string(), value.to_string())])
 }
 
-/// The host namespace `host_ns` of instance `instance` (`<namespace>/<name>`, UID `uid`),
-/// labelled as a host namespace with the instance's UID and with the Pod Security levels of a
-/// vCluster enforcing `pod_security` inside ([`crate::pod_security::host_namespace_labels`]), and
-/// annotated with its instance.
+/// The host namespace of instance `instance` (UID `uid`), with the Pod Security labels of a
+/// vCluster enforcing `pod_security` inside.
 pub fn namespace(instance: &str, uid: &str, host_ns: &str, pod_security: Level) -> Namespace {
     let mut labels = labels([(HOST_NAMESPACE_LABEL, "true"), (INSTANCE_UID_LABEL, uid)]);
     labels.extend(host_namespace_labels(pod_security));
@@ -54,7 +51,7 @@ pub fn namespace(instance: &str, uid: &str, host_ns: &str, pod_security: Level) 
 }
 
 /// The NetworkPolicy `vcluster-api`: the vCluster's pods take traffic from the operator's
-/// namespace and from their own namespace only; marked with the instance's UID.
+/// namespace and their own only.
 pub fn network_policy(host_ns: &str, uid: &str, operator_ns: &str) -> NetworkPolicy {
     let from = |peer: NetworkPolicyPeer| NetworkPolicyIngressRule {
         from: Some(vec![peer]),
@@ -91,14 +88,12 @@ pub fn network_policy(host_ns: &str, uid: &str, operator_ns: &str) -> NetworkPol
     }
 }
 
-/// The hash of the namespace and NetworkPolicy as applied, kept in the namespace's
-/// applied-hash annotation so that an idle reconcile writes nothing.
+/// The hash of the namespace and NetworkPolicy, annotated so that an idle reconcile writes nothing.
 pub fn namespace_hash(namespace: &Namespace, policy: &NetworkPolicy) -> String {
     hash(&json!([namespace, policy]))
 }
 
-/// The instance's kubeconfig Secret `<name>-kubeconfig` in `namespace`, owned by the instance
-/// and marked with its UID.
+/// The instance's kubeconfig Secret `<name>-kubeconfig`, owned by the instance.
 pub fn kubeconfig_secret_object(
     namespace: &str,
     name: &str,
@@ -129,15 +124,9 @@ pub const CLEANUP_MOUNT: &str = "/storage";
 /// The controller binary in the operator image (its Dockerfile's ENTRYPOINT).
 pub const IMAGE_CONTROLLER: &str = "/usr/local/bin/controller";
 
-/// The storage cleanup Job: mounts `--storage-root-base` and runs `controller cleanup` from the
-/// operator's own image (`--cleanup-image`), which removes only this instance's directory under
-/// it (a DNS label, so it cannot name anything outside), following no symbolic link and crossing
-/// into no other filesystem (`controller::cleanup`). Not privileged: root without privilege
-/// escalation, with only the capabilities that let root remove files whatever their owner and
-/// mode (`DAC_OVERRIDE`, `FOWNER`); pinned to `node` when the node holding the data is known.
-/// Marked with the instance's UID (a Job of another UID, left by an earlier instance of the same
-/// name, is never believed), and bounded by `--cleanup-deadline` (`activeDeadlineSeconds`), so a
-/// pod that is never created or never ends fails the Job instead of leaving the deletion waiting.
+/// The storage cleanup Job: `controller cleanup` from `--cleanup-image` removes only this
+/// instance's directory under `--storage-root-base` (`crate::cleanup`), as root with only the
+/// capabilities to remove any file; pinned to `node`, bounded by `--cleanup-deadline`.
 pub fn cleanup_job(
     settings: &Settings,
     host_ns: &str,
@@ -223,14 +212,8 @@ pub fn cleanup_job(
     }
 }
 
-/// The vCluster chart's values for one instance: the exported kubeconfig names the in-cluster
-/// Service (a name its certificate carries), storage lives under
-/// `--storage-root-base/<host namespace>`, and the host's own NetworkPolicy engine is used
-/// (`networkPolicyEngine: existing`), with the NetworkPolicies written inside synced to the host.
-/// Pods created inside are held to `pod_security` (`policies.podSecurityStandard`: the syncer
-/// copies no pod that breaks it to the host).
-/// Only keys of the chart's `values.schema.json` (which refuses any other key, at the root and in
-/// every object).
+/// The vCluster chart's values for one instance (only keys of the chart's `values.schema.json`,
+/// which refuses any other).
 pub fn vcluster_values(storage_root_base: &str, host_ns: &str, pod_security: Level) -> String {
     let values = json!({
         "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
@@ -252,11 +235,8 @@ pub fn vcluster_values(storage_root_base: &str, host_ns: &str, pod_security: Lev
     serde_saphyr::to_string(&values).unwrap_or_default()
 }
 
-/// A hash of what identifies `service/vcluster`: its UID, and nothing the chart sets. Its labels
-/// carry the chart version (`chart: vcluster-<version>`) and its spec may change between chart
-/// versions, so hashing them made the first operator release with a newer chart see the Service
-/// as changed and delete it, and the garbage collector then removed everything vCluster synced
-/// (vCluster owns it through the Service, `experimental.syncSettings.setOwner`).
+/// A hash of what identifies `service/vcluster`: its UID, nothing the chart sets (hashing its
+/// labels and spec once made a chart upgrade delete it, and with it all vCluster synced).
 pub fn service_hash(svc: &Service) -> String {
     hash(&json!({"uid": svc.metadata.uid}))
 }

@@ -1,6 +1,5 @@
-//! The observe step: a pure function of what [`super::reader`] read about one instance, the
-//! controller's settings and the clock, into [`Observed`] for the decision, plus what the
-//! actions need ([`Found`]). It reads nothing itself.
+//! The observe step: what [`super::reader`] read, the settings and the clock, turned (purely)
+//! into [`Observed`] for the decision and [`Found`] for the actions.
 
 use common::crd::PlatformInstance;
 use common::names::{
@@ -8,6 +7,7 @@ use common::names::{
     OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, host_namespace, kubeconfig_secret,
 };
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
@@ -63,13 +63,10 @@ pub fn observe(
         });
     let exported = read.exported.clone().filter(|_| refused.is_none());
     let kubeconfig = kubeconfig_state(pi, &read, exported.as_deref());
-    let config =
-        match (&exported, read.serves) {
-            (Some(k), Some(true)) if !deleting && settings.install_platform => Some(
-                program_config(pi, settings, &host_ns, k, read.client_secret),
-            ),
-            _ => None,
-        };
+    let platform = read.serves == Some(true) && !deleting && settings.install_platform;
+    let config = (exported.as_deref())
+        .filter(|_| platform)
+        .map(|k| program_config(pi, settings, &host_ns, k, read.client_secret));
     let [helm, install, preview] = read.tasks;
     let observed = Observed {
         generation: pi.meta().generation.unwrap_or(0),
@@ -138,14 +135,9 @@ fn invalid_spec(pi: &PlatformInstance) -> Option<String> {
     }
 }
 
-/// `service/vcluster` against the record `<uid>/<hash>` on the host namespace, by UID only
-/// (records written by earlier releases hashed labels and spec; they still match while the UID
-/// does), so a Service is `Missing` or `Recreated`, never `Changed` by what a chart upgrade
-/// rewrites.
-fn owner_service(
-    recorded: Option<&String>,
-    svc: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-) -> OwnerService {
+/// `service/vcluster` against the record `<uid>/<hash>` on the host namespace, by UID only, so a
+/// chart upgrade (or a record of an earlier release) never makes it look changed.
+fn owner_service(recorded: Option<&String>, svc: Option<&ObjectMeta>) -> OwnerService {
     let Some((uid, _)) = recorded.and_then(|r| r.split_once('/')) else {
         return OwnerService::Unrecorded;
     };
@@ -158,8 +150,8 @@ fn owner_service(
     }
 }
 
-/// The instance's kubeconfig Secret: whether it holds what the vCluster exported (or, when
-/// nothing is exported, exists at all), or whether it is not this instance's.
+/// Whether the instance's kubeconfig Secret holds what was exported (or exists, when nothing
+/// was), or is not this instance's.
 fn kubeconfig_state(
     pi: &PlatformInstance,
     read: &Read,
@@ -197,7 +189,7 @@ fn cleanup(job: Option<(Job, Option<String>)>, uid: &str) -> Cleanup {
 }
 
 /// What a cleanup Job's conditions say: complete, failed (past its deadline or not), or running.
-pub fn job_outcome(job: &Job) -> Cleanup {
+pub(crate) fn job_outcome(job: &Job) -> Cleanup {
     let conditions = job
         .status
         .as_ref()
@@ -222,8 +214,8 @@ pub fn job_outcome(job: &Job) -> Cleanup {
     }
 }
 
-/// Puts together what the program gets: settings, the vCluster's kubeconfig and endpoint, and
-/// tenant auth's client secret. `Err` says what is missing.
+/// What the program gets (settings, the vCluster's kubeconfig and endpoint, tenant auth's client
+/// secret); `Err` says what is missing.
 fn program_config(
     pi: &PlatformInstance,
     settings: &Settings,
@@ -247,8 +239,7 @@ fn program_config(
     }))
 }
 
-/// The installer's view of one instance from its record and tasks (`tasks`: install, preview;
-/// read before `record`).
+/// The installer's view of one instance from its record and tasks (install, preview).
 fn install_observed(
     pi: &PlatformInstance,
     settings: &Settings,

@@ -14,18 +14,20 @@ use common::names::{
     EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, VCLUSTER, VCLUSTER_NETWORK_POLICY,
     host_namespace, kubeconfig_secret,
 };
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, Secret, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ListParams, PartialObjectMeta};
+use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::error::{ReconcileError, observing};
 use super::stores::{Stores, get};
-use super::{Context, install_key, key, preview_key, state_path};
+use super::{Context, key, state_path, task_keys};
 use crate::decide::model::{Protection, Release, TaskState};
 use crate::decide::ownership;
 use crate::helm::{RELEASE, release_from_secrets};
@@ -33,7 +35,7 @@ use crate::installer::record::Record;
 
 /// Where the reader reads the objects of the API server.
 #[derive(Clone, Copy)]
-pub enum Source<'a> {
+pub(crate) enum Source<'a> {
     /// The API server, now.
     Live,
     /// The reflector stores (possibly stale: see [`super::stores`]).
@@ -42,8 +44,7 @@ pub enum Source<'a> {
 
 /// Everything one reconcile of an instance read.
 #[derive(Default)]
-pub struct Read {
-    /// The host namespace.
+pub(crate) struct Read {
     pub namespace: Option<Arc<Namespace>>,
     /// `networkpolicy/vcluster-api` in it exists.
     pub network_policy: bool,
@@ -62,21 +63,19 @@ pub struct Read {
     /// The cleanup Job (deleting with `Delete` only), with the message of the Job controller's
     /// latest `FailedCreate` Event while no pod runs.
     pub cleanup: Option<(Job, Option<String>)>,
-    /// Tenant auth's client secret, read when the program's config is put together: `Err` says
-    /// what is missing.
+    /// Tenant auth's client secret, when the program's config is put together.
     pub client_secret: Option<Result<String, Missing>>,
     /// The helm, install and preview tasks (read before the record).
     pub tasks: [TaskState; 3],
     /// The installer's record.
     pub record: Record,
-    /// The admission policy's state.
     pub protection: Protection,
     /// The instance's state directory exists.
     pub state_exists: bool,
 }
 
 /// Reads one instance's world from `source`.
-pub async fn read(
+pub(crate) async fn read(
     ctx: &Context,
     pi: &PlatformInstance,
     source: Source<'_>,
@@ -84,59 +83,48 @@ pub async fn read(
     let ns = pi.namespace().unwrap_or_default();
     let host_ns = host_namespace(&ns, &pi.name_any());
     let uid = pi.uid().unwrap_or_default();
-    let client = &ctx.client;
+    let namespace = match source {
+        Source::Stored(stores) => get(&stores.namespaces, "", &host_ns),
+        Source::Live => Api::<Namespace>::all(ctx.client.clone())
+            .get_opt(&host_ns)
+            .await
+            .map_err(observing(format!("namespace {host_ns}")))?
+            .map(Arc::new),
+    };
     let mut read = Read {
-        namespace: fetch(
-            source.map(|s| &s.namespaces),
-            || Api::all(client.clone()),
-            "",
-            &host_ns,
-        )
-        .await
-        .map_err(observing(format!("namespace {host_ns}")))?,
+        namespace,
         ..Read::default()
     };
     let ours = read
         .namespace
         .as_deref()
         .is_some_and(|n| ownership::host_namespace(n, &key(pi), &uid).is_none());
+    let host = In::new(ctx, source, &host_ns);
     if ours {
-        read.network_policy = fetch::<PartialObjectMeta<NetworkPolicy>>(
-            source.map(|s| &s.network_policies),
-            || api_in(client, &host_ns),
-            &host_ns,
-            VCLUSTER_NETWORK_POLICY,
-        )
-        .await
-        .map_err(observing("the host NetworkPolicy"))?
-        .is_some();
+        read.network_policy = host
+            .get(
+                |s| &s.network_policies,
+                VCLUSTER_NETWORK_POLICY,
+                "the host NetworkPolicy",
+            )
+            .await?
+            .is_some();
         read.release = Some(release(ctx, source, &host_ns).await?);
-        read.service = fetch::<PartialObjectMeta<Service>>(
-            source.map(|s| &s.services),
-            || api_in(client, &host_ns),
-            &host_ns,
-            VCLUSTER,
-        )
-        .await
-        .map_err(observing("service/vcluster"))?
-        .map(|s| s.metadata.clone());
-        read.deployment = fetch(
-            source.map(|s| &s.deployments),
-            || api_in(client, &host_ns),
-            &host_ns,
-            VCLUSTER,
-        )
-        .await
-        .map_err(observing("the vCluster Deployment"))?;
-        read.exported = fetch::<Secret>(
-            source.map(|s| &s.exported),
-            || api_in(client, &host_ns),
-            &host_ns,
-            EXPORTED_KUBECONFIG_SECRET,
-        )
-        .await
-        .map_err(observing("the exported kubeconfig"))?
-        .and_then(|s| exported_kubeconfig(&s));
+        read.service = host
+            .get(|s| &s.services, VCLUSTER, "service/vcluster")
+            .await?
+            .map(|s| s.metadata.clone());
+        read.deployment = host
+            .get(|s| &s.deployments, VCLUSTER, "the vCluster Deployment")
+            .await?;
+        read.exported = host
+            .get(
+                |s| &s.exported,
+                EXPORTED_KUBECONFIG_SECRET,
+                "the exported kubeconfig",
+            )
+            .await?
+            .and_then(|s| exported_kubeconfig(&s));
         if let Some(kubeconfig) = &read.exported
             && super::kubeconfig::vet(kubeconfig).is_ok()
             && matches!(read.release, Some(Release::Deployed { .. }))
@@ -148,33 +136,28 @@ pub async fn read(
             read.serves = Some(ctx.probes.serves(&host_ns, kubeconfig, &ctx.settings).await);
         }
     }
-    read.kubeconfig = fetch(
-        source.map(|s| &s.kubeconfigs),
-        || api_in(client, &ns),
-        &ns,
-        &kubeconfig_secret(&pi.name_any()),
-    )
-    .await
-    .map_err(observing("the kubeconfig Secret"))?;
+    read.kubeconfig = In::new(ctx, source, &ns)
+        .get(
+            |s| &s.kubeconfigs,
+            &kubeconfig_secret(&pi.name_any()),
+            "the kubeconfig Secret",
+        )
+        .await?;
     read.cleanup = cleanup(ctx, pi, &host_ns).await?;
     let deleting = pi.meta().deletion_timestamp.is_some();
-    if read.serves == Some(true) && !deleting && ctx.settings.install_platform {
-        read.client_secret = match pi
+    if read.serves == Some(true)
+        && !deleting
+        && ctx.settings.install_platform
+        && let Some(auth) = pi
             .spec
             .platform
             .as_ref()
             .and_then(|p| p.tenant_auth.as_ref())
-        {
-            Some(auth) => Some(client_secret(ctx, pi, &auth.client_secret_ref).await?),
-            None => None,
-        };
+    {
+        read.client_secret = Some(client_secret(ctx, pi, &auth.client_secret_ref).await?);
     }
     // The tasks' states before the record (see `InstallOutcome::fold`).
-    read.tasks = [
-        ctx.tasks.state(&key(pi)),
-        ctx.tasks.state(&install_key(pi)),
-        ctx.tasks.state(&preview_key(pi)),
-    ];
+    read.tasks = task_keys(pi).map(|k| ctx.tasks.state(&k));
     read.record = ctx.installer.record(&ns, &pi.name_any());
     read.protection = ctx
         .protection
@@ -185,37 +168,50 @@ pub async fn read(
     Ok(read)
 }
 
-impl<'a> Source<'a> {
-    /// The store `pick` names, when reading the stores.
-    fn map<T>(self, pick: impl FnOnce(&'a Stores) -> &'a T) -> Option<&'a T> {
-        match self {
-            Source::Stored(stores) => Some(pick(stores)),
-            Source::Live => None,
-        }
-    }
-}
-
-fn api_in<K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>(
+fn api_in<K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>>(
     client: &kube::Client,
     namespace: &str,
 ) -> Api<K> {
     Api::namespaced(client.clone(), namespace)
 }
 
-/// `name` in `namespace` from `store` when given, else from the API server.
-async fn fetch<K>(
-    store: Option<&kube::runtime::reflector::Store<K>>,
-    api: impl FnOnce() -> Api<K>,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<Arc<K>>, kube::Error>
-where
-    K: Resource<DynamicType = ()> + kube::runtime::reflector::Lookup<DynamicType = ()>,
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
-{
-    match store {
-        Some(store) => Ok(get(store, namespace, name)),
-        None => Ok(api().get_opt(name).await?.map(Arc::new)),
+/// The objects of one namespace, as `source` has them.
+struct In<'a> {
+    client: &'a kube::Client,
+    source: Source<'a>,
+    namespace: &'a str,
+}
+
+impl<'a> In<'a> {
+    fn new(ctx: &'a Context, source: Source<'a>, namespace: &'a str) -> Self {
+        let client = &ctx.client;
+        Self {
+            client,
+            source,
+            namespace,
+        }
+    }
+
+    /// `name` from the store `pick` names when reading the stores, else from the API server.
+    async fn get<K>(
+        &self,
+        pick: impl FnOnce(&'a Stores) -> &'a Store<K>,
+        name: &str,
+        what: &str,
+    ) -> Result<Option<Arc<K>>, ReconcileError>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + kube::runtime::reflector::Lookup<DynamicType = ()>,
+        K: Clone + DeserializeOwned + std::fmt::Debug + 'static,
+    {
+        match self.source {
+            Source::Stored(stores) => Ok(get(pick(stores), self.namespace, name)),
+            Source::Live => Ok(api_in::<K>(self.client, self.namespace)
+                .get_opt(name)
+                .await
+                .map_err(observing(what))?
+                .map(Arc::new)),
+        }
     }
 }
 
@@ -225,35 +221,32 @@ async fn release(
     source: Source<'_>,
     host_ns: &str,
 ) -> Result<Release, ReconcileError> {
-    let metas: Vec<ObjectMeta> = match source {
+    let record = |metadata| Secret {
+        metadata,
+        ..Secret::default()
+    };
+    let records: Vec<Secret> = match source {
         Source::Stored(stores) => stores
             .releases
             .state()
             .iter()
             .filter(|s| s.metadata.namespace.as_deref() == Some(host_ns))
-            .map(|s| s.metadata.clone())
+            .map(|s| record(s.metadata.clone()))
             .collect(),
-        Source::Live => Api::<Secret>::namespaced(ctx.client.clone(), host_ns)
+        Source::Live => api_in::<Secret>(&ctx.client, host_ns)
             .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
             .await
             .map_err(observing("the vCluster release"))?
             .items
             .into_iter()
-            .map(|s| s.metadata)
+            .map(|s| record(s.metadata))
             .collect(),
     };
-    let secrets: Vec<Secret> = metas
-        .into_iter()
-        .map(|metadata| Secret {
-            metadata,
-            ..Secret::default()
-        })
-        .collect();
-    Ok(release_from_secrets(&secrets))
+    Ok(release_from_secrets(&records))
 }
 
 /// The kubeconfig an exported kubeconfig Secret holds (its `config` key), if any.
-pub fn exported_kubeconfig(secret: &Secret) -> Option<String> {
+fn exported_kubeconfig(secret: &Secret) -> Option<String> {
     secret
         .data
         .as_ref()?
@@ -294,8 +287,8 @@ async fn cleanup(
         .map_err(observing("the cleanup Job's events"))?;
     let blocked = events
         .items
-        .iter()
-        .filter_map(|e| e.message.clone())
+        .into_iter()
+        .filter_map(|e| e.message)
         .next_back();
     Ok(Some((job, blocked)))
 }
@@ -331,7 +324,7 @@ async fn client_secret(
 /// What the platform program's config lacks (the message says what and how to fix it).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct Missing(pub String);
+pub(crate) struct Missing(pub String);
 
 /// Whether each vCluster's API serves (`GET /version` through the kubeconfig it exported),
 /// asked at most once per `--target-poll` per vCluster while its kubeconfig stays the same. One

@@ -1,6 +1,5 @@
-//! The report step: writes the status when it differs from what the instance shows, publishes an
-//! Event for every condition that changed (its severity from the reason, see
-//! [`crate::decide::status::Cond::severity`]), and keeps the instances-by-phase gauge.
+//! The report step: writes the status when it changed, an Event for every condition that
+//! changed, and keeps the instances-by-phase gauge.
 
 use common::conditions::{self as c, merge};
 use common::crd::{Phase, PlatformInstance, PlatformInstanceStatus, SecretKeyRef};
@@ -42,7 +41,7 @@ pub async fn report(
             &Patch::Apply(&patch),
         )
         .await
-        .map_err(|source| ReconcileError::WriteStatus { source })?;
+        .map_err(ReconcileError::WriteStatus)?;
     ctx.metrics.writes.with_label_values(&["status"]).inc();
     publish_events(ctx, pi, plan, &old).await;
     Ok(())
@@ -142,8 +141,7 @@ async fn publish_events(
     }
 }
 
-/// The Events of an instance whose finalizer was just removed: its status is not written any
-/// more, so what its last plan says (such as `LeftAlone`) reaches the user as Events only.
+/// The Events of an instance whose finalizer was just removed (its status is not written again).
 pub async fn farewell(ctx: &Context, pi: &PlatformInstance, plan: &Plan) {
     let old = pi.status.clone().unwrap_or_default();
     publish_events(ctx, pi, plan, &old).await;
@@ -161,9 +159,8 @@ pub fn forget(ctx: &Context, key: &str) {
     }
 }
 
-/// Records `phase` as instance `key`'s last reported phase (`None`: the instance is gone) and
-/// moves the instances-by-phase gauge with it: one step per reconcile, not a count over every
-/// instance (which made a full resync cost the square of the instances).
+/// Records instance `key`'s last reported phase (`None`: gone) and moves the instances-by-phase
+/// gauge by one step (a count over every instance made a resync cost their square).
 fn record_phase(ctx: &Context, key: String, phase: Option<Phase>) {
     let Ok(mut phases) = ctx.phases.lock() else {
         return;
@@ -175,16 +172,11 @@ fn record_phase(ctx: &Context, key: String, phase: Option<Phase>) {
     if old == phase {
         return;
     }
+    let gauge = |p: Phase| ctx.metrics.instances.with_label_values(&[p.as_str()]);
     if let Some(old) = old {
-        ctx.metrics
-            .instances
-            .with_label_values(&[old.as_str()])
-            .dec();
+        gauge(old).dec();
     }
     if let Some(phase) = phase {
-        ctx.metrics
-            .instances
-            .with_label_values(&[phase.as_str()])
-            .inc();
+        gauge(phase).inc();
     }
 }

@@ -1,12 +1,8 @@
-//! The watch caches [`super::reader`] reads first: kube's reflector stores, one per kind, each
-//! narrowed by a label or field selector to what the controller made or the vCluster chart
-//! renders, with what nothing reads (managed fields, Helm's release payloads, pod templates,
-//! other Secret keys) dropped before it is stored.
+//! The watch caches [`super::reader`] reads first: one reflector store per kind, narrowed by a
+//! selector to what the controller or the chart made, with what nothing reads dropped.
 //!
-//! A store may be stale. [`super::reconcile`] therefore believes the stores only to conclude
-//! that nothing is to be done: any action or status change is decided again from a fresh read of
-//! the API server, and every write or delete keeps its own ownership check. Until every store has
-//! listed once ([`Stores::ready`]) the reconciler reads the API server.
+//! A store may be stale, so it is believed only to conclude that nothing is to be done (see
+//! [`super::reconcile`]); until every store has listed once the reconciler reads the API server.
 
 use std::fmt::Debug;
 
@@ -51,8 +47,7 @@ pub struct Stores {
     pub kubeconfigs: Store<Secret>,
 }
 
-/// The watches that also wake instances, for the controller to drive: each feeds its store
-/// before it passes an object on.
+/// The watches that also wake instances; each feeds its store before it passes an object on.
 pub struct Triggers {
     /// The operator's Secrets (owned by instances).
     pub kubeconfigs: Trigger<Secret>,
@@ -66,8 +61,7 @@ pub struct Triggers {
     pub releases: Trigger<PartialObjectMeta<Secret>>,
 }
 
-/// A reflected watch of `api` narrowed by `config`, with backoff, `trim` applied to each object
-/// before it is stored: its store and the objects it touches.
+/// A reflected watch of `api` narrowed by `config`, `trim` applied before an object is stored.
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -101,10 +95,8 @@ fn keep_key(secret: &mut Secret, key: &str) {
 }
 
 impl Stores {
-    /// Starts the watches that only feed a store (each in a task of its own) and returns the
-    /// stores with the watches that also wake instances ([`Triggers`]), which feed their stores
-    /// while the controller runs them. `watch_namespace` narrows the instances' Secrets to the
-    /// namespace the controller watches.
+    /// Starts the watches that only feed a store and returns the stores with the [`Triggers`];
+    /// `watch_namespace` narrows the instances' Secrets to the namespace the controller watches.
     pub fn start(client: &kube::Client, watch_namespace: Option<&str>) -> (Self, Triggers) {
         let by_name =
             |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -204,7 +196,7 @@ impl Stores {
 }
 
 /// `name` in `namespace` (`""` for a cluster-scoped kind) from `store`.
-pub fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<std::sync::Arc<K>>
+pub(crate) fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<std::sync::Arc<K>>
 where
     K: Lookup<DynamicType = ()> + Clone + 'static,
 {
