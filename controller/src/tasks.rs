@@ -85,6 +85,13 @@ pub struct Tasks {
 }
 
 impl Tasks {
+    /// The registry's state; a panic while it was held left nothing half-done worth refusing.
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// A registry running at most `limit` bounded tasks at once.
     pub fn new(
         limit: usize,
@@ -102,9 +109,7 @@ impl Tasks {
 
     /// What the task of `key` is doing.
     pub fn state(&self, key: &str) -> TaskState {
-        let Ok(inner) = self.inner.lock() else {
-            return TaskState::Idle;
-        };
+        let inner = self.inner();
         if inner.running.contains_key(key) {
             return TaskState::Running;
         }
@@ -119,10 +124,7 @@ impl Tasks {
 
     /// How long until `key` may retry after a failure (zero when it may now).
     pub fn retry_in(&self, key: &str) -> Duration {
-        let Ok(inner) = self.inner.lock() else {
-            return Duration::ZERO;
-        };
-        inner
+        self.inner()
             .failed
             .get(key)
             .map(|f| f.wait.saturating_sub(f.at.elapsed()))
@@ -131,9 +133,7 @@ impl Tasks {
 
     /// Forgets the backoff of `key` (a person asked for an immediate retry).
     pub fn clear_backoff(&self, key: &str) {
-        if let Ok(mut inner) = self.inner.lock()
-            && let Some(f) = inner.failed.get_mut(key)
-        {
+        if let Some(f) = self.inner().failed.get_mut(key) {
             f.wait = Duration::ZERO;
         }
     }
@@ -171,9 +171,7 @@ impl Tasks {
         work: BoxFuture<'static, Result<(), TaskError>>,
     ) -> bool {
         {
-            let Ok(mut inner) = self.inner.lock() else {
-                return false;
-            };
+            let mut inner = self.inner();
             if inner.running.contains_key(key) || inner.queue.iter().any(|w| w.key == key) {
                 return false;
             }
@@ -208,28 +206,25 @@ impl Tasks {
         let work = Abortable::new(work, registration);
         tokio::spawn(async move {
             let result = work.await;
-            if let Ok(mut inner) = this.inner.lock() {
-                // Cancelled: `cancel` already forgot it (and the key may run a new task now).
-                let Ok(result) = result else {
-                    return;
-                };
+            // Cancelled: `cancel` already forgot it (and the key may run a new task now).
+            let Ok(result) = result else {
+                return;
+            };
+            {
+                let mut inner = this.inner();
                 inner.running.remove(&key);
-                match result {
-                    Ok(()) => {
-                        inner.failed.remove(&key);
-                    }
-                    Err(error) => {
-                        let mut waits = inner.failed.remove(&key).map_or_else(waits, |f| f.waits);
-                        let wait = waits.next().unwrap_or(BACKOFF_CAP);
-                        let at = Instant::now();
-                        let failure = Failure {
-                            error,
-                            wait,
-                            waits,
-                            at,
-                        };
-                        inner.failed.insert(key.clone(), failure);
-                    }
+                let failed = inner.failed.remove(&key);
+                if let Err(error) = result {
+                    let mut waits = failed.map_or_else(waits, |f| f.waits);
+                    let wait = waits.next().unwrap_or(BACKOFF_CAP);
+                    let at = Instant::now();
+                    let failure = Failure {
+                        error,
+                        wait,
+                        waits,
+                        at,
+                    };
+                    inner.failed.insert(key.clone(), failure);
                 }
             }
             this.dispatch();
@@ -242,7 +237,8 @@ impl Tasks {
     /// task started or whose place changed (also after a queued task was cancelled or forgotten).
     fn dispatch(self: &Arc<Self>) {
         let mut woken = Vec::new();
-        if let Ok(mut inner) = self.inner.lock() {
+        {
+            let mut inner = self.inner();
             while inner.running.len() < self.limit {
                 let Some(Waiting { key, work, .. }) = inner.queue.pop_front() else {
                     break;
@@ -264,9 +260,7 @@ impl Tasks {
     /// which kills the processes it started. Returns whether there was one.
     pub fn cancel(self: &Arc<Self>, key: &str) -> bool {
         let found = {
-            let Ok(mut inner) = self.inner.lock() else {
-                return false;
-            };
+            let mut inner = self.inner();
             let queued = inner.queue.len();
             inner.queue.retain(|w| w.key != key);
             let running = inner.running.remove(key);
@@ -282,10 +276,10 @@ impl Tasks {
 
     /// Drops the record of `key` (the instance is gone).
     pub fn forget(self: &Arc<Self>, key: &str) {
-        if let Ok(mut inner) = self.inner.lock() {
-            inner.failed.remove(key);
-            inner.queue.retain(|w| w.key != key);
-        }
+        let mut inner = self.inner();
+        inner.failed.remove(key);
+        inner.queue.retain(|w| w.key != key);
+        drop(inner);
         // The tasks behind it moved up.
         self.dispatch();
     }
