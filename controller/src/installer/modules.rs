@@ -39,11 +39,8 @@ pub enum TreeError {
     /// A file or folder of the tree store could not be read, written or removed.
     #[error("{what} {path} failed: {source}; check the state volume")]
     Io {
-        /// What was done.
         what: &'static str,
-        /// The path.
         path: PathBuf,
-        /// Why.
         source: std::io::Error,
     },
     /// A blocking task of the store was lost (the runtime is shutting down).
@@ -51,13 +48,26 @@ pub enum TreeError {
     Interrupted(String),
 }
 
-/// An error of [`Trees::ensure`]: the store's own, or the build's.
+/// An error of [`Trees::ensure`]: the store's own, or the build's (npm).
 #[derive(Debug)]
 pub enum EnsureError<E> {
-    /// The store failed.
     Tree(TreeError),
-    /// The build (npm) failed.
     Build(E),
+}
+
+impl<E> From<TreeError> for EnsureError<E> {
+    fn from(e: TreeError) -> Self {
+        EnsureError::Tree(e)
+    }
+}
+
+/// Runs `f` on the blocking pool.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, TreeError> + Send + 'static,
+) -> Result<T, TreeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TreeError::Interrupted(e.to_string()))?
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TreeError + 'a {
@@ -115,26 +125,28 @@ struct Manifest {
     entries: Vec<Entry>,
 }
 
-/// The key of a tree: a digest of the inputs that decide what npm installs.
-pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
+/// The hex SHA-256 of `parts`, each prefixed by its length.
+pub fn sha256_hex(parts: &[&[u8]]) -> String {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for part in [
-        package_json.as_bytes(),
-        npmrc.as_bytes(),
-        if allow_scripts {
-            b"scripts"
-        } else {
-            b"noscripts"
-        },
-    ] {
+    for part in parts {
         ctx.update(&(part.len() as u64).to_be_bytes());
         ctx.update(part);
     }
-    hex(ctx.finish().as_ref())[..32].to_string()
+    ctx.finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The key of a tree: a digest of the inputs that decide what npm installs.
+pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
+    let scripts: &[u8] = if allow_scripts {
+        b"scripts"
+    } else {
+        b"noscripts"
+    };
+    sha256_hex(&[package_json.as_bytes(), npmrc.as_bytes(), scripts])[..32].to_string()
 }
 
 fn is_key(name: &str) -> bool {
@@ -142,18 +154,7 @@ fn is_key(name: &str) -> bool {
 }
 
 fn sha256_file(path: &Path) -> Result<String, TreeError> {
-    use std::io::Read;
-    let mut file = fs::File::open(path).map_err(io("reading", path))?;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = file.read(&mut buf).map_err(io("reading", path))?;
-        if n == 0 {
-            break;
-        }
-        ctx.update(&buf[..n]);
-    }
-    Ok(hex(ctx.finish().as_ref()))
+    crate::chart::sha256_file(path).map_err(io("reading", path))
 }
 
 /// Every entry under `top` (sorted by path, `/`-separated, relative), the manifest excluded,
@@ -442,15 +443,12 @@ impl Trees {
         let top = self.tree(key);
         let checked = {
             let (top, key) = (top.clone(), key.to_string());
-            tokio::task::spawn_blocking(move || {
-                if fs::symlink_metadata(&top).is_err() {
-                    None
-                } else {
-                    Some(verify(&top, &key))
-                }
+            blocking(move || {
+                Ok(fs::symlink_metadata(&top)
+                    .is_ok()
+                    .then(|| verify(&top, &key)))
             })
-            .await
-            .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
+            .await?
         };
         let outcome = match checked {
             Some(Ok(())) => return Ok(Outcome::Reused),
@@ -463,39 +461,25 @@ impl Trees {
         let dir = self.root.join(format!(".build-{key}-{}", nonce()));
         // Removing a whole tree can take seconds on a slow volume: on the blocking pool, not
         // on an async worker.
-        {
-            let trees = self.clone();
-            let (discard, dir, key) = (
-                matches!(outcome, Outcome::Rebuilt(_)).then_some(top.clone()),
-                dir.clone(),
-                key.to_string(),
-            );
-            tokio::task::spawn_blocking(move || {
-                if let Some(top) = discard {
-                    trees.discard(&top)?;
-                }
-                // Leftovers of builds of this key that were stopped (no one else builds it:
-                // the lock).
-                trees.remove_matching(&format!(".build-{key}-"));
-                fs::create_dir_all(&dir).map_err(io("creating", &dir))
-            })
-            .await
-            .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
-            .map_err(EnsureError::Tree)?;
-        }
+        let discard = matches!(outcome, Outcome::Rebuilt(_)).then(|| top.clone());
+        let (trees, build_dir, leftovers) = (self.clone(), dir.clone(), format!(".build-{key}-"));
+        blocking(move || {
+            if let Some(top) = discard {
+                trees.discard(&top)?;
+            }
+            // Leftovers of builds of this key that were stopped (no one else builds it: the
+            // lock).
+            trees.remove_matching(&leftovers);
+            fs::create_dir_all(&build_dir).map_err(io("creating", &build_dir))?;
+            Ok(())
+        })
+        .await?;
         // A build stopped here (a timeout drops this future) leaves `dir`, which is never used
         // and removed by the next build or collection.
         build(dir.clone()).await.map_err(EnsureError::Build)?;
-        let sealed = {
-            let (dir, key) = (dir.clone(), key.to_string());
-            tokio::task::spawn_blocking(move || seal(&dir, &key))
-                .await
-                .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
-        };
-        sealed.map_err(EnsureError::Tree)?;
-        fs::rename(&dir, &top)
-            .map_err(io("moving the built tree to", &top))
-            .map_err(EnsureError::Tree)?;
+        let (sealed, key) = (dir.clone(), key.to_string());
+        blocking(move || seal(&sealed, &key)).await?;
+        fs::rename(&dir, &top).map_err(io("moving the built tree to", &top))?;
         Ok(outcome)
     }
 
