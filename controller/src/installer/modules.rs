@@ -83,7 +83,6 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 pub enum Outcome {
     /// A checked tree was there and is used as it is: no npm ran.
     Reused,
-    /// There was no tree: it was built.
     Built,
     /// The tree failed its check (the reason) and was built again.
     Rebuilt(String),
@@ -93,11 +92,14 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 enum Entry {
-    /// A folder.
-    Dir { path: String },
+    Dir {
+        path: String,
+    },
     /// A symbolic link and its target.
-    Link { path: String, target: String },
-    /// A regular file.
+    Link {
+        path: String,
+        target: String,
+    },
     File {
         path: String,
         size: u64,
@@ -116,7 +118,6 @@ impl Entry {
     }
 }
 
-/// The manifest of a complete tree.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Manifest {
@@ -147,6 +148,11 @@ pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
         b"noscripts"
     };
     sha256_hex(&[package_json.as_bytes(), npmrc.as_bytes(), scripts])[..32].to_string()
+}
+
+/// The entries of folder `dir` that can be read (none if it cannot be listed).
+fn entries(dir: &Path) -> impl Iterator<Item = fs::DirEntry> + use<> {
+    fs::read_dir(dir).into_iter().flatten().flatten()
 }
 
 fn is_key(name: &str) -> bool {
@@ -218,8 +224,7 @@ fn make_read_only(top: &Path) -> Result<(), TreeError> {
     let mut entries = walk(top)?;
     entries.reverse();
     for (_, path, meta) in entries {
-        let kind = meta.file_type();
-        if kind.is_symlink() {
+        if meta.file_type().is_symlink() {
             continue;
         }
         let mode = meta.permissions().mode();
@@ -243,9 +248,7 @@ pub(crate) fn make_removable(top: &Path) {
             if mode & 0o700 != 0o700 {
                 let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(mode | 0o700));
             }
-            if let Ok(entries) = fs::read_dir(&dir) {
-                dirs.extend(entries.flatten().map(|e| e.path()));
-            }
+            dirs.extend(entries(&dir).map(|e| e.path()));
         }
     }
 }
@@ -269,7 +272,7 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
         ));
     }
     let found = walk(top).map_err(|e| e.to_string())?;
-    let mut expected = manifest.entries.iter().peekable();
+    let mut expected = manifest.entries.iter();
     for (rel, path, meta) in &found {
         let Some(want) = expected.next() else {
             return Err(format!("{rel} is not in its manifest"));
@@ -317,22 +320,17 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
 /// Describes the complete tree at `top` in its manifest, written last and atomically.
 fn seal(top: &Path, key: &str) -> Result<(), TreeError> {
     make_read_only(&top.join(MODULES))?;
-    let mut entries = Vec::new();
-    for (rel, path, meta) in walk(top)? {
-        if let Some(entry) = entry_of(rel, &path, &meta)? {
-            entries.push(entry);
-        }
-    }
+    let entries = walk(top)?
+        .into_iter()
+        .filter_map(|(rel, path, meta)| entry_of(rel, &path, &meta).transpose())
+        .collect::<Result<_, _>>()?;
     let manifest = Manifest {
         format: FORMAT,
         key: key.to_string(),
         entries,
     };
-    let text = serde_json::to_vec(&manifest).map_err(|e| TreeError::Io {
-        what: "writing the manifest of",
-        path: top.to_path_buf(),
-        source: std::io::Error::other(e),
-    })?;
+    let text = serde_json::to_vec(&manifest)
+        .map_err(|e| io("writing the manifest of", top)(std::io::Error::other(e)))?;
     let part = top.join(format!("{MANIFEST}.part"));
     {
         use std::io::Write;
@@ -364,7 +362,6 @@ pub struct KeyLock {
 /// Where the trees live (`<--state-dir>/.cache/modules`).
 #[derive(Clone, Debug)]
 pub struct Trees {
-    /// The folder of the trees.
     pub root: PathBuf,
 }
 
@@ -485,10 +482,7 @@ impl Trees {
 
     /// Removes the entries of the store whose names start with `prefix`.
     fn remove_matching(&self, prefix: &str) {
-        let Ok(entries) = fs::read_dir(&self.root) else {
-            return;
-        };
-        for entry in entries.flatten() {
+        for entry in entries(&self.root) {
             if entry.file_name().to_string_lossy().starts_with(prefix) {
                 let path = entry.path();
                 make_removable(&path);
@@ -548,42 +542,22 @@ impl Trees {
 
     /// The keys instances under `state_dir` (`<namespace>/<name>/platform/node_modules`) link to.
     pub fn linked_keys(&self, state_dir: &Path) -> std::collections::BTreeSet<String> {
-        let mut keys = std::collections::BTreeSet::new();
-        let Ok(namespaces) = fs::read_dir(state_dir) else {
-            return keys;
-        };
-        for ns in namespaces.flatten() {
-            if ns.file_name().to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let Ok(instances) = fs::read_dir(ns.path()) else {
-                continue;
-            };
-            for instance in instances.flatten() {
-                let link = instance.path().join("platform").join(MODULES);
-                if let Ok(target) = fs::read_link(&link)
-                    && let Some(key) = target
-                        .parent()
-                        .and_then(Path::file_name)
-                        .map(|k| k.to_string_lossy().into_owned())
-                    && is_key(&key)
-                {
-                    keys.insert(key);
-                }
-            }
-        }
-        keys
+        entries(state_dir)
+            .filter(|ns| !ns.file_name().to_string_lossy().starts_with('.'))
+            .flat_map(|ns| entries(&ns.path()))
+            .filter_map(|instance| {
+                fs::read_link(instance.path().join("platform").join(MODULES)).ok()
+            })
+            .filter_map(|target| Some(target.parent()?.file_name()?.to_string_lossy().into_owned()))
+            .filter(|key| is_key(key))
+            .collect()
     }
 
     /// Removes the trees no instance under `state_dir` links to (and the leftovers of stopped
     /// builds and removals), skipping any tree an install holds the lock of. Returns the keys
     /// removed.
     pub fn collect(&self, state_dir: &Path) -> Vec<String> {
-        let Ok(entries) = fs::read_dir(&self.root) else {
-            return Vec::new();
-        };
-        let names: Vec<String> = entries
-            .flatten()
+        let names: Vec<String> = entries(&self.root)
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         self.remove_matching(".trash-");
