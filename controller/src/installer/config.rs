@@ -69,41 +69,29 @@ pub fn settings(inputs: &Inputs<'_>) -> Value {
     }
     // The gateway's URLs are top-level settings of the platform (seed 003).
     for key in ["httpEndpoint", "routeUrlPattern"] {
-        let value = match out.get_mut("gateway") {
-            Some(Value::Object(gateway)) => gateway.remove(key),
-            _ => None,
-        };
-        if let Some(value) = value {
+        if let Some(value) = out
+            .get_mut("gateway")
+            .and_then(Value::as_object_mut)
+            .and_then(|gateway| gateway.remove(key))
+        {
             out.insert(key.into(), value);
         }
     }
-    out.entry("tenants").or_insert_with(|| json!([]));
-    out.entry("users").or_insert_with(|| json!([]));
-    out.entry("egressAllowedDestinations")
-        .or_insert_with(|| json!([]));
-    out.entry("networkPolicyEngine")
-        .or_insert_with(|| json!("existing"));
-    out.entry("gateway")
-        .or_insert_with(|| json!({"httpNodePort": 0}));
+    for (key, default) in [
+        ("tenants", json!([])),
+        ("users", json!([])),
+        ("egressAllowedDestinations", json!([])),
+        ("networkPolicyEngine", json!("existing")),
+        ("gateway", json!({"httpNodePort": 0})),
+    ] {
+        out.entry(key).or_insert(default);
+    }
     out.insert("storageRoot".into(), json!(inputs.storage_root));
     out.insert(
         "kubernetesEndpoint".into(),
         json!(inputs.kubernetes_endpoint),
     );
     Value::Object(out)
-}
-
-fn sha256_hex(parts: &[&[u8]]) -> String {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for part in parts {
-        ctx.update(&(part.len() as u64).to_be_bytes());
-        ctx.update(part);
-    }
-    ctx.finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// Everything one install gives the program, with its hash.
@@ -119,7 +107,7 @@ pub fn program_config(inputs: &Inputs<'_>) -> ProgramConfig {
         parts.push(key.as_bytes());
         parts.push(value.as_bytes());
     }
-    let hash = format!("sha256:{}", &sha256_hex(&parts)[..16]);
+    let hash = format!("sha256:{}", &super::modules::sha256_hex(&parts)[..16]);
     ProgramConfig {
         settings,
         secrets,

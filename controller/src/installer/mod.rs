@@ -3,21 +3,21 @@
 //!
 //! Each instance has a directory `<--state-dir>/<namespace>/<name>/` holding its generated
 //! project (`platform/`: `Pulumi.yaml`, `package.json` naming the one exact version, npm's
-//! lockfile, `index.js`), the stack `dev` on a local file backend inside it
-//! (`platform/state/`) and the install record
-//! ([`record`]). npm's cache and Pulumi's plugins live under `<--state-dir>/.cache/`, shared by
-//! every instance. Installs and repair previews run as tracked tasks (see [`crate::tasks`]),
-//! bounded by `--install-timeout`; the tools run as process groups that die with the task.
+//! lockfile, `index.js`), the stack `dev` on a local file backend inside it (`platform/state/`)
+//! and the install record. npm's cache and Pulumi's plugins live under `<--state-dir>/.cache/`,
+//! shared by every instance. Installs and repair previews run as tracked tasks (see
+//! [`crate::tasks`]), bounded by `--install-timeout`; the tools run as process groups that die
+//! with the task.
 
-pub mod config;
-pub mod modules;
-pub mod npm;
-pub mod process;
-pub mod pulumi;
-pub mod record;
+pub(crate) mod config;
+pub(crate) mod modules;
+pub(crate) mod npm;
+pub(crate) mod process;
+pub(crate) mod pulumi;
+pub(crate) mod record;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::crd::{Endpoints, InstallResult, InstallSummary, LastInstall};
 use k8s_openapi::ByteString;
@@ -30,13 +30,14 @@ use crate::api::{apply, delete_ignoring_404};
 use crate::decide::model::{Mode, TaskError};
 use common::names::{KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL};
 use config::ProgramConfig;
+use pulumi::ConfigValue;
 use record::{Failure, Preview, Record};
 
 /// The npm package of the platform.
-pub const PACKAGE: &str = "@di-framework/platform";
+pub(crate) const PACKAGE: &str = "@di-framework/platform";
 /// The Pulumi Node.js SDK: the generated program requires it, and Pulumi's language host loads
 /// it from the project.
-pub const SDK_PACKAGE: &str = "@pulumi/pulumi";
+pub(crate) const SDK_PACKAGE: &str = "@pulumi/pulumi";
 /// The `@pulumi/pulumi` version the generated project declares by default
 /// (`--pulumi-sdk-version`).
 pub const DEFAULT_SDK_VERSION: &str = "3.248.0";
@@ -44,7 +45,7 @@ pub const DEFAULT_SDK_VERSION: &str = "3.248.0";
 /// (`pulumi:disable-default-providers`): a resource of one of them without an explicit provider
 /// fails instead of picking up ambient credentials. Not `*`: that also disables
 /// `pulumi-nodejs`, the provider of dynamic resources.
-pub const DISABLED_DEFAULT_PROVIDERS: [&str; 11] = [
+const DISABLED_DEFAULT_PROVIDERS: [&str; 11] = [
     "kubernetes",
     "kubernetes-cert-manager",
     "kubernetes-coredns",
@@ -58,7 +59,7 @@ pub const DISABLED_DEFAULT_PROVIDERS: [&str; 11] = [
     "google-native",
 ];
 /// Label on the per-membership kubeconfig Secrets naming their instance.
-pub const MEMBERSHIP_LABEL: &str = "platform.di-framework.dev/membership-of";
+const MEMBERSHIP_LABEL: &str = "platform.di-framework.dev/membership-of";
 
 /// How the installer is configured.
 #[derive(Clone, Debug)]
@@ -69,8 +70,8 @@ pub struct Installer {
     pub passphrase_file: PathBuf,
     /// The npm registry (`--npm-registry`), unless `registry_file` names one.
     pub registry: String,
-    /// A file holding the registry URL, credentials and all (`--npm-registry-file`, a mounted
-    /// Secret); read before each install.
+    /// A file holding the registry URL, credentials and all (`--npm-registry-file`), read
+    /// before each install.
     pub registry_file: Option<PathBuf>,
     /// Let npm run the packages' install scripts (`--npm-allow-scripts`).
     pub allow_scripts: bool,
@@ -100,20 +101,15 @@ fn volume_full(used: u64, capacity: u64, percent: u8) -> bool {
     capacity > 0 && u128::from(used) * 100 >= u128::from(capacity) * u128::from(percent)
 }
 
-/// One install to run.
+/// One install to run: the instance, the version, why, what the program gets, and the owner
+/// reference (the instance) of the Secrets it writes.
 #[derive(Clone, Debug)]
-pub struct Job {
-    /// The instance's namespace.
+pub(crate) struct Job {
     pub namespace: String,
-    /// The instance's name.
     pub name: String,
-    /// The version to install.
     pub version: String,
-    /// Why.
     pub mode: Mode,
-    /// What the program gets.
     pub config: ProgramConfig,
-    /// The owner reference of the Secrets the install writes (the instance).
     pub owner: Option<OwnerReference>,
 }
 
@@ -121,10 +117,19 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
+/// A `StateUnavailable` error of `doing` something to `path`.
+fn state_error(doing: &str, path: &Path, e: std::io::Error) -> TaskError {
+    let message = format!(
+        "{doing} {} failed: {e}; check the state volume",
+        path.display()
+    );
+    TaskError::new(Failure::StateUnavailable, message)
+}
+
 impl Installer {
     /// The registry URL: the file's content (trimmed) when `--npm-registry-file` is set, else
     /// `--npm-registry`.
-    pub fn registry(&self) -> Result<String, String> {
+    fn registry(&self) -> Result<String, String> {
         let Some(file) = &self.registry_file else {
             return Ok(self.registry.clone());
         };
@@ -144,13 +149,12 @@ impl Installer {
         Ok(url.to_string())
     }
 
-    /// The directory of instance `namespace/name`.
-    pub fn instance_dir(&self, namespace: &str, name: &str) -> PathBuf {
+    fn instance_dir(&self, namespace: &str, name: &str) -> PathBuf {
         self.state_dir.join(namespace).join(name)
     }
 
     /// The record of instance `namespace/name`.
-    pub fn record(&self, namespace: &str, name: &str) -> Record {
+    pub(crate) fn record(&self, namespace: &str, name: &str) -> Record {
         record::load(&self.instance_dir(namespace, name))
     }
 
@@ -216,7 +220,7 @@ impl Installer {
 
     /// Runs an install to its end (or its timeout) and records it. The error carries the typed
     /// reason the record keeps too (the record outlives the task across a restart).
-    pub async fn install(&self, client: kube::Client, job: Job) -> Result<(), TaskError> {
+    pub(crate) async fn install(&self, client: kube::Client, job: Job) -> Result<(), TaskError> {
         let dir = self.instance_dir(&job.namespace, &job.name);
         let mut rec = record::load(&dir);
         // A run stopped by a timeout or a controller that died may have left pending creates.
@@ -224,36 +228,21 @@ impl Installer {
             .last_install
             .as_ref()
             .is_some_and(|l| matches!(l.result, InstallResult::Running | InstallResult::TimedOut));
+        let (mode, version) = (job.mode.as_str(), &job.version);
         rec.last_install = Some(LastInstall {
-            version: job.version.clone(),
+            version: version.clone(),
             started_at: now(),
             finished_at: None,
             result: InstallResult::Running,
-            message: Some(format!(
-                "{} of {PACKAGE}@{} running",
-                job.mode.as_str(),
-                job.version
-            )),
+            message: Some(format!("{mode} of {PACKAGE}@{version} running")),
             summary: None,
         });
         rec.failure = None;
         rec.attempted_config_hash = Some(job.config.hash.clone());
-        record::store(&dir, &rec).map_err(|e| {
-            TaskError::new(
-                Failure::StateUnavailable,
-                format!(
-                    "writing the install record in {} failed: {e}; check the state volume",
-                    dir.display()
-                ),
-            )
-        })?;
-        let outcome = tokio::time::timeout(
-            self.timeout,
-            self.install_steps(&client, &dir, &job, &rec, interrupted),
-        )
-        .await;
-        let finished_at = now();
-        let (result, outcome) = match outcome {
+        record::store(&dir, &rec)
+            .map_err(|e| state_error("writing the install record in", &dir, e))?;
+        let steps = self.install_steps(&client, &dir, &job, &rec, interrupted);
+        let (result, outcome) = match tokio::time::timeout(self.timeout, steps).await {
             Ok(Ok(applied)) => (
                 InstallResult::Succeeded,
                 Ok(succeeded(&mut rec, &job, applied)),
@@ -264,9 +253,7 @@ impl Installer {
                 // it held is cleared before the next run, and here at once.
                 let _ = self.stack(&dir).clear_locks();
                 let message = format!(
-                    "{} of {PACKAGE}@{} ran longer than --install-timeout ({}s) and was stopped with its processes; it retries with backoff (raise installTimeout if the program needs longer)",
-                    job.mode.as_str(),
-                    job.version,
+                    "{mode} of {PACKAGE}@{version} ran longer than --install-timeout ({}s) and was stopped with its processes; it retries with backoff (raise installTimeout if the program needs longer)",
                     self.timeout.as_secs()
                 );
                 let error = TaskError::new(Failure::InstallTimedOut, message);
@@ -274,7 +261,7 @@ impl Installer {
             }
         };
         if let Some(last) = rec.last_install.as_mut() {
-            last.finished_at = Some(finished_at);
+            last.finished_at = Some(now());
             last.result = result;
             last.message = Some(match &outcome {
                 Ok(message) => message.clone(),
@@ -308,8 +295,7 @@ impl Installer {
             &stack.backend,
             &job.version,
             &self.sdk_version,
-        )
-        .map_err(|e| TaskError::new(Failure::StateUnavailable, e))?;
+        )?;
         self.dependencies(&stack.project, dir, job).await?;
         let applied = self.apply(&stack, &job.config, interrupted).await;
         let (counts, outputs) = applied.map_err(|e| {
@@ -332,24 +318,13 @@ impl Installer {
     /// The shared dependency tree of the job's version: checked and reused, or built with npm
     /// (see [`modules`]), then linked into the project.
     async fn dependencies(&self, project: &Path, dir: &Path, job: &Job) -> Result<(), TaskError> {
-        let (key, package_json, npmrc) = self.tree_key(project, &job.version);
+        let (key, files) = self.tree_key(project, &job.version);
         let trees = self.trees();
         let tree_error =
             |e: modules::TreeError| TaskError::new(Failure::StateUnavailable, e.to_string());
         let lock = trees.lock(&key).await.map_err(tree_error)?;
         let build = |build_dir: PathBuf| async move {
-            for (name, content) in [("package.json", &package_json), (".npmrc", &npmrc)] {
-                let path = build_dir.join(name);
-                std::fs::write(&path, content).map_err(|e| {
-                    TaskError::new(
-                        Failure::StateUnavailable,
-                        format!(
-                            "writing {} failed: {e}; check the state volume",
-                            path.display()
-                        ),
-                    )
-                })?;
-            }
+            write_files(&build_dir, &files)?;
             self.npm_install(&build_dir, dir, &job.version).await
         };
         let outcome = trees
@@ -359,56 +334,46 @@ impl Installer {
                 modules::EnsureError::Tree(e) => tree_error(e),
                 modules::EnsureError::Build(e) => e,
             })?;
+        let version = &job.version;
         match &outcome {
             modules::Outcome::Reused => {
-                tracing::info!(version = %job.version, %key, "reusing the shared dependency tree: no npm install")
+                tracing::info!(%version, %key, "reusing the shared dependency tree: no npm install")
             }
             modules::Outcome::Built => {
-                tracing::info!(version = %job.version, %key, "built the shared dependency tree")
+                tracing::info!(%version, %key, "built the shared dependency tree")
             }
             modules::Outcome::Rebuilt(reason) => {
-                tracing::warn!(version = %job.version, %key, %reason, "rebuilt the shared dependency tree")
+                tracing::warn!(%version, %key, %reason, "rebuilt the shared dependency tree")
             }
         }
-        self.link(trees, project, key).await.map_err(tree_error)
-    }
-
-    /// Links `project` to the tree of `key` ([`modules::Trees::link`]) on the blocking pool: a
-    /// project of an earlier layout has a `node_modules` of its own, removed first, which can
-    /// take seconds.
-    async fn link(
-        &self,
-        trees: modules::Trees,
-        project: &Path,
-        key: String,
-    ) -> Result<(), modules::TreeError> {
+        // On the blocking pool: a project of an earlier layout has a `node_modules` of its own,
+        // removed first, which can take seconds.
         let (project, state_dir) = (project.to_path_buf(), self.state_dir.clone());
-        tokio::task::spawn_blocking(move || trees.link(&project, &key, &state_dir))
+        modules::blocking(move || trees.link(&project, &key, &state_dir))
             .await
-            .map_err(|e| modules::TreeError::Interrupted(e.to_string()))?
+            .map_err(tree_error)
     }
 
     /// The shared dependency trees (`<--state-dir>/.cache/modules`).
-    pub fn trees(&self) -> modules::Trees {
+    fn trees(&self) -> modules::Trees {
         modules::Trees {
             root: self.state_dir.join(".cache").join("modules"),
         }
     }
 
-    /// The tree key of `version` for the project in `project`, with the `package.json` and
-    /// `.npmrc` it is the key of.
-    fn tree_key(&self, project: &Path, version: &str) -> (String, String, String) {
-        let files = project_files(&project.join("state"), version, &self.sdk_version);
+    /// The tree key of `version` for the project in `project`, with the files it is the key
+    /// of (`package.json`, `.npmrc`).
+    fn tree_key(&self, project: &Path, version: &str) -> (String, Vec<(&'static str, String)>) {
+        let mut files = project_files(&project.join("state"), version, &self.sdk_version);
+        files.retain(|(name, _)| matches!(*name, "package.json" | ".npmrc"));
         let file = |name: &str| {
             files
                 .iter()
                 .find(|(n, _)| *n == name)
-                .map(|(_, c)| c.clone())
-                .unwrap_or_default()
+                .map_or("", |(_, c)| c.as_str())
         };
-        let (package_json, npmrc) = (file("package.json"), file(".npmrc"));
-        let key = modules::key(&package_json, &npmrc, self.allow_scripts);
-        (key, package_json, npmrc)
+        let key = modules::key(file("package.json"), file(".npmrc"), self.allow_scripts);
+        (key, files)
     }
 
     /// Runs `npm install` of the job's version in `folder` (a tree being built); `dir` is the
@@ -424,16 +389,16 @@ impl Installer {
             allow_scripts: self.allow_scripts,
             heap_limit_mib: self.npm_heap_limit_mib,
         };
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let installed = npm.install(folder, PACKAGE, version, dir).await;
         self.observe_tool("npm", installed.is_ok(), started.elapsed().as_secs_f64());
-        installed.map(|_| ()).map_err(|e| {
+        installed.map_err(|e| {
             let failure = match e {
                 npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
                 npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
                 npm::NpmError::Spawn { .. } => Failure::ToolMissing,
                 npm::NpmError::OutOfMemory { .. } => Failure::PackageInstallOutOfMemory,
-                npm::NpmError::Failed { .. } | npm::NpmError::Contract { .. } => {
+                npm::NpmError::Failed { .. } | npm::NpmError::Contract(_) => {
                     Failure::PackageInstallFailed
                 }
             };
@@ -442,9 +407,9 @@ impl Installer {
     }
 
     /// Removes the shared dependency trees no instance links to any more.
-    pub async fn collect_trees(&self) {
+    async fn collect_trees(&self) {
         let (trees, state_dir) = (self.trees(), self.state_dir.clone());
-        let removed = tokio::task::spawn_blocking(move || trees.collect(&state_dir))
+        let removed = modules::blocking(move || Ok(trees.collect(&state_dir)))
             .await
             .unwrap_or_default();
         if !removed.is_empty() {
@@ -463,60 +428,46 @@ impl Installer {
         config: &ProgramConfig,
         interrupted: bool,
     ) -> Result<(pulumi::Counts, Value), pulumi::PulumiError> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let mut up_seconds = 0.0;
-        let result = self
-            .apply_steps(stack, config, interrupted, &mut up_seconds)
-            .await;
+        let result = async {
+            let cleared = stack.clear_locks()?;
+            if cleared > 0 {
+                tracing::info!(project = %stack.project.display(), cleared, "cleared a stale state lock");
+            }
+            stack.select_or_create().await?;
+            // Without tenant auth, no client secret is left in the stack's config.
+            let absent: Vec<&str> = [config::CLIENT_SECRET_KEY]
+                .into_iter()
+                .filter(|key| config.secrets.iter().all(|(k, _)| k != key))
+                .collect();
+            stack.configure(&config_values(config), &absent).await?;
+            if interrupted {
+                stack.clear_pending_creates().await?;
+            }
+            let up_started = Instant::now();
+            let up = stack.up().await;
+            up_seconds = up_started.elapsed().as_secs_f64();
+            self.observe_tool("pulumi-up", up.is_ok(), up_seconds);
+            // Every update, a failed one too, leaves a history record and a backup: keep a few.
+            match stack.prune_history(self.history_keep) {
+                Ok(0) => {}
+                Ok(pruned) => {
+                    tracing::debug!(project = %stack.project.display(), pruned, "pruned the stack's history")
+                }
+                Err(e) => tracing::warn!(error = %e, "pruning the stack's history failed"),
+            }
+            let counts = up?;
+            Ok((counts, stack.outputs().await?))
+        }
+        .await;
         let other = (started.elapsed().as_secs_f64() - up_seconds).max(0.0);
         self.observe_tool("pulumi", result.is_ok(), other);
         result
     }
 
-    async fn apply_steps(
-        &self,
-        stack: &pulumi::Stack,
-        config: &ProgramConfig,
-        interrupted: bool,
-        up_seconds: &mut f64,
-    ) -> Result<(pulumi::Counts, Value), pulumi::PulumiError> {
-        let cleared = stack.clear_locks()?;
-        if cleared > 0 {
-            tracing::info!(project = %stack.project.display(), cleared, "cleared a stale state lock");
-        }
-        stack.select_or_create().await?;
-        let absent: &[&str] = if config
-            .secrets
-            .iter()
-            .any(|(k, _)| *k == config::CLIENT_SECRET_KEY)
-        {
-            &[]
-        } else {
-            &[config::CLIENT_SECRET_KEY]
-        };
-        stack.configure(&config_values(config), absent).await?;
-        if interrupted {
-            stack.clear_pending_creates().await?;
-        }
-        let started = std::time::Instant::now();
-        let up = stack.up().await;
-        *up_seconds = started.elapsed().as_secs_f64();
-        self.observe_tool("pulumi-up", up.is_ok(), *up_seconds);
-        // Every update, a failed one too, leaves a history record and a backup: keep a few.
-        match stack.prune_history(self.history_keep) {
-            Ok(0) => {}
-            Ok(pruned) => {
-                tracing::debug!(project = %stack.project.display(), pruned, "pruned the stack's history")
-            }
-            Err(e) => tracing::warn!(error = %e, "pruning the stack's history failed"),
-        }
-        let up = up?;
-        let outputs = stack.outputs().await?;
-        Ok((up.counts, outputs))
-    }
-
     /// Runs a refreshing preview of the installed config and records what it found.
-    pub async fn preview(
+    pub(crate) async fn preview(
         &self,
         namespace: &str,
         name: &str,
@@ -530,12 +481,24 @@ impl Installer {
             stack.clear_locks().map_err(|e| e.to_string())?;
             stack.preview().await.map_err(|e| e.to_string())
         };
-        let started = std::time::Instant::now();
-        let outcome = tokio::time::timeout(self.timeout, run).await;
+        let started = Instant::now();
+        let outcome = match tokio::time::timeout(self.timeout, run).await {
+            Ok(outcome) => {
+                let seconds = started.elapsed().as_secs_f64();
+                self.observe_tool("pulumi", outcome.is_ok(), seconds);
+                outcome
+            }
+            Err(_) => {
+                let _ = stack.clear_locks();
+                Err(format!(
+                    "the repair preview ran longer than --install-timeout ({}s) and was stopped",
+                    self.timeout.as_secs()
+                ))
+            }
+        };
         let mut rec = record::load(&dir);
         let result = match outcome {
-            Ok(Ok(counts)) => {
-                self.observe_tool("pulumi", true, started.elapsed().as_secs_f64());
+            Ok(counts) => {
                 let message = if counts.changes() == 0 {
                     "no drift: the installed platform matches its state".to_string()
                 } else {
@@ -553,17 +516,7 @@ impl Installer {
                 rec.preview_failure = None;
                 Ok(())
             }
-            Ok(Err(message)) => {
-                self.observe_tool("pulumi", false, started.elapsed().as_secs_f64());
-                rec.preview_failure = Some((Failure::PreviewFailed, message.clone()));
-                Err(TaskError::new(Failure::PreviewFailed, message))
-            }
-            Err(_) => {
-                let _ = stack.clear_locks();
-                let message = format!(
-                    "the repair preview ran longer than --install-timeout ({}s) and was stopped",
-                    self.timeout.as_secs()
-                );
+            Err(message) => {
                 rec.preview_failure = Some((Failure::PreviewFailed, message.clone()));
                 Err(TaskError::new(Failure::PreviewFailed, message))
             }
@@ -578,7 +531,7 @@ impl Installer {
 /// The endpoints to report: the program's outputs `httpEndpoint` and `routeUrlPattern`, or,
 /// where it returns none, the settings it was given (`spec.platform.gateway.httpEndpoint` is the
 /// public base URL, reported in `status.endpoints.http` whether or not the program echoes it).
-pub fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
+fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
     let pick = |key: &str| {
         [outputs, settings]
             .into_iter()
@@ -593,24 +546,15 @@ pub fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
 
 /// The stack config of one install: the settings, the packages whose default providers are
 /// disabled, and the secrets.
-fn config_values(config: &ProgramConfig) -> Vec<(&'static str, pulumi::ConfigValue)> {
+fn config_values(config: &ProgramConfig) -> Vec<(&'static str, ConfigValue)> {
+    let settings = ConfigValue::Plain(config.settings.to_string());
+    let providers = ConfigValue::List(DISABLED_DEFAULT_PROVIDERS.map(String::from).into());
     let mut values = vec![
-        (
-            config::SETTINGS_KEY,
-            pulumi::ConfigValue::Plain(config.settings.to_string()),
-        ),
-        (
-            config::DISABLE_DEFAULT_PROVIDERS_KEY,
-            pulumi::ConfigValue::List(
-                DISABLED_DEFAULT_PROVIDERS
-                    .iter()
-                    .map(|p| (*p).to_string())
-                    .collect(),
-            ),
-        ),
+        (config::SETTINGS_KEY, settings),
+        (config::DISABLE_DEFAULT_PROVIDERS_KEY, providers),
     ];
     for (key, value) in &config.secrets {
-        values.push((key, pulumi::ConfigValue::Secret(value.clone())));
+        values.push((key, ConfigValue::Secret(value.clone())));
     }
     values
 }
@@ -627,37 +571,35 @@ fn succeeded(
     rec.membership_secrets = secrets;
     rec.preview = None;
     rec.preview_failure = None;
+    let pulumi::Counts {
+        created,
+        updated,
+        deleted,
+        unchanged,
+    } = counts;
     if let Some(last) = rec.last_install.as_mut() {
         last.summary = Some(InstallSummary {
-            created: counts.created,
-            updated: counts.updated,
-            deleted: counts.deleted,
-            unchanged: counts.unchanged,
+            created,
+            updated,
+            deleted,
+            unchanged,
             config_hash: Some(job.config.hash.clone()),
         });
     }
     format!(
-        "{} of {PACKAGE}@{} applied: {} created, {} updated, {} deleted, {} unchanged",
+        "{} of {PACKAGE}@{} applied: {created} created, {updated} updated, {deleted} deleted, {unchanged} unchanged",
         job.mode.as_str(),
         job.version,
-        counts.created,
-        counts.updated,
-        counts.deleted,
-        counts.unchanged
     )
 }
 
 /// The program every project runs: the platform's existing-cluster entry point with the stack's
 /// settings and secrets.
-pub const PROGRAM: &str = include_str!("program.js");
+const PROGRAM: &str = include_str!("program.js");
 
 /// The project's files for `version`, declaring `@pulumi/pulumi` at `sdk_version`: (file name,
 /// content).
-pub fn project_files(
-    backend: &Path,
-    version: &str,
-    sdk_version: &str,
-) -> Vec<(&'static str, String)> {
+fn project_files(backend: &Path, version: &str, sdk_version: &str) -> Vec<(&'static str, String)> {
     let pulumi_yaml = format!(
         "# Generated by platform-operator.\nname: {}\nruntime:\n  name: nodejs\n  options:\n    typescript: false\ndescription: the di-framework platform (existing-cluster program)\nbackend:\n  url: {}\n",
         pulumi::PROJECT,
@@ -682,36 +624,30 @@ pub fn project_files(
     ]
 }
 
-/// Writes the project into `project`, leaving files that are already as they should be.
-pub fn write_project(
-    project: &Path,
-    backend: &Path,
-    version: &str,
-    sdk_version: &str,
-) -> Result<(), String> {
-    std::fs::create_dir_all(backend).map_err(|e| {
-        format!(
-            "creating {} failed: {e}; check the state volume",
-            backend.display()
-        )
-    })?;
-    for (name, content) in project_files(backend, version, sdk_version) {
-        let path = project.join(name);
-        if std::fs::read(&path).ok().as_deref() == Some(content.as_bytes()) {
-            continue;
+/// Writes `files` into `dir`, leaving those that are already as they should be.
+fn write_files(dir: &Path, files: &[(&str, String)]) -> Result<(), TaskError> {
+    for (name, content) in files {
+        let path = dir.join(name);
+        if std::fs::read(&path).ok().as_deref() != Some(content.as_bytes()) {
+            std::fs::write(&path, content).map_err(|e| state_error("writing", &path, e))?;
         }
-        std::fs::write(&path, content).map_err(|e| {
-            format!(
-                "writing {} failed: {e}; check the state volume",
-                path.display()
-            )
-        })?;
     }
     Ok(())
 }
 
+/// Writes the project into `project`, leaving files that are already as they should be.
+fn write_project(
+    project: &Path,
+    backend: &Path,
+    version: &str,
+    sdk_version: &str,
+) -> Result<(), TaskError> {
+    std::fs::create_dir_all(backend).map_err(|e| state_error("creating", backend, e))?;
+    write_files(project, &project_files(backend, version, sdk_version))
+}
+
 /// The Secret name of one membership's kubeconfig.
-pub fn membership_secret_name(instance: &str, tenant: &str, user: &str) -> String {
+fn membership_secret_name(instance: &str, tenant: &str, user: &str) -> String {
     format!("{instance}-{tenant}-{user}-kubeconfig")
 }
 
@@ -745,34 +681,22 @@ fn membership_secret(
         ("platform.di-framework.dev/tenant", tenant),
         ("platform.di-framework.dev/user", user),
     ];
+    let role = (
+        "platform.di-framework.dev/role".to_string(),
+        role.to_string(),
+    );
+    let kubeconfig = ByteString(kubeconfig.as_bytes().to_vec());
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(job.namespace.clone()),
             owner_references: Some(job.owner.iter().cloned().collect()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            annotations: Some(
-                [(
-                    "platform.di-framework.dev/role".to_string(),
-                    role.to_string(),
-                )]
-                .into(),
-            ),
+            labels: Some(labels.map(|(k, v)| (k.to_string(), v.to_string())).into()),
+            annotations: Some([role].into()),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_string()),
-        data: Some(
-            [(
-                KUBECONFIG_KEY.to_string(),
-                ByteString(kubeconfig.as_bytes().to_vec()),
-            )]
-            .into(),
-        ),
+        data: Some([(KUBECONFIG_KEY.to_string(), kubeconfig)].into()),
         ..Secret::default()
     }
 }
@@ -787,19 +711,10 @@ async fn write_membership_secrets(
 ) -> Result<Vec<String>, String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &job.namespace);
     let mut written = Vec::new();
-    for entry in outputs
-        .get("kubeconfigs")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
+    let entries = outputs.get("kubeconfigs").and_then(Value::as_array);
+    for entry in entries.into_iter().flatten() {
         let field = |k: &str| entry.get(k).and_then(Value::as_str).unwrap_or_default();
-        let (tenant, user, role, kubeconfig) = (
-            field("tenant"),
-            field("user"),
-            field("role"),
-            field("kubeconfig"),
-        );
+        let (tenant, user, kubeconfig) = (field("tenant"), field("user"), field("kubeconfig"));
         if tenant.is_empty() || user.is_empty() || kubeconfig.is_empty() {
             return Err("the program's kubeconfigs output has an entry without tenant, user or kubeconfig; the platform version may not match this operator".into());
         }
@@ -815,19 +730,18 @@ async fn write_membership_secrets(
                 job.name
             ));
         }
-        let secret = membership_secret(job, &name, (tenant, user, role), kubeconfig);
+        let secret = membership_secret(job, &name, (tenant, user, field("role")), kubeconfig);
         apply(&secrets, &name, &secret)
             .await
             .map_err(|e| format!("writing the membership kubeconfig Secret {name} failed: {e}"))?;
         written.push(name);
     }
     for stale in previous.iter().filter(|p| !written.contains(p)) {
-        if !owned_by(&secrets, stale, &job.name).await? {
-            continue;
+        if owned_by(&secrets, stale, &job.name).await? {
+            delete_ignoring_404(&secrets, stale)
+                .await
+                .map_err(|e| format!("deleting the stale membership Secret {stale} failed: {e}"))?;
         }
-        delete_ignoring_404(&secrets, stale)
-            .await
-            .map_err(|e| format!("deleting the stale membership Secret {stale} failed: {e}"))?;
     }
     Ok(written)
 }

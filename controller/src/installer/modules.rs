@@ -39,11 +39,8 @@ pub enum TreeError {
     /// A file or folder of the tree store could not be read, written or removed.
     #[error("{what} {path} failed: {source}; check the state volume")]
     Io {
-        /// What was done.
         what: &'static str,
-        /// The path.
         path: PathBuf,
-        /// Why.
         source: std::io::Error,
     },
     /// A blocking task of the store was lost (the runtime is shutting down).
@@ -51,13 +48,26 @@ pub enum TreeError {
     Interrupted(String),
 }
 
-/// An error of [`Trees::ensure`]: the store's own, or the build's.
+/// An error of [`Trees::ensure`]: the store's own, or the build's (npm).
 #[derive(Debug)]
 pub enum EnsureError<E> {
-    /// The store failed.
     Tree(TreeError),
-    /// The build (npm) failed.
     Build(E),
+}
+
+impl<E> From<TreeError> for EnsureError<E> {
+    fn from(e: TreeError) -> Self {
+        EnsureError::Tree(e)
+    }
+}
+
+/// Runs `f` on the blocking pool.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, TreeError> + Send + 'static,
+) -> Result<T, TreeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| TreeError::Interrupted(e.to_string()))?
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TreeError + 'a {
@@ -73,7 +83,6 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 pub enum Outcome {
     /// A checked tree was there and is used as it is: no npm ran.
     Reused,
-    /// There was no tree: it was built.
     Built,
     /// The tree failed its check (the reason) and was built again.
     Rebuilt(String),
@@ -83,11 +92,14 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 enum Entry {
-    /// A folder.
-    Dir { path: String },
+    Dir {
+        path: String,
+    },
     /// A symbolic link and its target.
-    Link { path: String, target: String },
-    /// A regular file.
+    Link {
+        path: String,
+        target: String,
+    },
     File {
         path: String,
         size: u64,
@@ -106,7 +118,6 @@ impl Entry {
     }
 }
 
-/// The manifest of a complete tree.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Manifest {
@@ -115,26 +126,33 @@ struct Manifest {
     entries: Vec<Entry>,
 }
 
-/// The key of a tree: a digest of the inputs that decide what npm installs.
-pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
+/// The hex SHA-256 of `parts`, each prefixed by its length.
+pub fn sha256_hex(parts: &[&[u8]]) -> String {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for part in [
-        package_json.as_bytes(),
-        npmrc.as_bytes(),
-        if allow_scripts {
-            b"scripts"
-        } else {
-            b"noscripts"
-        },
-    ] {
+    for part in parts {
         ctx.update(&(part.len() as u64).to_be_bytes());
         ctx.update(part);
     }
-    hex(ctx.finish().as_ref())[..32].to_string()
+    ctx.finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The key of a tree: a digest of the inputs that decide what npm installs.
+pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
+    let scripts: &[u8] = if allow_scripts {
+        b"scripts"
+    } else {
+        b"noscripts"
+    };
+    sha256_hex(&[package_json.as_bytes(), npmrc.as_bytes(), scripts])[..32].to_string()
+}
+
+/// The entries of folder `dir` that can be read (none if it cannot be listed).
+fn entries(dir: &Path) -> impl Iterator<Item = fs::DirEntry> + use<> {
+    fs::read_dir(dir).into_iter().flatten().flatten()
 }
 
 fn is_key(name: &str) -> bool {
@@ -142,18 +160,7 @@ fn is_key(name: &str) -> bool {
 }
 
 fn sha256_file(path: &Path) -> Result<String, TreeError> {
-    use std::io::Read;
-    let mut file = fs::File::open(path).map_err(io("reading", path))?;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = file.read(&mut buf).map_err(io("reading", path))?;
-        if n == 0 {
-            break;
-        }
-        ctx.update(&buf[..n]);
-    }
-    Ok(hex(ctx.finish().as_ref()))
+    crate::chart::sha256_file(path).map_err(io("reading", path))
 }
 
 /// Every entry under `top` (sorted by path, `/`-separated, relative), the manifest excluded,
@@ -217,8 +224,7 @@ fn make_read_only(top: &Path) -> Result<(), TreeError> {
     let mut entries = walk(top)?;
     entries.reverse();
     for (_, path, meta) in entries {
-        let kind = meta.file_type();
-        if kind.is_symlink() {
+        if meta.file_type().is_symlink() {
             continue;
         }
         let mode = meta.permissions().mode();
@@ -242,9 +248,7 @@ pub(crate) fn make_removable(top: &Path) {
             if mode & 0o700 != 0o700 {
                 let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(mode | 0o700));
             }
-            if let Ok(entries) = fs::read_dir(&dir) {
-                dirs.extend(entries.flatten().map(|e| e.path()));
-            }
+            dirs.extend(entries(&dir).map(|e| e.path()));
         }
     }
 }
@@ -268,7 +272,7 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
         ));
     }
     let found = walk(top).map_err(|e| e.to_string())?;
-    let mut expected = manifest.entries.iter().peekable();
+    let mut expected = manifest.entries.iter();
     for (rel, path, meta) in &found {
         let Some(want) = expected.next() else {
             return Err(format!("{rel} is not in its manifest"));
@@ -316,22 +320,17 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
 /// Describes the complete tree at `top` in its manifest, written last and atomically.
 fn seal(top: &Path, key: &str) -> Result<(), TreeError> {
     make_read_only(&top.join(MODULES))?;
-    let mut entries = Vec::new();
-    for (rel, path, meta) in walk(top)? {
-        if let Some(entry) = entry_of(rel, &path, &meta)? {
-            entries.push(entry);
-        }
-    }
+    let entries = walk(top)?
+        .into_iter()
+        .filter_map(|(rel, path, meta)| entry_of(rel, &path, &meta).transpose())
+        .collect::<Result<_, _>>()?;
     let manifest = Manifest {
         format: FORMAT,
         key: key.to_string(),
         entries,
     };
-    let text = serde_json::to_vec(&manifest).map_err(|e| TreeError::Io {
-        what: "writing the manifest of",
-        path: top.to_path_buf(),
-        source: std::io::Error::other(e),
-    })?;
+    let text = serde_json::to_vec(&manifest)
+        .map_err(|e| io("writing the manifest of", top)(std::io::Error::other(e)))?;
     let part = top.join(format!("{MANIFEST}.part"));
     {
         use std::io::Write;
@@ -363,7 +362,6 @@ pub struct KeyLock {
 /// Where the trees live (`<--state-dir>/.cache/modules`).
 #[derive(Clone, Debug)]
 pub struct Trees {
-    /// The folder of the trees.
     pub root: PathBuf,
 }
 
@@ -442,15 +440,12 @@ impl Trees {
         let top = self.tree(key);
         let checked = {
             let (top, key) = (top.clone(), key.to_string());
-            tokio::task::spawn_blocking(move || {
-                if fs::symlink_metadata(&top).is_err() {
-                    None
-                } else {
-                    Some(verify(&top, &key))
-                }
+            blocking(move || {
+                Ok(fs::symlink_metadata(&top)
+                    .is_ok()
+                    .then(|| verify(&top, &key)))
             })
-            .await
-            .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
+            .await?
         };
         let outcome = match checked {
             Some(Ok(())) => return Ok(Outcome::Reused),
@@ -463,48 +458,31 @@ impl Trees {
         let dir = self.root.join(format!(".build-{key}-{}", nonce()));
         // Removing a whole tree can take seconds on a slow volume: on the blocking pool, not
         // on an async worker.
-        {
-            let trees = self.clone();
-            let (discard, dir, key) = (
-                matches!(outcome, Outcome::Rebuilt(_)).then_some(top.clone()),
-                dir.clone(),
-                key.to_string(),
-            );
-            tokio::task::spawn_blocking(move || {
-                if let Some(top) = discard {
-                    trees.discard(&top)?;
-                }
-                // Leftovers of builds of this key that were stopped (no one else builds it:
-                // the lock).
-                trees.remove_matching(&format!(".build-{key}-"));
-                fs::create_dir_all(&dir).map_err(io("creating", &dir))
-            })
-            .await
-            .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
-            .map_err(EnsureError::Tree)?;
-        }
+        let discard = matches!(outcome, Outcome::Rebuilt(_)).then(|| top.clone());
+        let (trees, build_dir, leftovers) = (self.clone(), dir.clone(), format!(".build-{key}-"));
+        blocking(move || {
+            if let Some(top) = discard {
+                trees.discard(&top)?;
+            }
+            // Leftovers of builds of this key that were stopped (no one else builds it: the
+            // lock).
+            trees.remove_matching(&leftovers);
+            fs::create_dir_all(&build_dir).map_err(io("creating", &build_dir))?;
+            Ok(())
+        })
+        .await?;
         // A build stopped here (a timeout drops this future) leaves `dir`, which is never used
         // and removed by the next build or collection.
         build(dir.clone()).await.map_err(EnsureError::Build)?;
-        let sealed = {
-            let (dir, key) = (dir.clone(), key.to_string());
-            tokio::task::spawn_blocking(move || seal(&dir, &key))
-                .await
-                .map_err(|e| EnsureError::Tree(TreeError::Interrupted(e.to_string())))?
-        };
-        sealed.map_err(EnsureError::Tree)?;
-        fs::rename(&dir, &top)
-            .map_err(io("moving the built tree to", &top))
-            .map_err(EnsureError::Tree)?;
+        let (sealed, key) = (dir.clone(), key.to_string());
+        blocking(move || seal(&sealed, &key)).await?;
+        fs::rename(&dir, &top).map_err(io("moving the built tree to", &top))?;
         Ok(outcome)
     }
 
     /// Removes the entries of the store whose names start with `prefix`.
     fn remove_matching(&self, prefix: &str) {
-        let Ok(entries) = fs::read_dir(&self.root) else {
-            return;
-        };
-        for entry in entries.flatten() {
+        for entry in entries(&self.root) {
             if entry.file_name().to_string_lossy().starts_with(prefix) {
                 let path = entry.path();
                 make_removable(&path);
@@ -564,42 +542,22 @@ impl Trees {
 
     /// The keys instances under `state_dir` (`<namespace>/<name>/platform/node_modules`) link to.
     pub fn linked_keys(&self, state_dir: &Path) -> std::collections::BTreeSet<String> {
-        let mut keys = std::collections::BTreeSet::new();
-        let Ok(namespaces) = fs::read_dir(state_dir) else {
-            return keys;
-        };
-        for ns in namespaces.flatten() {
-            if ns.file_name().to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let Ok(instances) = fs::read_dir(ns.path()) else {
-                continue;
-            };
-            for instance in instances.flatten() {
-                let link = instance.path().join("platform").join(MODULES);
-                if let Ok(target) = fs::read_link(&link)
-                    && let Some(key) = target
-                        .parent()
-                        .and_then(Path::file_name)
-                        .map(|k| k.to_string_lossy().into_owned())
-                    && is_key(&key)
-                {
-                    keys.insert(key);
-                }
-            }
-        }
-        keys
+        entries(state_dir)
+            .filter(|ns| !ns.file_name().to_string_lossy().starts_with('.'))
+            .flat_map(|ns| entries(&ns.path()))
+            .filter_map(|instance| {
+                fs::read_link(instance.path().join("platform").join(MODULES)).ok()
+            })
+            .filter_map(|target| Some(target.parent()?.file_name()?.to_string_lossy().into_owned()))
+            .filter(|key| is_key(key))
+            .collect()
     }
 
     /// Removes the trees no instance under `state_dir` links to (and the leftovers of stopped
     /// builds and removals), skipping any tree an install holds the lock of. Returns the keys
     /// removed.
     pub fn collect(&self, state_dir: &Path) -> Vec<String> {
-        let Ok(entries) = fs::read_dir(&self.root) else {
-            return Vec::new();
-        };
-        let names: Vec<String> = entries
-            .flatten()
+        let names: Vec<String> = entries(&self.root)
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         self.remove_matching(".trash-");

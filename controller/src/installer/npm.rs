@@ -4,18 +4,16 @@
 //! error object (`error.code`) maps onto typed errors; its human text is never parsed.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::process;
 
 /// The npm CLI as the installer runs it.
 #[derive(Clone, Debug)]
 pub struct Npm {
-    /// The npm executable.
     pub binary: String,
-    /// The registry URL (`--npm-registry`).
     pub registry: String,
     /// The shared npm cache folder.
     pub cache: PathBuf,
@@ -25,67 +23,46 @@ pub struct Npm {
     pub heap_limit_mib: u32,
 }
 
-/// Errors of an npm install.
+/// Errors of an npm install (`code`: npm's error code).
 #[derive(Debug, thiserror::Error)]
 pub enum NpmError {
     /// npm could not be run.
     #[error("running {binary} failed: {source}; install npm or set --npm-binary")]
     Spawn {
-        /// The binary.
         binary: String,
-        /// Why.
         source: std::io::Error,
     },
-    /// The registry has no such package version.
+    /// The registry has no such package version (E404, ETARGET).
     #[error(
         "{package}@{version} is not in the npm registry {registry} ({code}); set spec.version to a published version"
     )]
     VersionNotFound {
-        /// The package.
         package: String,
-        /// The version.
         version: String,
-        /// The registry.
         registry: String,
-        /// npm's error code (E404, ETARGET).
         code: String,
     },
     /// The registry could not be reached.
     #[error(
         "the npm registry {registry} cannot be reached ({code}); check --npm-registry (the chart's npmRegistry) and the operator's egress"
     )]
-    Unreachable {
-        /// The registry.
-        registry: String,
-        /// npm's error code.
-        code: String,
-    },
+    Unreachable { registry: String, code: String },
     /// npm's node process reached its heap limit and was stopped.
     #[error(
         "npm install of {package}@{version} failed: npm's node process reached its heap limit of {limit_mib} MiB (--npm-heap-limit) and was stopped; the controller and other instances are unaffected. Raise --npm-heap-limit together with the container's memory, or check the package's dependency tree"
     )]
     OutOfMemory {
-        /// The package.
         package: String,
-        /// The version.
         version: String,
-        /// The heap limit.
         limit_mib: u32,
     },
-    /// npm failed otherwise.
+    /// npm failed otherwise (`summary`: npm's one-line summary).
     #[error("npm install failed ({code}): {summary}")]
-    Failed {
-        /// npm's error code.
-        code: String,
-        /// npm's one-line summary.
-        summary: String,
-    },
-    /// The installed tree breaks the program contract (see `docs/controller.md`).
-    #[error("{detail}")]
-    Contract {
-        /// What is wrong and what to do.
-        detail: String,
-    },
+    Failed { code: String, summary: String },
+    /// The installed tree breaks the program contract (see `docs/controller.md`): what is wrong
+    /// and what to do.
+    #[error("{0}")]
+    Contract(String),
 }
 
 /// Checks npm's lockfile of a project: the program's Pulumi SDK (`sdk`, declared by the
@@ -93,41 +70,37 @@ pub enum NpmError {
 /// platform's resources share one SDK. A package that brings its own copy fails the install
 /// with the version it wants.
 pub fn check_single_sdk(lockfile: &str, sdk: &str) -> Result<(), NpmError> {
-    let lock: serde_json::Value =
-        serde_json::from_str(lockfile).map_err(|e| NpmError::Contract {
-            detail: format!("npm wrote a package-lock.json the operator cannot read: {e}"),
-        })?;
+    let lock: Value = serde_json::from_str(lockfile).map_err(|e| {
+        NpmError::Contract(format!(
+            "npm wrote a package-lock.json the operator cannot read: {e}"
+        ))
+    })?;
     let packages = lock
         .get("packages")
-        .and_then(serde_json::Value::as_object)
-        .ok_or_else(|| NpmError::Contract {
-            detail:
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            NpmError::Contract(
                 "npm's package-lock.json has no packages (lockfile version 2 or later is needed)"
                     .into(),
+            )
         })?;
-    let root = format!("node_modules/{sdk}");
+    let version = |p: &Value| p.get("version").and_then(Value::as_str).map(String::from);
     let declared = packages
-        .get(&root)
-        .and_then(|p| p.get("version"))
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or("none");
+        .get(&format!("node_modules/{sdk}"))
+        .and_then(version);
     let suffix = format!("/node_modules/{sdk}");
     if let Some((path, p)) = packages.iter().find(|(k, _)| k.ends_with(&suffix)) {
-        let wanted = p
-            .get("version")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("another version");
+        let wanted = version(p).unwrap_or_else(|| "another version".into());
+        let declared = declared.as_deref().unwrap_or("none");
         let owner = path.trim_end_matches(&suffix);
-        return Err(NpmError::Contract {
-            detail: format!(
-                "{owner} brings its own {sdk} {wanted} beside the project's {declared}: two Pulumi SDKs in one program; set --pulumi-sdk-version={wanted} (the chart's pulumiSdkVersion)"
-            ),
-        });
+        return Err(NpmError::Contract(format!(
+            "{owner} brings its own {sdk} {wanted} beside the project's {declared}: two Pulumi SDKs in one program; set --pulumi-sdk-version={wanted} (the chart's pulumiSdkVersion)"
+        )));
     }
-    if declared == "none" {
-        return Err(NpmError::Contract {
-            detail: format!("npm installed no {sdk} into the project; the program needs it"),
-        });
+    if declared.is_none() {
+        return Err(NpmError::Contract(format!(
+            "npm installed no {sdk} into the project; the program needs it"
+        )));
     }
     Ok(())
 }
@@ -139,9 +112,7 @@ struct ErrorReport {
 
 #[derive(Deserialize)]
 struct ErrorBody {
-    #[serde(default)]
     code: Option<String>,
-    #[serde(default)]
     summary: Option<String>,
 }
 
@@ -239,33 +210,27 @@ impl Npm {
     }
 
     /// Runs `npm install` in `project` (whose `package.json` names exact versions only),
-    /// preferring the shared cache. Returns how long npm ran.
+    /// preferring the shared cache; `state` is the folder of the tool's pid file.
     pub async fn install(
         &self,
         project: &Path,
         package: &str,
         version: &str,
         state: &Path,
-    ) -> Result<Duration, NpmError> {
-        let cmd = self.command(project);
-        let out = process::run(cmd, None, state)
+    ) -> Result<(), NpmError> {
+        let out = process::run(self.command(project), None, state)
             .await
             .map_err(|source| NpmError::Spawn {
                 binary: self.binary.clone(),
                 source,
             })?;
-        if out.success() {
-            let lockfile =
-                std::fs::read_to_string(project.join("package-lock.json")).map_err(|e| {
-                    NpmError::Contract {
-                        detail: format!("npm wrote no readable package-lock.json: {e}"),
-                    }
-                })?;
-            check_single_sdk(&lockfile, super::SDK_PACKAGE)?;
-            Ok(out.elapsed)
-        } else {
-            Err(self.failed(&out, package, version))
+        if !out.success() {
+            return Err(self.failed(&out, package, version));
         }
+        let lockfile = std::fs::read_to_string(project.join("package-lock.json")).map_err(|e| {
+            NpmError::Contract(format!("npm wrote no readable package-lock.json: {e}"))
+        })?;
+        check_single_sdk(&lockfile, super::SDK_PACKAGE)
     }
 }
 
@@ -300,7 +265,6 @@ mod tests {
             code: Some(134),
             stdout: String::new(),
             stderr: "<--- Last few GCs --->\nFATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory\n".into(),
-            elapsed: Duration::from_secs(2),
         };
         let error = npm.failed(&out, "@di-framework/platform", "6.0.22");
         assert!(
@@ -314,7 +278,6 @@ mod tests {
             code: Some(1),
             stdout: r#"{"error":{"code":"E404","summary":"Not Found"}}"#.into(),
             stderr: String::new(),
-            elapsed: Duration::from_secs(1),
         };
         assert!(matches!(
             npm.failed(&other, "@di-framework/platform", "6.0.99"),

@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -81,17 +80,12 @@ pub fn env_of(cmd: &Command, key: &str) -> Option<String> {
         .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
 }
 
-/// What a finished tool left.
+/// What a finished tool left (`code` `None`: killed by a signal).
 #[derive(Debug)]
 pub struct Output {
-    /// Its exit code (`None`: killed by a signal).
     pub code: Option<i32>,
-    /// Its standard output.
     pub stdout: String,
-    /// Its standard error.
     pub stderr: String,
-    /// How long it ran.
-    pub elapsed: Duration,
 }
 
 impl Output {
@@ -199,7 +193,6 @@ async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> std::io::R
 /// Runs `cmd` to completion as the leader of a new process group, feeding `stdin`, recording
 /// the group in `dir`'s pid file while it runs. Dropping the returned future kills the group.
 pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io::Result<Output> {
-    let started = Instant::now();
     cmd.process_group(0)
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -239,22 +232,17 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
     running.finished();
-    let out = std::process::Output {
-        status,
-        stdout: out,
-        stderr: err,
-    };
     Ok(Output {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed: started.elapsed(),
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&out).into_owned(),
+        stderr: String::from_utf8_lossy(&err).into_owned(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn dir(name: &str) -> PathBuf {
         let d =

@@ -4,8 +4,9 @@
 //! `pulumi stack output`. Results come from the CLI's structured output only (the event log's
 //! summary and diagnostics, `--json`); exit codes map onto typed errors.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use tokio::process::Command;
@@ -16,30 +17,19 @@ use super::process::{self, Output};
 pub const STACK: &str = "dev";
 
 /// What a non-zero exit code of the Pulumi CLI means (its documented contract,
-/// `sdk/go/common/util/cmdutil/exit.go`).
+/// `sdk/go/common/util/cmdutil/exit.go`); `Killed`: no code, killed by a signal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
-    /// 1: a general error (a failed resource or program exception included).
     Error,
-    /// 2: bad configuration or flags.
     Configuration,
-    /// 3: authentication.
     Authentication,
-    /// 4: a resource error.
     Resource,
-    /// 5: a policy violation.
     Policy,
-    /// 6: no such stack.
     StackNotFound,
-    /// 7: changes where none were expected.
     UnexpectedChanges,
-    /// 8: cancelled.
     Cancelled,
-    /// 9: timed out.
     Timeout,
-    /// 255 or anything else: an internal error.
     Internal,
-    /// No code: killed by a signal.
     Killed,
 }
 
@@ -79,35 +69,28 @@ impl Exit {
     }
 }
 
-/// Errors of a Pulumi operation.
+/// Errors of a Pulumi operation (`action`: the subcommand).
 #[derive(Debug, thiserror::Error)]
 pub enum PulumiError {
     /// pulumi could not be run.
     #[error("running {binary} failed: {source}; install the Pulumi CLI or set --pulumi-binary")]
     Spawn {
-        /// The binary.
         binary: String,
-        /// Why.
         source: std::io::Error,
     },
-    /// A Pulumi command exited non-zero.
+    /// A Pulumi command exited non-zero (`code` -1: killed); `message` is the program's or
+    /// engine's error, from the event log when there is one.
     #[error("pulumi {action} failed ({}, exit {code}): {message}", .exit.as_str())]
     Failed {
-        /// The subcommand.
         action: &'static str,
-        /// What the exit code means.
         exit: Exit,
-        /// Its exit code (-1: killed).
         code: i32,
-        /// The program's or engine's error, from the event log when there is one.
         message: String,
     },
     /// Its structured output could not be read.
     #[error("pulumi {action} printed output the operator cannot read: {detail}")]
     Output {
-        /// The subcommand.
         action: &'static str,
-        /// Why.
         detail: String,
     },
     /// The program's node process reached its heap limit and was stopped.
@@ -115,29 +98,19 @@ pub enum PulumiError {
         "pulumi {action} failed: the platform program's node process reached its heap limit of {limit_mib} MiB (--program-heap-limit) and was stopped; the controller and other instances are unaffected. Fix the program or its input, or raise the limit with the container's memory"
     )]
     OutOfMemory {
-        /// The subcommand.
         action: &'static str,
-        /// The heap limit.
         limit_mib: u32,
     },
     /// Pulumi refused the passphrase: it is not the one the stack was written with.
     #[error(
         "pulumi {action} refused the passphrase in {path}: it is not the one this instance's Pulumi state was encrypted with; put the original passphrase back into the Secret platform-operator-passphrase (or the Secret passphrase.existingSecret names) and restart the operator; the state is left untouched"
     )]
-    IncorrectPassphrase {
-        /// The subcommand.
-        action: &'static str,
-        /// The passphrase file.
-        path: PathBuf,
-    },
+    IncorrectPassphrase { action: &'static str, path: PathBuf },
     /// A file of the workspace could not be written or removed.
     #[error("{what} {path} failed: {source}; check the state volume")]
     Io {
-        /// What was done.
         what: &'static str,
-        /// The file.
         path: PathBuf,
-        /// Why.
         source: std::io::Error,
     },
 }
@@ -147,11 +120,8 @@ pub enum PulumiError {
 pub struct Counts {
     /// Created (and replaced-by-create).
     pub created: i64,
-    /// Updated.
     pub updated: i64,
-    /// Deleted.
     pub deleted: i64,
-    /// Unchanged.
     pub unchanged: i64,
 }
 
@@ -174,13 +144,17 @@ impl Counts {
     }
 }
 
-/// What an `up` did.
-#[derive(Clone, Debug, Default)]
-pub struct UpResult {
-    /// The resource counts.
-    pub counts: Counts,
-    /// How long pulumi ran.
-    pub elapsed: Duration,
+/// The trimmed message of diagnostic `d` when its severity is error.
+fn error_message(d: &Value) -> Option<&str> {
+    if d.get("severity")?.as_str()? != "error" {
+        return None;
+    }
+    Some(d.get("message")?.as_str()?.trim())
+}
+
+/// The error messages joined into one, shortened for a status message (`None`: no error).
+fn joined(errors: &[String]) -> Option<String> {
+    (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect())
 }
 
 /// Reads an event log (one JSON engine event per line): the summary's resource changes and
@@ -188,24 +162,17 @@ pub struct UpResult {
 pub fn read_event_log(text: &str) -> (Option<Counts>, Vec<String>) {
     let mut summary = None;
     let mut errors = Vec::new();
-    for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if let Some(changes) = event
-            .get("summaryEvent")
-            .and_then(|s| s.get("resourceChanges"))
-        {
+    for event in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    {
+        if let Some(changes) = event.pointer("/summaryEvent/resourceChanges") {
             summary = Some(Counts::from_changes(changes));
         }
-        if let Some(d) = event.get("diagnosticEvent")
-            && d.get("severity").and_then(Value::as_str) == Some("error")
-            && let Some(message) = d.get("message").and_then(Value::as_str)
+        if let Some(message) = event.get("diagnosticEvent").and_then(error_message)
+            && !message.is_empty()
         {
-            let message = message.trim();
-            if !message.is_empty() {
-                errors.push(message.to_string());
-            }
+            errors.push(message.to_string());
         }
     }
     (summary, errors)
@@ -214,13 +181,10 @@ pub fn read_event_log(text: &str) -> (Option<Counts>, Vec<String>) {
 /// One instance's stack: its project folder, its local file backend, its state folder.
 #[derive(Clone, Debug)]
 pub struct Stack {
-    /// The pulumi executable.
     pub binary: String,
     /// `PULUMI_HOME`: plugins live here, shared by every instance.
     pub home: PathBuf,
-    /// The passphrase file (`PULUMI_CONFIG_PASSPHRASE_FILE`).
     pub passphrase_file: PathBuf,
-    /// The project folder.
     pub project: PathBuf,
     /// The local backend folder.
     pub backend: PathBuf,
@@ -344,23 +308,17 @@ impl Stack {
     /// per instance at a time, so a lock found before an operation was left by a process that
     /// is gone. Returns how many were removed.
     pub fn clear_locks(&self) -> Result<usize, PulumiError> {
-        let locks = self.backend.join(".pulumi").join("locks");
         let mut removed = 0;
-        let mut stack = vec![locks];
+        let mut stack = vec![self.backend.join(".pulumi").join("locks")];
         while let Some(dir) = stack.pop() {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
-            for entry in entries.flatten() {
-                let path = entry.path();
+            for path in entries.flatten().map(|e| e.path()) {
                 if path.is_dir() {
                     stack.push(path);
                 } else {
-                    std::fs::remove_file(&path).map_err(|source| PulumiError::Io {
-                        what: "removing the stale lock",
-                        path: path.clone(),
-                        source,
-                    })?;
+                    remove(&path, "removing the stale lock")?;
                     removed += 1;
                 }
             }
@@ -375,46 +333,32 @@ impl Stack {
     pub fn prune_history(&self, keep: usize) -> Result<usize, PulumiError> {
         let pulumi = self.backend.join(".pulumi");
         let mut removed = 0;
-        for kind in ["history", "backups"] {
-            // <kind>/<project>/<stack>/ (older layouts: <kind>/<stack>/): every folder of files.
-            let mut folders = vec![pulumi.join(kind)];
-            while let Some(dir) = folders.pop() {
-                let Ok(entries) = std::fs::read_dir(&dir) else {
+        // <kind>/<project>/<stack>/ (older layouts: <kind>/<stack>/): every folder of files.
+        let mut folders = vec![pulumi.join("history"), pulumi.join("backups")];
+        while let Some(dir) = folders.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            let mut records: BTreeMap<String, (SystemTime, Vec<PathBuf>)> = BTreeMap::new();
+            for entry in entries.flatten() {
+                let Ok(meta) = entry.metadata() else { continue };
+                if meta.is_dir() {
+                    folders.push(entry.path());
                     continue;
-                };
-                let mut records: std::collections::BTreeMap<
-                    String,
-                    (std::time::SystemTime, Vec<PathBuf>),
-                > = std::collections::BTreeMap::new();
-                for entry in entries.flatten() {
-                    let path = entry.path();
-                    let Ok(meta) = entry.metadata() else { continue };
-                    if meta.is_dir() {
-                        folders.push(path);
-                        continue;
-                    }
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    let record = record_key(&name).to_string();
-                    let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-                    let slot = records
-                        .entry(record)
-                        .or_insert((std::time::UNIX_EPOCH, Vec::new()));
-                    slot.0 = slot.0.max(modified);
-                    slot.1.push(path);
                 }
-                let mut records: Vec<_> = records.into_iter().collect();
-                // Newest first: by time, then by name (Pulumi's names carry the time).
-                records.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| b.0.cmp(&a.0)));
-                for (_, (_, files)) in records.into_iter().skip(keep) {
-                    for file in files {
-                        std::fs::remove_file(&file).map_err(|source| PulumiError::Io {
-                            what: "pruning the stack history",
-                            path: file.clone(),
-                            source,
-                        })?;
-                        removed += 1;
-                    }
-                }
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let slot = records
+                    .entry(record_key(&name).to_string())
+                    .or_insert((UNIX_EPOCH, Vec::new()));
+                slot.0 = slot.0.max(meta.modified().unwrap_or(UNIX_EPOCH));
+                slot.1.push(entry.path());
+            }
+            let mut records: Vec<_> = records.into_iter().collect();
+            // Newest first: by time, then by name (Pulumi's names carry the time).
+            records.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| b.0.cmp(&a.0)));
+            for file in records.into_iter().skip(keep).flat_map(|(_, (_, f))| f) {
+                remove(&file, "pruning the stack history")?;
+                removed += 1;
             }
         }
         Ok(removed)
@@ -427,13 +371,8 @@ impl Stack {
             path: self.backend.clone(),
             source,
         })?;
-        self.ok(
-            "stack select",
-            &["stack", "select", "--create", STACK],
-            None,
-        )
-        .await
-        .map(|_| ())
+        let args = ["stack", "select", "--create", STACK];
+        self.ok("stack select", &args, None).await.map(|_| ())
     }
 
     /// Sets the stack's config to exactly `values`: each secret with `pulumi config set --secret`
@@ -446,33 +385,29 @@ impl Stack {
         values: &[(&str, ConfigValue)],
         absent: &[&str],
     ) -> Result<(), PulumiError> {
-        for (key, value) in values {
-            if let ConfigValue::Secret(secret) = value {
-                let args = ["config", "set", "--secret", "--raw", key, "--stack", STACK];
-                self.ok("config set", &args, Some(secret.as_bytes()))
-                    .await?;
-            }
-        }
-        let lists = values
-            .iter()
-            .filter(|(_, v)| matches!(v, ConfigValue::List(_)))
-            .map(|(k, _)| *k);
         let mut remove = vec!["config", "rm-all", "--path", "--stack", STACK];
-        remove.extend(absent.iter().copied().chain(lists));
-        self.ok("config rm-all", &remove, None).await?;
+        remove.extend(absent);
         let mut pairs = Vec::new();
         for (key, value) in values {
             match value {
+                ConfigValue::Secret(secret) => {
+                    let args = ["config", "set", "--secret", "--raw", key, "--stack", STACK];
+                    self.ok("config set", &args, Some(secret.as_bytes()))
+                        .await?;
+                }
                 ConfigValue::Plain(v) => pairs.push(format!("{key}={v}")),
-                ConfigValue::List(items) => pairs.extend(
-                    items
-                        .iter()
-                        .enumerate()
-                        .map(|(i, item)| format!("{key}[{i}]={item}")),
-                ),
-                ConfigValue::Secret(_) => {}
+                ConfigValue::List(items) => {
+                    remove.push(key);
+                    pairs.extend(
+                        items
+                            .iter()
+                            .enumerate()
+                            .map(|(i, v)| format!("{key}[{i}]={v}")),
+                    );
+                }
             }
         }
+        self.ok("config rm-all", &remove, None).await?;
         let mut set = vec!["config", "set-all", "--path", "--stack", STACK];
         for pair in &pairs {
             set.extend(["--plaintext", pair.as_str()]);
@@ -496,95 +431,71 @@ impl Stack {
     }
 
     /// `pulumi up` with refresh (so objects deleted behind Pulumi's back are created again),
-    /// reading the result from its event log.
-    pub async fn up(&self) -> Result<UpResult, PulumiError> {
+    /// reading the resource counts from its event log.
+    pub async fn up(&self) -> Result<Counts, PulumiError> {
         let log = self.state.join("up-events.jsonl");
         let _ = std::fs::remove_file(&log);
         let log_arg = log.display().to_string();
-        let out = self
-            .run(
-                &[
-                    "up",
-                    "--yes",
-                    "--skip-preview",
-                    "--refresh",
-                    "--suppress-progress",
-                    "--event-log",
-                    &log_arg,
-                    "--stack",
-                    STACK,
-                ],
-                None,
-            )
-            .await?;
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let (summary, errors) = read_event_log(&text);
+        let args = [
+            "up",
+            "--yes",
+            "--skip-preview",
+            "--refresh",
+            "--suppress-progress",
+            "--event-log",
+            &log_arg,
+            "--stack",
+            STACK,
+        ];
+        let out = self.run(&args, None).await?;
+        let (summary, errors) = read_event_log(&std::fs::read_to_string(&log).unwrap_or_default());
         if !out.success() {
-            return Err(self.failed(
-                "up",
-                &out,
-                (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect()),
-            ));
+            return Err(self.failed("up", &out, joined(&errors)));
         }
-        Ok(UpResult {
-            counts: summary.unwrap_or_default(),
-            elapsed: out.elapsed,
-        })
+        Ok(summary.unwrap_or_default())
     }
 
     /// A refreshing preview that expects no changes: the changes an `up` would make now (0: no
     /// drift). Drift is the CLI's own verdict, exit code 7 ([`Exit::UnexpectedChanges`]); the
     /// JSON report's `changeSummary` only details it.
     pub async fn preview(&self) -> Result<Counts, PulumiError> {
-        let out = self
-            .run(
-                &[
-                    "preview",
-                    "--refresh",
-                    "--expect-no-changes",
-                    "--json",
-                    "--stack",
-                    STACK,
-                ],
-                None,
-            )
-            .await?;
-        let report: Option<Value> = serde_json::from_str(&out.stdout).ok();
-        let summary = || {
-            Counts::from_changes(
-                report
-                    .as_ref()
-                    .and_then(|r| r.get("changeSummary"))
-                    .unwrap_or(&Value::Null),
-            )
-        };
+        let args = [
+            "preview",
+            "--refresh",
+            "--expect-no-changes",
+            "--json",
+            "--stack",
+            STACK,
+        ];
+        let out = self.run(&args, None).await?;
+        let report: Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+        let summary = Counts::from_changes(report.get("changeSummary").unwrap_or(&Value::Null));
         if Exit::from_code(out.code) == Exit::UnexpectedChanges {
-            let mut counts = summary();
-            if counts.changes() == 0 {
-                // Changes the summary does not itemise (a refresh that found an object gone).
-                counts.updated = 1;
-            }
-            return Ok(counts);
+            // Changes the summary does not itemise (a refresh that found an object gone).
+            let updated = if summary.changes() == 0 {
+                1
+            } else {
+                summary.updated
+            };
+            return Ok(Counts { updated, ..summary });
         }
         if !out.success() {
-            let message = report.as_ref().and_then(|r| {
-                let errors: Vec<String> = r
-                    .get("diagnostics")?
-                    .as_array()?
-                    .iter()
-                    .filter(|d| d.get("severity").and_then(Value::as_str) == Some("error"))
-                    .filter_map(|d| d.get("message")?.as_str().map(|m| m.trim().to_string()))
-                    .collect();
-                (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect())
-            });
-            return Err(self.failed("preview", &out, message));
+            let errors: Vec<String> = report
+                .get("diagnostics")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(error_message)
+                .map(String::from)
+                .collect();
+            return Err(self.failed("preview", &out, joined(&errors)));
         }
         // Exit 0 with --expect-no-changes: no drift, whatever the summary itemises.
         Ok(Counts {
             created: 0,
             updated: 0,
             deleted: 0,
-            ..summary()
+            ..summary
         })
     }
 
@@ -607,9 +518,19 @@ impl Stack {
     }
 }
 
+/// Removes `path`, a file of the backend (`what`: for the error).
+fn remove(path: &Path, what: &'static str) -> Result<(), PulumiError> {
+    std::fs::remove_file(path).map_err(|source| PulumiError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn reads_counts_and_errors_from_an_event_log() {
@@ -702,7 +623,6 @@ not json
             stderr:
                 "FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory"
                     .into(),
-            elapsed: Duration::from_secs(3),
         };
         let error = stack.failed("up", &out, None);
         assert!(
