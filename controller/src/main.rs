@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
-use common::names::LEADER_LEASE;
+use common::names::{INSTANCE_ANNOTATION, LEADER_LEASE};
 use common::secure_metrics::{self, Secure};
 use common::telemetry::LogArgs;
 use controller::decide::model::Protection;
@@ -21,6 +21,7 @@ use controller::reconcile::stores::Triggers;
 use controller::reconcile::{Context, Settings, error_policy, instance_of, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
@@ -294,9 +295,6 @@ fn cleanup(root: &std::path::Path, dir: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Host namespace → instance (`namespace`, `name`).
-type Hosts = Arc<Mutex<std::collections::BTreeMap<String, (String, String)>>>;
-
 impl Args {
     /// Flags that only make sense together.
     fn check(&self) -> anyhow::Result<()> {
@@ -371,7 +369,6 @@ impl Args {
         settings: Settings,
         metrics: &Metrics,
         identity: String,
-        hosts: Hosts,
         stores: controller::reconcile::stores::Stores,
     ) -> Context {
         Context {
@@ -410,7 +407,6 @@ impl Args {
                 instance: Some(identity),
             },
             phases: Mutex::new(Default::default()),
-            hosts,
             backoff: Default::default(),
             stores,
             probes: controller::reconcile::reader::Probes::counted(metrics.probes.clone()),
@@ -424,7 +420,6 @@ impl Args {
 async fn run(
     client: kube::Client,
     ctx: Arc<Context>,
-    hosts: Hosts,
     triggers: Triggers,
     watch_namespace: Option<&str>,
     concurrency: u16,
@@ -464,11 +459,15 @@ async fn run(
     registry
         .register(Box::new(InstanceConditions::new(controller.store())?))
         .context("registering the instance condition metrics")?;
-    // A change in a host namespace wakes the instance whose host namespace it is.
+    // A change in a host namespace wakes the instance its annotation names.
+    let namespaces = ctx.stores.namespaces.clone();
     let owner = move |host: Option<String>| {
-        let host = host.unwrap_or_default();
-        let owner = hosts.lock().ok().and_then(|h| h.get(&host).cloned());
-        owner.map(|(namespace, name)| ObjectRef::<PlatformInstance>::new(&name).within(&namespace))
+        let namespace = namespaces.get(&ObjectRef::new(&host?))?;
+        let (namespace, name) = namespace
+            .annotations()
+            .get(INSTANCE_ANNOTATION)?
+            .split_once('/')?;
+        Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
     };
     let (by_service, by_deployment, by_exported, by_release) =
         (owner.clone(), owner.clone(), owner.clone(), owner);
@@ -573,23 +572,14 @@ async fn main() -> anyhow::Result<()> {
     }
     metrics.leader.set(1);
 
-    let hosts = Hosts::default();
     let settings = args.settings(chart_version);
     let (stores, triggers) =
         controller::reconcile::stores::Stores::start(&client, args.watch_namespace.as_deref());
-    let ctx = Arc::new(args.context(
-        client.clone(),
-        settings,
-        &metrics,
-        identity.clone(),
-        hosts.clone(),
-        stores,
-    ));
+    let ctx = Arc::new(args.context(client.clone(), settings, &metrics, identity.clone(), stores));
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
     let controller = run(
         client.clone(),
         ctx,
-        hosts,
         triggers,
         args.watch_namespace.as_deref(),
         args.max_concurrent_reconciles,

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use common::crd::{Phase, PlatformInstance};
-use common::names::{RETRY_ANNOTATION, host_namespace};
+use common::names::RETRY_ANNOTATION;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
@@ -96,8 +96,6 @@ pub struct Context {
     pub reporter: Reporter,
     /// Each instance's last reported phase, for the instances-by-phase gauge.
     pub phases: Mutex<BTreeMap<String, Phase>>,
-    /// Host namespace → instance (`namespace`, `name`), for waking the owner of a `service/vcluster`.
-    pub hosts: Arc<Mutex<BTreeMap<String, (String, String)>>>,
     /// Failed reconciles in a row, by instance: how long [`error_policy`] waits.
     pub backoff: crate::backoff::Backoff,
     /// The reflector stores the reader reads first.
@@ -157,13 +155,6 @@ pub async fn reconcile(
         for k in task_keys(&pi) {
             ctx.tasks.clear_backoff(&k);
         }
-    }
-    if let Ok(mut hosts) = ctx.hosts.lock() {
-        // The host namespace's name is the instance's: the entry, once there, stays right.
-        let (ns, name) = (pi.namespace().unwrap_or_default(), pi.name_any());
-        hosts
-            .entry(host_namespace(&ns, &name))
-            .or_insert((ns, name));
     }
     let retry_ack = if retry_requested { retry.clone() } else { None };
     if ctx.stores.ready() {

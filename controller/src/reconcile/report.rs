@@ -147,13 +147,10 @@ pub async fn farewell(ctx: &Context, pi: &PlatformInstance, plan: &Plan) {
     publish_events(ctx, pi, plan, &old).await;
 }
 
-/// Forgets an instance that is gone: its backoff, its phase and its host namespace.
+/// Forgets an instance that is gone: its backoff, its phase and its vCluster probe.
 pub fn forget(ctx: &Context, key: &str) {
     ctx.backoff.succeeded(key);
     record_phase(ctx, key.to_string(), None);
-    if let Ok(mut hosts) = ctx.hosts.lock() {
-        hosts.retain(|_, (namespace, name)| format!("{namespace}/{name}") != key);
-    }
     if let Some((namespace, name)) = key.split_once('/') {
         ctx.probes.forget(&host_namespace(namespace, name));
     }
