@@ -125,13 +125,12 @@ pub(crate) async fn read(
             )
             .await?
             .and_then(|s| exported_kubeconfig(&s));
-        if let Some(kubeconfig) = &read.exported
+        let ready = matches!(read.release, Some(Release::Deployed { .. }))
+            && (read.deployment.as_deref()).is_some_and(super::control_plane::ready);
+        if !ready {
+            ctx.probes.forget(&host_ns);
+        } else if let Some(kubeconfig) = &read.exported
             && super::kubeconfig::vet(kubeconfig).is_ok()
-            && matches!(read.release, Some(Release::Deployed { .. }))
-            && read
-                .deployment
-                .as_deref()
-                .is_some_and(super::control_plane::ready)
         {
             read.serves = Some(ctx.probes.serves(&host_ns, kubeconfig, &ctx.settings).await);
         }
@@ -326,9 +325,10 @@ async fn client_secret(
 #[error("{0}")]
 pub(crate) struct Missing(pub String);
 
-/// Whether each vCluster's API serves (`GET /version` through the kubeconfig it exported),
-/// asked at most once per `--target-poll` per vCluster while its kubeconfig stays the same. One
-/// `kube::Client` is kept per vCluster, so a probe reuses its connection.
+/// Whether each vCluster's API serves (`GET /version` through the kubeconfig it exported). A
+/// vCluster that answered is believed while its control plane stays ready and its kubeconfig
+/// stays the same (its own readiness probe, on its API, keeps watch from then on); one that did
+/// not is asked again at most once per `--target-poll`. No client is kept between probes.
 #[derive(Default)]
 pub struct Probes {
     entries: Mutex<HashMap<String, Probe>>,
@@ -339,7 +339,6 @@ pub struct Probes {
 struct Probe {
     /// The SHA-256 of the kubeconfig it was asked through.
     kubeconfig: [u8; 32],
-    client: Option<kube::Client>,
     asked: Instant,
     serves: bool,
 }
@@ -353,7 +352,8 @@ impl Probes {
         }
     }
 
-    /// Whether the vCluster in `host_ns` serves its API through `kubeconfig`.
+    /// Whether the vCluster in `host_ns`, its control plane ready, serves its API through
+    /// `kubeconfig`.
     pub async fn serves(
         &self,
         host_ns: &str,
@@ -363,19 +363,13 @@ impl Probes {
         let digest = sha256(kubeconfig);
         let known = self.entries.lock().ok().and_then(|e| {
             let p = e.get(host_ns).filter(|p| p.kubeconfig == digest)?;
-            Some(if p.asked.elapsed() < settings.target_poll {
-                Err(p.serves)
-            } else {
-                Ok(p.client.clone())
-            })
+            (p.serves || p.asked.elapsed() < settings.target_poll).then_some(p.serves)
         });
-        let client = match known {
-            Some(Err(serves)) => return serves,
-            Some(Ok(client)) => client,
-            None => client_for(kubeconfig).await,
-        };
+        if let Some(serves) = known {
+            return serves;
+        }
         let asked = Instant::now();
-        let serves = match &client {
+        let serves = match client_for(kubeconfig).await {
             Some(client) => matches!(
                 tokio::time::timeout(settings.api_probe_timeout, client.apiserver_version()).await,
                 Ok(Ok(_))
@@ -390,7 +384,6 @@ impl Probes {
         if let Ok(mut entries) = self.entries.lock() {
             let probe = Probe {
                 kubeconfig: digest,
-                client,
                 asked,
                 serves,
             };
@@ -399,7 +392,8 @@ impl Probes {
         serves
     }
 
-    /// Drops the vCluster in `host_ns` (its instance is gone).
+    /// Drops what is known of the vCluster in `host_ns` (its instance is gone, or its control
+    /// plane is not ready): it is asked again once it is.
     pub fn forget(&self, host_ns: &str) {
         if let Ok(mut entries) = self.entries.lock() {
             entries.remove(host_ns);
