@@ -86,14 +86,17 @@ pub enum HelmError {
 }
 
 /// The helm CLI with its binary and timeout.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct Helm {
     /// The helm executable.
+    #[arg(long = "helm-binary", default_value = "helm")]
     pub binary: String,
-    /// The wall-clock limit of each helm run (`--helm-timeout`), also passed as helm's own
-    /// `--timeout`; a run past it is killed.
+    /// How long one helm run (install, upgrade, rollback, uninstall) may take before it is
+    /// killed and reported as `HelmTimedOut`; also helm's own `--timeout`.
+    #[arg(long = "helm-timeout", default_value = "10m", value_parser = common::duration::parse)]
     pub timeout: Duration,
     /// Where values files are written.
+    #[arg(skip = std::env::temp_dir().join("platform-operator-helm"))]
     pub work_dir: PathBuf,
 }
 

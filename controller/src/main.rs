@@ -64,9 +64,8 @@ struct Args {
     #[arg(long, default_value = "/var/lib/kubesolo/instances")]
     storage_root_base: String,
 
-    /// How long one install may run before it is stopped.
-    #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
-    install_timeout: Duration,
+    #[command(flatten)]
+    installer: Installer,
 
     /// How often an idle instance is checked and repaired.
     #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
@@ -111,10 +110,8 @@ struct Args {
     #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
     cleanup_deadline: Duration,
 
-    /// How long one helm run (install, upgrade, rollback, uninstall) may take before it is
-    /// killed and reported as `HelmTimedOut`.
-    #[arg(long, default_value = "10m", value_parser = common::duration::parse)]
-    helm_timeout: Duration,
+    #[command(flatten)]
+    helm: Helm,
 
     /// How long the controller waits for a vCluster's API to answer before it reports
     /// `WaitingForAPI`.
@@ -144,72 +141,10 @@ struct Args {
     #[arg(long, value_enum, default_value_t = controller::pod_security::Level::Baseline)]
     pod_security_standard: controller::pod_security::Level,
 
-    /// Root of the operator's state volume: one directory per instance.
-    #[arg(long, default_value = "/var/lib/platform-operator/state")]
-    state_dir: PathBuf,
-
-    /// File holding the passphrase that encrypts the Pulumi state (the passphrase Secret's key
-    /// `passphrase`, mounted).
-    #[arg(long, default_value = "/etc/platform-operator/passphrase/passphrase")]
-    passphrase_file: PathBuf,
-
-    /// The npm registry the platform package is installed from (a mirror for air-gapped sites).
-    #[arg(
-        long,
-        env = "NPM_REGISTRY",
-        default_value = "https://registry.npmjs.org/"
-    )]
-    npm_registry: String,
-
-    /// A file holding the npm registry URL (a mounted Secret), for a URL that carries
-    /// credentials: it overrides --npm-registry and is read before each install.
-    #[arg(long)]
-    npm_registry_file: Option<PathBuf>,
-
-    /// Let npm run the install scripts of the platform package and its dependencies (they run
-    /// with the operator's state volume); by default npm runs with --ignore-scripts.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    npm_allow_scripts: bool,
-
-    /// The @pulumi/pulumi version each instance's project declares (the program requires it and
-    /// the Pulumi language host loads it); it must be the one the platform package uses.
-    #[arg(long, default_value = controller::installer::DEFAULT_SDK_VERSION)]
-    pulumi_sdk_version: String,
-
-    /// The npm executable.
-    #[arg(long, default_value = "npm")]
-    npm_binary: String,
-
     /// Run the platform program. `false` stops every instance at `Installing` with its vCluster
     /// and kubeconfig (for benchmarks of the provisioning path).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     install_platform: bool,
-
-    /// The node heap limit, in MiB, of each Pulumi run of the platform program (its
-    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
-    /// that a runaway program fails alone (`ProgramOutOfMemory`) instead of the whole container.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
-    program_heap_limit: u32,
-
-    /// The node heap limit, in MiB, of each npm install of the platform package (npm's
-    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
-    /// that a runaway npm fails alone (`PackageInstallOutOfMemory`) instead of the whole container.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
-    npm_heap_limit: u32,
-
-    /// How many update records Pulumi's history and backups keep per stack; older ones are
-    /// removed after each update.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
-    pulumi_history_keep: u16,
-
-    /// How full, in percent, the state volume may be for an install to start; above it installs
-    /// wait with `StateVolumeFull` (retrying with backoff) instead of failing halfway.
-    #[arg(long, default_value_t = 95, value_parser = clap::value_parser!(u8).range(1..=100))]
-    state_volume_full_percent: u8,
-
-    /// The Pulumi CLI executable (its language host `pulumi-language-nodejs` on PATH beside it).
-    #[arg(long, default_value = "pulumi")]
-    pulumi_binary: String,
 
     /// The namespace the operator runs in.
     #[arg(long, env = "POD_NAMESPACE", default_value = "platform-operator")]
@@ -242,10 +177,6 @@ struct Args {
     /// Extra values for the vCluster chart, applied after the controller's own.
     #[arg(long)]
     vcluster_extra_values: Option<PathBuf>,
-
-    /// The helm executable.
-    #[arg(long, default_value = "helm")]
-    helm_binary: String,
 
     /// Print the vCluster chart values the controller installs for the instance
     /// `<namespace>/<name>` (with this --storage-root-base) to standard output and exit, checking
@@ -305,7 +236,7 @@ impl Args {
             );
         }
         anyhow::ensure!(
-            !has_credentials(&self.npm_registry),
+            !has_credentials(&self.installer.npm_registry),
             "--npm-registry carries credentials, which would be visible in the process list: put the URL in a Secret and pass its file with --npm-registry-file (the chart's npmRegistrySecret)"
         );
         anyhow::ensure!(
@@ -350,7 +281,7 @@ impl Args {
             cleanup_ttl: self.cleanup_ttl,
             cleanup_deadline: self.cleanup_deadline,
             api_probe_timeout: self.vcluster_api_timeout,
-            state_dir: self.state_dir.clone(),
+            state_dir: self.installer.state_dir.clone(),
             operator_namespace: self.namespace.clone(),
             chart: self.vcluster_chart.clone(),
             chart_version,
@@ -374,26 +305,10 @@ impl Args {
         Context {
             client,
             installer: Installer {
-                state_dir: self.state_dir.clone(),
-                passphrase_file: self.passphrase_file.clone(),
-                registry: self.npm_registry.clone(),
-                registry_file: self.npm_registry_file.clone(),
-                allow_scripts: self.npm_allow_scripts,
-                sdk_version: self.pulumi_sdk_version.clone(),
-                npm_binary: self.npm_binary.clone(),
-                pulumi_binary: self.pulumi_binary.clone(),
-                timeout: self.install_timeout,
-                tool_seconds: metrics.tool_seconds.clone(),
-                heap_limit_mib: self.program_heap_limit,
-                npm_heap_limit_mib: self.npm_heap_limit,
-                history_keep: self.pulumi_history_keep.into(),
-                state_full_percent: self.state_volume_full_percent,
+                tool_seconds: Some(metrics.tool_seconds.clone()),
+                ..self.installer.clone()
             },
-            helm: Helm {
-                binary: self.helm_binary.clone(),
-                timeout: self.helm_timeout,
-                work_dir: std::env::temp_dir().join("platform-operator-helm"),
-            },
+            helm: self.helm.clone(),
             settings,
             tasks: Tasks::new(
                 self.max_concurrent_installs.into(),
@@ -521,17 +436,17 @@ async fn main() -> anyhow::Result<()> {
         &args.vcluster_chart,
         args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
     )?;
-    let chart_version = controller::chart::version(&args.helm_binary, &args.vcluster_chart).await?;
+    let chart_version = controller::chart::version(&args.helm.binary, &args.vcluster_chart).await?;
     tracing::info!(chart = %args.vcluster_chart.display(), %chart_version, "vCluster chart verified");
 
     let registry = common::metrics::registry("controller");
     let metrics = Metrics::register(&registry).context("registering metrics")?;
     metrics
         .install_timeout
-        .set(args.install_timeout.as_secs_f64());
+        .set(args.installer.install_timeout.as_secs_f64());
     // The state volume's usage, now and every 30 s (docs/operations.md: what to do near full).
     {
-        let (metrics, dir) = (metrics.clone(), args.state_dir.clone());
+        let (metrics, dir) = (metrics.clone(), args.installer.state_dir.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(30));
             loop {
@@ -665,8 +580,11 @@ mod tests {
             .expect("an @ in the path is no credential");
         let args = parse(&["--npm-registry-file=/etc/npm/url"]);
         args.check().expect("a file");
-        assert!(!args.npm_allow_scripts, "scripts are off by default");
-        assert_eq!(args.pulumi_sdk_version, "3.248.0");
+        assert!(
+            !args.installer.npm_allow_scripts,
+            "scripts are off by default"
+        );
+        assert_eq!(args.installer.pulumi_sdk_version, "3.248.0");
     }
 
     #[test]
