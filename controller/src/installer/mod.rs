@@ -361,20 +361,12 @@ impl Installer {
     async fn dependencies(&self, project: &Path, dir: &Path, job: &Job) -> Result<(), TaskError> {
         let (key, files) = self.tree_key(project, &job.version);
         let trees = self.trees();
-        let tree_error =
-            |e: modules::TreeError| TaskError::new(Failure::StateUnavailable, e.to_string());
-        let lock = trees.lock(&key).await.map_err(tree_error)?;
+        let lock = trees.lock(&key).await?;
         let build = |build_dir: PathBuf| async move {
             write_files(&build_dir, &files)?;
             self.npm_install(&build_dir, dir, &job.version).await
         };
-        let outcome = trees
-            .ensure(&key, &lock, build)
-            .await
-            .map_err(|e| match e {
-                modules::EnsureError::Tree(e) => tree_error(e),
-                modules::EnsureError::Build(e) => e,
-            })?;
+        let outcome = trees.ensure(&key, &lock, build).await?;
         let version = &job.version;
         match &outcome {
             modules::Outcome::Reused => {
@@ -390,9 +382,7 @@ impl Installer {
         // On the blocking pool: a project of an earlier layout has a `node_modules` of its own,
         // removed first, which can take seconds.
         let (project, state_dir) = (project.to_path_buf(), self.state_dir.clone());
-        modules::blocking(move || trees.link(&project, &key, &state_dir))
-            .await
-            .map_err(tree_error)
+        Ok(modules::blocking(move || trees.link(&project, &key, &state_dir)).await?)
     }
 
     /// The shared dependency trees (`<--state-dir>/.cache/modules`).
