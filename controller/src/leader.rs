@@ -31,21 +31,14 @@ pub struct Election {
 }
 
 /// Why this replica stopped leading.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
 pub enum Lost {
     /// No renewal succeeded within the renew deadline (the API server did not answer in time).
+    #[strum(to_string = "the lease could not be renewed within the renew deadline")]
     Deadline,
     /// Another replica holds the lease.
+    #[strum(to_string = "another replica holds the lease")]
     Taken,
-}
-
-impl std::fmt::Display for Lost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Lost::Deadline => "the lease could not be renewed within the renew deadline",
-            Lost::Taken => "another replica holds the lease",
-        })
-    }
 }
 
 /// The lease record as this replica last saw it, and when it first saw that record (its own
