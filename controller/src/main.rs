@@ -21,10 +21,11 @@ use controller::reconcile::stores::Triggers;
 use controller::reconcile::{Context, Settings, error_policy, instance_of, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
 
 /// Command-line flags of the controller.
 #[derive(Debug, Parser)]
@@ -329,6 +330,20 @@ impl Args {
     }
 }
 
+/// Maps an object of a host namespace to the instance the namespace's annotation names.
+fn by_host<K: Resource>(
+    namespaces: Store<Namespace>,
+) -> impl Fn(K) -> Option<ObjectRef<PlatformInstance>> {
+    move |object| {
+        let host = namespaces.get(&ObjectRef::new(object.meta().namespace.as_deref()?))?;
+        let (namespace, name) = host
+            .annotations()
+            .get(INSTANCE_ANNOTATION)?
+            .split_once('/')?;
+        Some(ObjectRef::new(name).within(namespace))
+    }
+}
+
 /// The reconcile loop over every instance, woken by its Secrets, by its `service/vcluster` and
 /// by the vCluster's rollout (its Deployment, Helm release and exported kubeconfig); each of those
 /// watches feeds the controller's caches before it wakes an instance.
@@ -375,29 +390,13 @@ async fn run(
         .register(Box::new(InstanceConditions::new(controller.store())?))
         .context("registering the instance condition metrics")?;
     // A change in a host namespace wakes the instance its annotation names.
-    let namespaces = ctx.stores.namespaces.clone();
-    let owner = move |host: Option<String>| {
-        let namespace = namespaces.get(&ObjectRef::new(&host?))?;
-        let (namespace, name) = namespace
-            .annotations()
-            .get(INSTANCE_ANNOTATION)?
-            .split_once('/')?;
-        Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
-    };
-    let (by_service, by_deployment, by_exported, by_release) =
-        (owner.clone(), owner.clone(), owner.clone(), owner);
+    let namespaces = &ctx.stores.namespaces;
     controller
         .owns_stream(triggers.kubeconfigs)
-        .watches_stream(triggers.services, move |svc| {
-            by_service(svc.metadata.namespace)
-        })
-        .watches_stream(triggers.deployments, move |d| {
-            by_deployment(d.metadata.namespace)
-        })
-        .watches_stream(triggers.exported, move |s| {
-            by_exported(s.metadata.namespace)
-        })
-        .watches_stream(triggers.releases, move |s| by_release(s.metadata.namespace))
+        .watches_stream(triggers.services, by_host(namespaces.clone()))
+        .watches_stream(triggers.deployments, by_host(namespaces.clone()))
+        .watches_stream(triggers.exported, by_host(namespaces.clone()))
+        .watches_stream(triggers.releases, by_host(namespaces.clone()))
         .reconcile_on(woken)
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
