@@ -92,7 +92,7 @@ impl Election {
     ) -> Result<bool, kube::Error> {
         let api: Api<Lease> = Api::namespaced(client.clone(), &self.namespace);
         let now = Timestamp::now();
-        match api.get_opt(&self.name).await? {
+        let written = match api.get_opt(&self.name).await? {
             None => {
                 let lease = Lease {
                     metadata: ObjectMeta {
@@ -102,11 +102,7 @@ impl Election {
                     },
                     spec: Some(self.spec(now, None, 0)),
                 };
-                match api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                    Err(e) => Err(e),
-                }
+                api.create(&PostParams::default(), &lease).await
             }
             Some(mut lease) => {
                 let spec = lease.spec.clone().unwrap_or_default();
@@ -123,15 +119,15 @@ impl Election {
                     transitions,
                 ));
                 // The update carries the resourceVersion read: a racing replica gets a conflict.
-                match api
-                    .replace(&self.name, &PostParams::default(), &lease)
+                api.replace(&self.name, &PostParams::default(), &lease)
                     .await
-                {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                    Err(e) => Err(e),
-                }
             }
+        };
+        // A conflict: another replica wrote the lease first.
+        match written {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
