@@ -34,12 +34,12 @@ pub fn sha256_file(path: &Path) -> Result<String, std::io::Error> {
         }
         context.update(&buf[..n]);
     }
-    Ok(context
-        .finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(context.finish().as_ref()))
+}
+
+/// `bytes` in lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Checks the chart against `expected` (`sha256:<hex>` or bare hex).

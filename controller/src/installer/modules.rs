@@ -129,11 +129,7 @@ pub fn sha256_hex(parts: &[&[u8]]) -> String {
         ctx.update(&(part.len() as u64).to_be_bytes());
         ctx.update(part);
     }
-    ctx.finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::chart::hex(ctx.finish().as_ref())
 }
 
 /// The key of a tree: a digest of the inputs that decide what npm installs.
