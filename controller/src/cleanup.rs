@@ -69,16 +69,6 @@ fn io(path: &Path) -> impl Fn(Errno) -> CleanupError + '_ {
     move |e| CleanupError::Remove(path.to_path_buf(), e.into())
 }
 
-/// Opens directory `name` in `parent` without following a symbolic link.
-fn open_dir(parent: &OwnedFd, name: &CStr) -> Result<OwnedFd, Errno> {
-    openat(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
 /// Removes `<root>/<name>` and everything in it, without following symbolic links or crossing
 /// into another filesystem. An absent directory is success (`absent`); a name that is a symbolic
 /// link or a file is removed itself.
@@ -158,7 +148,9 @@ fn remove(
     if depth >= MAX_DEPTH {
         return Err(CleanupError::TooDeep(path.to_path_buf()));
     }
-    let dir = open_dir(parent, name).map_err(io(path))?;
+    // Never following a symbolic link swapped in since the look.
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dir = openat(parent, name, flags, Mode::empty()).map_err(io(path))?;
     same_object(&dir, &stat, path)?;
     // The names first, then the removals: the listing is not changed while it is read.
     let mut names = Vec::new();
