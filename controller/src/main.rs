@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
-use common::names::{INSTANCE_ANNOTATION, LEADER_LEASE};
+use common::names::INSTANCE_ANNOTATION;
 use common::secure_metrics::{self, Secure};
 use common::telemetry::LogArgs;
 use controller::decide::model::Protection;
@@ -123,19 +123,8 @@ struct Args {
     #[arg(long, default_value = "60s", value_parser = common::duration::parse)]
     policy_interval: Duration,
 
-    /// How long the leader Lease lasts without renewal; another replica takes over after it.
-    #[arg(long, default_value = "15s", value_parser = common::duration::parse)]
-    leader_lease_duration: Duration,
-
-    /// How often the leader renews its Lease (well inside --leader-renew-deadline).
-    #[arg(long, default_value = "4s", value_parser = common::duration::parse)]
-    leader_renew_interval: Duration,
-
-    /// How long the leader keeps failing to renew (each Lease call is cut off at it) before it
-    /// stops all work and exits; shorter than --leader-lease-duration, so that it has stopped
-    /// before another replica may take over.
-    #[arg(long, default_value = "10s", value_parser = common::duration::parse)]
-    leader_renew_deadline: Duration,
+    #[command(flatten)]
+    election: Election,
 
     /// The Pod Security Standards level pods created inside each vCluster are held to (vCluster's
     /// `policies.podSecurityStandard`); the host namespace warns and audits at it too.
@@ -241,31 +230,20 @@ impl Args {
             "--npm-registry carries credentials, which would be visible in the process list: put the URL in a Secret and pass its file with --npm-registry-file (the chart's npmRegistrySecret)"
         );
         anyhow::ensure!(
-            self.leader_renew_interval < self.leader_lease_duration,
+            self.election.leader_renew_interval < self.election.leader_lease_duration,
             "--leader-renew-interval ({:?}) must be shorter than --leader-lease-duration ({:?})",
-            self.leader_renew_interval,
-            self.leader_lease_duration
+            self.election.leader_renew_interval,
+            self.election.leader_lease_duration
         );
         anyhow::ensure!(
-            self.leader_renew_interval < self.leader_renew_deadline
-                && self.leader_renew_deadline < self.leader_lease_duration,
+            self.election.leader_renew_interval < self.election.leader_renew_deadline
+                && self.election.leader_renew_deadline < self.election.leader_lease_duration,
             "--leader-renew-deadline ({:?}) must be longer than --leader-renew-interval ({:?}) and shorter than --leader-lease-duration ({:?})",
-            self.leader_renew_deadline,
-            self.leader_renew_interval,
-            self.leader_lease_duration
+            self.election.leader_renew_deadline,
+            self.election.leader_renew_interval,
+            self.election.leader_lease_duration
         );
         Ok(())
-    }
-
-    fn election(&self, identity: &str) -> Election {
-        Election {
-            namespace: self.namespace.clone(),
-            name: LEADER_LEASE.into(),
-            identity: identity.to_string(),
-            duration: self.leader_lease_duration,
-            renew_deadline: self.leader_renew_deadline,
-            renew_every: self.leader_renew_interval,
-        }
     }
 
     fn settings(&self, chart_version: String) -> Settings {
@@ -473,7 +451,11 @@ async fn main() -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| format!("controller-{}", std::process::id()))
     });
-    let election = args.election(&identity);
+    let election = Election {
+        namespace: args.namespace.clone(),
+        identity: identity.clone(),
+        ..args.election.clone()
+    };
     readiness.set(true);
     let mut renewed = tokio::time::Instant::now();
     if args.leader_elect {
@@ -548,9 +530,9 @@ mod tests {
         ])
         .expect("flags");
         args.check().expect("defaults are consistent");
-        assert_eq!(args.leader_lease_duration, Duration::from_secs(15));
-        assert_eq!(args.leader_renew_interval, Duration::from_secs(4));
-        assert_eq!(args.leader_renew_deadline, Duration::from_secs(10));
+        assert_eq!(args.election.leader_lease_duration, Duration::from_secs(15));
+        assert_eq!(args.election.leader_renew_interval, Duration::from_secs(4));
+        assert_eq!(args.election.leader_renew_deadline, Duration::from_secs(10));
         assert_eq!(
             args.pod_security_standard,
             controller::pod_security::Level::Baseline
