@@ -61,15 +61,25 @@ pub enum HelmError {
     Values(PathBuf, #[source] std::io::Error),
 }
 
-/// The helm CLI with its binary and timeout.
+/// The helm CLI with its binary and timeout (each run's wall-clock limit, also passed as
+/// helm's own `--timeout`).
 #[derive(Clone, Debug, clap::Args)]
 pub struct Helm {
     /// The helm executable.
-    #[arg(long = "helm-binary", default_value = "helm")]
+    #[arg(
+        long = "helm-binary",
+        value_name = "HELM_BINARY",
+        default_value = "helm"
+    )]
     pub binary: String,
     /// How long one helm run (install, upgrade, rollback, uninstall) may take before it is
-    /// killed and reported as `HelmTimedOut`; also helm's own `--timeout`.
-    #[arg(long = "helm-timeout", default_value = "10m", value_parser = common::duration::parse)]
+    /// killed and reported as `HelmTimedOut`.
+    #[arg(
+        long = "helm-timeout",
+        value_name = "HELM_TIMEOUT",
+        default_value = "10m",
+        value_parser = common::duration::parse
+    )]
     pub timeout: Duration,
     /// Where values files are written.
     #[arg(skip = std::env::temp_dir().join("platform-operator-helm"))]
