@@ -4,39 +4,22 @@
 use std::io::Read;
 use std::path::Path;
 
-/// Why the chart cannot be used.
+/// Why the chart (at path `.0`) cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ChartError {
     /// The file could not be read.
     #[error(
-        "cannot read the vCluster chart {path}: {source}; set --vcluster-chart to the shipped chart archive"
+        "cannot read the vCluster chart {0}: {1}; set --vcluster-chart to the shipped chart archive"
     )]
-    Read {
-        /// The chart path.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The digest differs from the expected one.
+    Read(String, #[source] std::io::Error),
+    /// Its digest (`.1`) differs from the expected one (`.2`).
     #[error(
-        "the vCluster chart {path} has sha256 {actual}, not the expected {expected}: refusing to start; ship the chart this release was built with, or set --vcluster-chart-sha256 to the digest of the chart you trust"
+        "the vCluster chart {0} has sha256 {1}, not the expected {2}: refusing to start; ship the chart this release was built with, or set --vcluster-chart-sha256 to the digest of the chart you trust"
     )]
-    Digest {
-        /// The chart path.
-        path: String,
-        /// What it hashes to.
-        actual: String,
-        /// What was expected.
-        expected: String,
-    },
-    /// `helm show chart` found no version.
-    #[error("the vCluster chart {path} has no readable Chart.yaml version: {reason}")]
-    Version {
-        /// The chart path.
-        path: String,
-        /// Why.
-        reason: String,
-    },
+    Digest(String, String, String),
+    /// `helm show chart` found no version (`.1`: why).
+    #[error("the vCluster chart {0} has no readable Chart.yaml version: {1}")]
+    Version(String, String),
 }
 
 /// The sha256 of a file, in lower-case hex.
@@ -51,31 +34,24 @@ pub fn sha256_file(path: &Path) -> Result<String, std::io::Error> {
         }
         context.update(&buf[..n]);
     }
-    Ok(context
-        .finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(context.finish().as_ref()))
+}
+
+/// `bytes` in lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Checks the chart against `expected` (`sha256:<hex>` or bare hex).
 pub fn verify(path: &Path, expected: &str) -> Result<(), ChartError> {
     let shown = path.display().to_string();
-    let actual = sha256_file(path).map_err(|source| ChartError::Read {
-        path: shown.clone(),
-        source,
-    })?;
+    let actual = sha256_file(path).map_err(|source| ChartError::Read(shown.clone(), source))?;
     let expected = expected
         .trim()
         .trim_start_matches("sha256:")
         .to_ascii_lowercase();
     if actual != expected {
-        return Err(ChartError::Digest {
-            path: shown,
-            actual,
-            expected,
-        });
+        return Err(ChartError::Digest(shown, actual, expected));
     }
     Ok(())
 }
@@ -83,10 +59,7 @@ pub fn verify(path: &Path, expected: &str) -> Result<(), ChartError> {
 /// The chart's version, from `helm show chart` (its Chart.yaml).
 pub async fn version(helm: &str, path: &Path) -> Result<String, ChartError> {
     let shown = path.display().to_string();
-    let err = |reason: String| ChartError::Version {
-        path: shown.clone(),
-        reason,
-    };
+    let err = |reason: String| ChartError::Version(shown.clone(), reason);
     let mut cmd = tokio::process::Command::new(helm);
     cmd.arg("show")
         .arg("chart")

@@ -20,64 +20,37 @@ pub const MAX_DEPTH: usize = 256;
 /// What can go wrong while removing an instance's directory.
 #[derive(Debug, thiserror::Error)]
 pub enum CleanupError {
-    /// `--dir` is not one directory name (a DNS label, as host namespaces are).
+    /// `--dir` (`.0`) is not one directory name (a DNS label, as host namespaces are).
     #[error(
-        "refusing to remove {name:?}: --dir must be one host namespace name (lowercase letters, digits and '-', at most 63), not a path"
+        "refusing to remove {0:?}: --dir must be one host namespace name (lowercase letters, digits and '-', at most 63), not a path"
     )]
-    InvalidName {
-        /// The name given.
-        name: String,
-    },
-    /// `--root` is not an absolute path.
-    #[error("refusing --root {}: it must be an absolute path (the mounted storage root)", root.display())]
-    RelativeRoot {
-        /// The root given.
-        root: PathBuf,
-    },
-    /// The storage root could not be opened.
-    #[error("opening the storage root {} failed: {source}; check the Job's hostPath volume and mount", root.display())]
-    OpenRoot {
-        /// The root.
-        root: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The instance's directory is on another filesystem than the storage root.
+    InvalidName(String),
+    /// `--root` (`.0`) is not an absolute path.
+    #[error("refusing --root {0}: it must be an absolute path (the mounted storage root)")]
+    RelativeRoot(PathBuf),
+    /// The storage root (`.0`) could not be opened.
+    #[error("opening the storage root {0} failed: {1}; check the Job's hostPath volume and mount")]
+    OpenRoot(PathBuf, #[source] std::io::Error),
+    /// The instance's directory (`.0`) is on another filesystem than the storage root (`.1`).
     #[error(
-        "{} is on another filesystem than {} (a mount point); nothing was removed: unmount it and delete the Job to retry",
-        path.display(),
-        root.display()
+        "{0} is on another filesystem than {1} (a mount point); nothing was removed: unmount it and delete the Job to retry"
     )]
-    MountPoint {
-        /// The instance's directory.
-        path: PathBuf,
-        /// The root.
-        root: PathBuf,
-    },
-    /// A file or directory inside could not be read or removed.
-    #[error("removing {} failed: {source}; fix its permissions or attributes and delete the Job to retry", path.display())]
-    Remove {
-        /// What could not be removed.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    MountPoint(PathBuf, PathBuf),
+    /// A file or directory inside (`.0`) could not be read or removed.
+    #[error(
+        "removing {0} failed: {1}; fix its permissions or attributes and delete the Job to retry"
+    )]
+    Remove(PathBuf, #[source] std::io::Error),
     /// Directories on other filesystems inside the instance's directory were left alone.
     #[error(
         "left {} mount point(s) of other filesystems inside the instance's directory, the first {}; unmount them and delete the Job to retry",
-        paths.len(),
-        paths.first().map(|p| p.display().to_string()).unwrap_or_default()
+        .0.len(),
+        .0.first().map(|p| p.display().to_string()).unwrap_or_default()
     )]
-    CrossesFilesystem {
-        /// The directories left.
-        paths: Vec<PathBuf>,
-    },
-    /// The tree is deeper than [`MAX_DEPTH`].
-    #[error("{} is nested deeper than {MAX_DEPTH} directories; remove it by hand", path.display())]
-    TooDeep {
-        /// Where the walk stopped.
-        path: PathBuf,
-    },
+    CrossesFilesystem(Vec<PathBuf>),
+    /// The tree is deeper than [`MAX_DEPTH`] at `.0`, where the walk stopped.
+    #[error("{0} is nested deeper than {MAX_DEPTH} directories; remove it by hand")]
+    TooDeep(PathBuf),
 }
 
 /// What a cleanup did.
@@ -93,20 +66,7 @@ pub struct Removed {
 }
 
 fn io(path: &Path) -> impl Fn(Errno) -> CleanupError + '_ {
-    move |e| CleanupError::Remove {
-        path: path.to_path_buf(),
-        source: e.into(),
-    }
-}
-
-/// Opens directory `name` in `parent` without following a symbolic link.
-fn open_dir(parent: &OwnedFd, name: &CStr) -> Result<OwnedFd, Errno> {
-    openat(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
+    move |e| CleanupError::Remove(path.to_path_buf(), e.into())
 }
 
 /// Removes `<root>/<name>` and everything in it, without following symbolic links or crossing
@@ -114,33 +74,21 @@ fn open_dir(parent: &OwnedFd, name: &CStr) -> Result<OwnedFd, Errno> {
 /// link or a file is removed itself.
 pub fn remove_instance_dir(root: &Path, name: &str) -> Result<Removed, CleanupError> {
     if !root.is_absolute() {
-        return Err(CleanupError::RelativeRoot {
-            root: root.to_path_buf(),
-        });
+        return Err(CleanupError::RelativeRoot(root.to_path_buf()));
     }
     if !common::names::is_dns_label(name) {
-        return Err(CleanupError::InvalidName {
-            name: name.to_string(),
-        });
+        return Err(CleanupError::InvalidName(name.to_string()));
     }
     let path = root.join(name);
-    let c_name = CString::new(name).map_err(|_| CleanupError::InvalidName {
-        name: name.to_string(),
-    })?;
-    let root_fd = openat(
+    let c_name = CString::new(name).map_err(|_| CleanupError::InvalidName(name.to_string()))?;
+    let (root_stat, root_fd) = openat(
         CWD,
         root,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| CleanupError::OpenRoot {
-        root: root.to_path_buf(),
-        source: e.into(),
-    })?;
-    let root_stat = fstat(&root_fd).map_err(|e| CleanupError::OpenRoot {
-        root: root.to_path_buf(),
-        source: e.into(),
-    })?;
+    .and_then(|fd| Ok((fstat(&fd)?, fd)))
+    .map_err(|e| CleanupError::OpenRoot(root.to_path_buf(), e.into()))?;
     let (mut removed, mut crossed) = (Removed::default(), Vec::new());
     let found = remove(
         &root_fd,
@@ -154,11 +102,8 @@ pub fn remove_instance_dir(root: &Path, name: &str) -> Result<Removed, CleanupEr
     removed.absent = !found;
     match crossed.as_slice() {
         [] => Ok(removed),
-        [only] if *only == path => Err(CleanupError::MountPoint {
-            path,
-            root: root.to_path_buf(),
-        }),
-        _ => Err(CleanupError::CrossesFilesystem { paths: crossed }),
+        [only] if *only == path => Err(CleanupError::MountPoint(path, root.to_path_buf())),
+        _ => Err(CleanupError::CrossesFilesystem(crossed)),
     }
 }
 
@@ -169,10 +114,8 @@ fn same_object(dir: &OwnedFd, stat: &Stat, path: &Path) -> Result<(), CleanupErr
     if opened.st_dev == stat.st_dev && opened.st_ino == stat.st_ino {
         Ok(())
     } else {
-        Err(CleanupError::Remove {
-            path: path.to_path_buf(),
-            source: std::io::Error::other("it was replaced while being removed"),
-        })
+        let replaced = std::io::Error::other("it was replaced while being removed");
+        Err(CleanupError::Remove(path.to_path_buf(), replaced))
     }
 }
 
@@ -203,11 +146,11 @@ fn remove(
         return Ok(true);
     }
     if depth >= MAX_DEPTH {
-        return Err(CleanupError::TooDeep {
-            path: path.to_path_buf(),
-        });
+        return Err(CleanupError::TooDeep(path.to_path_buf()));
     }
-    let dir = open_dir(parent, name).map_err(io(path))?;
+    // Never following a symbolic link swapped in since the look.
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dir = openat(parent, name, flags, Mode::empty()).map_err(io(path))?;
     same_object(&dir, &stat, path)?;
     // The names first, then the removals: the listing is not changed while it is read.
     let mut names = Vec::new();

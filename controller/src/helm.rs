@@ -43,57 +43,46 @@ pub fn release_from_secrets(secrets: &[k8s_openapi::api::core::v1::Secret]) -> R
 /// Errors of the helm driver.
 #[derive(Debug, thiserror::Error)]
 pub enum HelmError {
-    /// The helm binary could not be run.
-    #[error("running {binary} failed: {source}; set --helm-binary to a Helm 3 executable")]
-    Spawn {
-        /// The binary.
-        binary: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// Helm exited non-zero.
-    #[error("helm {action} in {namespace} failed: {message}")]
-    Failed {
-        /// The helm subcommand.
-        action: &'static str,
-        /// The host namespace.
-        namespace: String,
-        /// Helm's error output, trimmed.
-        message: String,
-    },
-    /// Helm ran past its wall-clock limit and was killed.
+    /// The helm binary (`.0`) could not be run.
+    #[error("running {0} failed: {1}; set --helm-binary to a Helm 3 executable")]
+    Spawn(String, #[source] std::io::Error),
+    /// Helm `.0` in host namespace `.1` exited non-zero; `.2`: its last error line.
+    #[error("helm {0} in {1} failed: {2}")]
+    Failed(&'static str, String, String),
+    /// Helm `.0` in host namespace `.1` ran past its wall-clock limit `.2` and was killed.
     #[error(
-        "helm {action} in {namespace} ran longer than {limit:?} and was killed; look at the host namespace's pods and events, or raise --helm-timeout"
+        "helm {0} in {1} ran longer than {2:?} and was killed; look at the host namespace's pods and events, or raise --helm-timeout"
     )]
-    TimedOut {
-        /// The helm subcommand.
-        action: &'static str,
-        /// The host namespace.
-        namespace: String,
-        /// The wall-clock limit.
-        limit: Duration,
-    },
-    /// Writing the values file failed.
+    TimedOut(&'static str, String, Duration),
+    /// Writing the values file `.0` failed.
     #[error(
-        "writing the helm values file {path} failed: {source}; check that the temporary folder is writable"
+        "writing the helm values file {0} failed: {1}; check that the temporary folder is writable"
     )]
-    Values {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    Values(PathBuf, #[source] std::io::Error),
 }
 
-/// The helm CLI with its binary and timeout.
-#[derive(Clone, Debug)]
+/// The helm CLI with its binary and timeout (each run's wall-clock limit, also passed as
+/// helm's own `--timeout`).
+#[derive(Clone, Debug, clap::Args)]
 pub struct Helm {
     /// The helm executable.
+    #[arg(
+        long = "helm-binary",
+        value_name = "HELM_BINARY",
+        default_value = "helm"
+    )]
     pub binary: String,
-    /// The wall-clock limit of each helm run (`--helm-timeout`), also passed as helm's own
-    /// `--timeout`; a run past it is killed.
+    /// How long one helm run (install, upgrade, rollback, uninstall) may take before it is
+    /// killed and reported as `HelmTimedOut`.
+    #[arg(
+        long = "helm-timeout",
+        value_name = "HELM_TIMEOUT",
+        default_value = "10m",
+        value_parser = common::duration::parse
+    )]
     pub timeout: Duration,
     /// Where values files are written.
+    #[arg(skip = std::env::temp_dir().join("platform-operator-helm"))]
     pub work_dir: PathBuf,
 }
 
@@ -110,21 +99,14 @@ impl Helm {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        let spawn_error = |source| HelmError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        };
+        let spawn_error = |source| HelmError::Spawn(self.binary.clone(), source);
         // Registered, so that the controller's reaper leaves helm's exit status to this wait.
         let (child, _registered) = crate::reaper::spawn(&mut cmd).map_err(spawn_error)?;
         // Dropping the wait on timeout kills helm (`kill_on_drop`); once it is unregistered, the
         // reaper reaps it.
         let out = tokio::time::timeout(self.timeout, child.wait_with_output())
             .await
-            .map_err(|_| HelmError::TimedOut {
-                action,
-                namespace: namespace.to_string(),
-                limit: self.timeout,
-            })?
+            .map_err(|_| HelmError::TimedOut(action, namespace.to_string(), self.timeout))?
             .map_err(spawn_error)?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -135,11 +117,7 @@ impl Helm {
                 .last()
                 .unwrap_or("no output")
                 .to_string();
-            Err(HelmError::Failed {
-                action,
-                namespace: namespace.to_string(),
-                message,
-            })
+            Err(HelmError::Failed(action, namespace.to_string(), message))
         }
     }
 
@@ -194,10 +172,7 @@ impl Helm {
         let file = self.work_dir.join(format!("{namespace}-values.yaml"));
         std::fs::create_dir_all(&self.work_dir)
             .and_then(|()| std::fs::write(&file, values))
-            .map_err(|source| HelmError::Values {
-                path: file.clone(),
-                source,
-            })?;
+            .map_err(|source| HelmError::Values(file.clone(), source))?;
         let args = self.upgrade_args(namespace, chart, chart_version, &file, extra_values);
         let result = self.run("upgrade --install", namespace, &args).await;
         let _ = std::fs::remove_file(&file);

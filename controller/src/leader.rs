@@ -13,39 +13,43 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::time::Instant;
 
-/// Lease settings.
-#[derive(Clone, Debug)]
+/// Lease settings: the flags, and the Lease and identity the binary fills in.
+#[derive(Clone, Debug, clap::Args)]
 pub struct Election {
     /// The Lease's namespace.
+    #[arg(skip)]
     pub namespace: String,
     /// The Lease's name.
+    #[arg(skip = common::names::LEADER_LEASE.to_string())]
     pub name: String,
     /// This replica's identity.
+    #[arg(skip)]
     pub identity: String,
-    /// How long a lease lasts without renewal.
-    pub duration: Duration,
-    /// How long the holder keeps trying to renew before it gives up (shorter than `duration`).
-    pub renew_deadline: Duration,
-    /// How often the holder renews (and a candidate retries).
-    pub renew_every: Duration,
+
+    /// How long the leader Lease lasts without renewal; another replica takes over after it.
+    #[arg(long, default_value = "15s", value_parser = common::duration::parse)]
+    pub leader_lease_duration: Duration,
+
+    /// How often the leader renews its Lease (well inside --leader-renew-deadline).
+    #[arg(long, default_value = "4s", value_parser = common::duration::parse)]
+    pub leader_renew_interval: Duration,
+
+    /// How long the leader keeps failing to renew (each Lease call is cut off at it) before it
+    /// stops all work and exits; shorter than --leader-lease-duration, so that it has stopped
+    /// before another replica may take over.
+    #[arg(long, default_value = "10s", value_parser = common::duration::parse)]
+    pub leader_renew_deadline: Duration,
 }
 
 /// Why this replica stopped leading.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
 pub enum Lost {
     /// No renewal succeeded within the renew deadline (the API server did not answer in time).
+    #[strum(to_string = "the lease could not be renewed within the renew deadline")]
     Deadline,
     /// Another replica holds the lease.
+    #[strum(to_string = "another replica holds the lease")]
     Taken,
-}
-
-impl std::fmt::Display for Lost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Lost::Deadline => "the lease could not be renewed within the renew deadline",
-            Lost::Taken => "another replica holds the lease",
-        })
-    }
 }
 
 /// The lease record as this replica last saw it, and when it first saw that record (its own
@@ -82,7 +86,7 @@ impl Election {
     fn spec(&self, now: Timestamp, acquired: Option<MicroTime>, transitions: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(self.duration.as_secs() as i32),
+            lease_duration_seconds: Some(self.leader_lease_duration.as_secs() as i32),
             acquire_time: Some(acquired.unwrap_or(MicroTime(now))),
             renew_time: Some(MicroTime(now)),
             lease_transitions: Some(transitions),
@@ -99,7 +103,7 @@ impl Election {
     ) -> Result<bool, kube::Error> {
         let api: Api<Lease> = Api::namespaced(client.clone(), &self.namespace);
         let now = Timestamp::now();
-        match api.get_opt(&self.name).await? {
+        let written = match api.get_opt(&self.name).await? {
             None => {
                 let lease = Lease {
                     metadata: ObjectMeta {
@@ -109,11 +113,7 @@ impl Election {
                     },
                     spec: Some(self.spec(now, None, 0)),
                 };
-                match api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                    Err(e) => Err(e),
-                }
+                api.create(&PostParams::default(), &lease).await
             }
             Some(mut lease) => {
                 let spec = lease.spec.clone().unwrap_or_default();
@@ -130,15 +130,15 @@ impl Election {
                     transitions,
                 ));
                 // The update carries the resourceVersion read: a racing replica gets a conflict.
-                match api
-                    .replace(&self.name, &PostParams::default(), &lease)
+                api.replace(&self.name, &PostParams::default(), &lease)
                     .await
-                {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-                    Err(e) => Err(e),
-                }
             }
+        };
+        // A conflict: another replica wrote the lease first.
+        match written {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -161,7 +161,7 @@ impl Election {
         loop {
             let sent = Instant::now();
             match self
-                .attempt(client, &mut observed, sent + self.renew_deadline)
+                .attempt(client, &mut observed, sent + self.leader_renew_deadline)
                 .await
             {
                 Some(Ok(true)) => return sent,
@@ -169,7 +169,7 @@ impl Election {
                 Some(Err(e)) => tracing::warn!(error = %e, "leader election failed; retrying"),
                 None => tracing::warn!("a leader election call timed out; retrying"),
             }
-            tokio::time::sleep(self.renew_every).await;
+            tokio::time::sleep(self.leader_renew_interval).await;
         }
     }
 
@@ -181,8 +181,9 @@ impl Election {
     pub async fn hold(&self, client: &kube::Client, mut renewed: Instant) -> Lost {
         let mut observed = Observed::default();
         loop {
-            let give_up = renewed + self.renew_deadline;
-            tokio::time::sleep_until((Instant::now() + self.renew_every).min(give_up)).await;
+            let give_up = renewed + self.leader_renew_deadline;
+            tokio::time::sleep_until((Instant::now() + self.leader_renew_interval).min(give_up))
+                .await;
             let sent = Instant::now();
             if sent >= give_up {
                 return Lost::Deadline;
@@ -262,16 +263,16 @@ mod tests {
             namespace: "ns".into(),
             name: "lease".into(),
             identity: "a".into(),
-            duration: Duration::from_secs(3),
-            renew_deadline: Duration::from_secs(2),
-            renew_every: Duration::from_millis(200),
+            leader_lease_duration: Duration::from_secs(3),
+            leader_renew_deadline: Duration::from_secs(2),
+            leader_renew_interval: Duration::from_millis(200),
         };
         let renewed = Instant::now();
         let lost = tokio::time::timeout(Duration::from_secs(30), election.hold(&client, renewed))
             .await
             .expect("hold returns although every call hangs");
         assert_eq!(lost, Lost::Deadline);
-        assert!(renewed.elapsed() >= election.renew_deadline);
+        assert!(renewed.elapsed() >= election.leader_renew_deadline);
         hold_open.abort();
     }
 }

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use common::crd::PlatformInstance;
 use common::http::{OpsArgs, OpsServer, Readiness, ops_router, shutdown_signal};
-use common::names::{INSTANCE_ANNOTATION, LEADER_LEASE};
+use common::names::INSTANCE_ANNOTATION;
 use common::secure_metrics::{self, Secure};
 use common::telemetry::LogArgs;
 use controller::decide::model::Protection;
@@ -21,10 +21,11 @@ use controller::reconcile::stores::Triggers;
 use controller::reconcile::{Context, Settings, error_policy, instance_of, reconcile};
 use controller::tasks::Tasks;
 use futures::StreamExt;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
 
 /// Command-line flags of the controller.
 #[derive(Debug, Parser)]
@@ -64,9 +65,8 @@ struct Args {
     #[arg(long, default_value = "/var/lib/kubesolo/instances")]
     storage_root_base: String,
 
-    /// How long one install may run before it is stopped.
-    #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
-    install_timeout: Duration,
+    #[command(flatten)]
+    installer: Installer,
 
     /// How often an idle instance is checked and repaired.
     #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
@@ -111,10 +111,8 @@ struct Args {
     #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
     cleanup_deadline: Duration,
 
-    /// How long one helm run (install, upgrade, rollback, uninstall) may take before it is
-    /// killed and reported as `HelmTimedOut`.
-    #[arg(long, default_value = "10m", value_parser = common::duration::parse)]
-    helm_timeout: Duration,
+    #[command(flatten)]
+    helm: Helm,
 
     /// How long the controller waits for a vCluster's API to answer before it reports
     /// `WaitingForAPI`.
@@ -125,91 +123,18 @@ struct Args {
     #[arg(long, default_value = "60s", value_parser = common::duration::parse)]
     policy_interval: Duration,
 
-    /// How long the leader Lease lasts without renewal; another replica takes over after it.
-    #[arg(long, default_value = "15s", value_parser = common::duration::parse)]
-    leader_lease_duration: Duration,
-
-    /// How often the leader renews its Lease (well inside --leader-renew-deadline).
-    #[arg(long, default_value = "4s", value_parser = common::duration::parse)]
-    leader_renew_interval: Duration,
-
-    /// How long the leader keeps failing to renew (each Lease call is cut off at it) before it
-    /// stops all work and exits; shorter than --leader-lease-duration, so that it has stopped
-    /// before another replica may take over.
-    #[arg(long, default_value = "10s", value_parser = common::duration::parse)]
-    leader_renew_deadline: Duration,
+    #[command(flatten)]
+    election: Election,
 
     /// The Pod Security Standards level pods created inside each vCluster are held to (vCluster's
     /// `policies.podSecurityStandard`); the host namespace warns and audits at it too.
     #[arg(long, value_enum, default_value_t = controller::pod_security::Level::Baseline)]
     pod_security_standard: controller::pod_security::Level,
 
-    /// Root of the operator's state volume: one directory per instance.
-    #[arg(long, default_value = "/var/lib/platform-operator/state")]
-    state_dir: PathBuf,
-
-    /// File holding the passphrase that encrypts the Pulumi state (the passphrase Secret's key
-    /// `passphrase`, mounted).
-    #[arg(long, default_value = "/etc/platform-operator/passphrase/passphrase")]
-    passphrase_file: PathBuf,
-
-    /// The npm registry the platform package is installed from (a mirror for air-gapped sites).
-    #[arg(
-        long,
-        env = "NPM_REGISTRY",
-        default_value = "https://registry.npmjs.org/"
-    )]
-    npm_registry: String,
-
-    /// A file holding the npm registry URL (a mounted Secret), for a URL that carries
-    /// credentials: it overrides --npm-registry and is read before each install.
-    #[arg(long)]
-    npm_registry_file: Option<PathBuf>,
-
-    /// Let npm run the install scripts of the platform package and its dependencies (they run
-    /// with the operator's state volume); by default npm runs with --ignore-scripts.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
-    npm_allow_scripts: bool,
-
-    /// The @pulumi/pulumi version each instance's project declares (the program requires it and
-    /// the Pulumi language host loads it); it must be the one the platform package uses.
-    #[arg(long, default_value = controller::installer::DEFAULT_SDK_VERSION)]
-    pulumi_sdk_version: String,
-
-    /// The npm executable.
-    #[arg(long, default_value = "npm")]
-    npm_binary: String,
-
     /// Run the platform program. `false` stops every instance at `Installing` with its vCluster
     /// and kubeconfig (for benchmarks of the provisioning path).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     install_platform: bool,
-
-    /// The node heap limit, in MiB, of each Pulumi run of the platform program (its
-    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
-    /// that a runaway program fails alone (`ProgramOutOfMemory`) instead of the whole container.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
-    program_heap_limit: u32,
-
-    /// The node heap limit, in MiB, of each npm install of the platform package (npm's
-    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
-    /// that a runaway npm fails alone (`PackageInstallOutOfMemory`) instead of the whole container.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
-    npm_heap_limit: u32,
-
-    /// How many update records Pulumi's history and backups keep per stack; older ones are
-    /// removed after each update.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
-    pulumi_history_keep: u16,
-
-    /// How full, in percent, the state volume may be for an install to start; above it installs
-    /// wait with `StateVolumeFull` (retrying with backoff) instead of failing halfway.
-    #[arg(long, default_value_t = 95, value_parser = clap::value_parser!(u8).range(1..=100))]
-    state_volume_full_percent: u8,
-
-    /// The Pulumi CLI executable (its language host `pulumi-language-nodejs` on PATH beside it).
-    #[arg(long, default_value = "pulumi")]
-    pulumi_binary: String,
 
     /// The namespace the operator runs in.
     #[arg(long, env = "POD_NAMESPACE", default_value = "platform-operator")]
@@ -242,10 +167,6 @@ struct Args {
     /// Extra values for the vCluster chart, applied after the controller's own.
     #[arg(long)]
     vcluster_extra_values: Option<PathBuf>,
-
-    /// The helm executable.
-    #[arg(long, default_value = "helm")]
-    helm_binary: String,
 
     /// Print the vCluster chart values the controller installs for the instance
     /// `<namespace>/<name>` (with this --storage-root-base) to standard output and exit, checking
@@ -305,35 +226,24 @@ impl Args {
             );
         }
         anyhow::ensure!(
-            !has_credentials(&self.npm_registry),
+            !has_credentials(&self.installer.npm_registry),
             "--npm-registry carries credentials, which would be visible in the process list: put the URL in a Secret and pass its file with --npm-registry-file (the chart's npmRegistrySecret)"
         );
         anyhow::ensure!(
-            self.leader_renew_interval < self.leader_lease_duration,
+            self.election.leader_renew_interval < self.election.leader_lease_duration,
             "--leader-renew-interval ({:?}) must be shorter than --leader-lease-duration ({:?})",
-            self.leader_renew_interval,
-            self.leader_lease_duration
+            self.election.leader_renew_interval,
+            self.election.leader_lease_duration
         );
         anyhow::ensure!(
-            self.leader_renew_interval < self.leader_renew_deadline
-                && self.leader_renew_deadline < self.leader_lease_duration,
+            self.election.leader_renew_interval < self.election.leader_renew_deadline
+                && self.election.leader_renew_deadline < self.election.leader_lease_duration,
             "--leader-renew-deadline ({:?}) must be longer than --leader-renew-interval ({:?}) and shorter than --leader-lease-duration ({:?})",
-            self.leader_renew_deadline,
-            self.leader_renew_interval,
-            self.leader_lease_duration
+            self.election.leader_renew_deadline,
+            self.election.leader_renew_interval,
+            self.election.leader_lease_duration
         );
         Ok(())
-    }
-
-    fn election(&self, identity: &str) -> Election {
-        Election {
-            namespace: self.namespace.clone(),
-            name: LEADER_LEASE.into(),
-            identity: identity.to_string(),
-            duration: self.leader_lease_duration,
-            renew_deadline: self.leader_renew_deadline,
-            renew_every: self.leader_renew_interval,
-        }
     }
 
     fn settings(&self, chart_version: String) -> Settings {
@@ -350,7 +260,7 @@ impl Args {
             cleanup_ttl: self.cleanup_ttl,
             cleanup_deadline: self.cleanup_deadline,
             api_probe_timeout: self.vcluster_api_timeout,
-            state_dir: self.state_dir.clone(),
+            state_dir: self.installer.state_dir.clone(),
             operator_namespace: self.namespace.clone(),
             chart: self.vcluster_chart.clone(),
             chart_version,
@@ -374,26 +284,10 @@ impl Args {
         Context {
             client,
             installer: Installer {
-                state_dir: self.state_dir.clone(),
-                passphrase_file: self.passphrase_file.clone(),
-                registry: self.npm_registry.clone(),
-                registry_file: self.npm_registry_file.clone(),
-                allow_scripts: self.npm_allow_scripts,
-                sdk_version: self.pulumi_sdk_version.clone(),
-                npm_binary: self.npm_binary.clone(),
-                pulumi_binary: self.pulumi_binary.clone(),
-                timeout: self.install_timeout,
-                tool_seconds: metrics.tool_seconds.clone(),
-                heap_limit_mib: self.program_heap_limit,
-                npm_heap_limit_mib: self.npm_heap_limit,
-                history_keep: self.pulumi_history_keep.into(),
-                state_full_percent: self.state_volume_full_percent,
+                tool_seconds: Some(metrics.tool_seconds.clone()),
+                ..self.installer.clone()
             },
-            helm: Helm {
-                binary: self.helm_binary.clone(),
-                timeout: self.helm_timeout,
-                work_dir: std::env::temp_dir().join("platform-operator-helm"),
-            },
+            helm: self.helm.clone(),
             settings,
             tasks: Tasks::new(
                 self.max_concurrent_installs.into(),
@@ -411,6 +305,20 @@ impl Args {
             stores,
             probes: controller::reconcile::reader::Probes::counted(metrics.probes.clone()),
         }
+    }
+}
+
+/// Maps an object of a host namespace to the instance the namespace's annotation names.
+fn by_host<K: Resource>(
+    namespaces: Store<Namespace>,
+) -> impl Fn(K) -> Option<ObjectRef<PlatformInstance>> {
+    move |object| {
+        let host = namespaces.get(&ObjectRef::new(object.meta().namespace.as_deref()?))?;
+        let (namespace, name) = host
+            .annotations()
+            .get(INSTANCE_ANNOTATION)?
+            .split_once('/')?;
+        Some(ObjectRef::new(name).within(namespace))
     }
 }
 
@@ -460,29 +368,13 @@ async fn run(
         .register(Box::new(InstanceConditions::new(controller.store())?))
         .context("registering the instance condition metrics")?;
     // A change in a host namespace wakes the instance its annotation names.
-    let namespaces = ctx.stores.namespaces.clone();
-    let owner = move |host: Option<String>| {
-        let namespace = namespaces.get(&ObjectRef::new(&host?))?;
-        let (namespace, name) = namespace
-            .annotations()
-            .get(INSTANCE_ANNOTATION)?
-            .split_once('/')?;
-        Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
-    };
-    let (by_service, by_deployment, by_exported, by_release) =
-        (owner.clone(), owner.clone(), owner.clone(), owner);
+    let namespaces = &ctx.stores.namespaces;
     controller
         .owns_stream(triggers.kubeconfigs)
-        .watches_stream(triggers.services, move |svc| {
-            by_service(svc.metadata.namespace)
-        })
-        .watches_stream(triggers.deployments, move |d| {
-            by_deployment(d.metadata.namespace)
-        })
-        .watches_stream(triggers.exported, move |s| {
-            by_exported(s.metadata.namespace)
-        })
-        .watches_stream(triggers.releases, move |s| by_release(s.metadata.namespace))
+        .watches_stream(triggers.services, by_host(namespaces.clone()))
+        .watches_stream(triggers.deployments, by_host(namespaces.clone()))
+        .watches_stream(triggers.exported, by_host(namespaces.clone()))
+        .watches_stream(triggers.releases, by_host(namespaces.clone()))
         .reconcile_on(woken)
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
@@ -521,17 +413,17 @@ async fn main() -> anyhow::Result<()> {
         &args.vcluster_chart,
         args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
     )?;
-    let chart_version = controller::chart::version(&args.helm_binary, &args.vcluster_chart).await?;
+    let chart_version = controller::chart::version(&args.helm.binary, &args.vcluster_chart).await?;
     tracing::info!(chart = %args.vcluster_chart.display(), %chart_version, "vCluster chart verified");
 
     let registry = common::metrics::registry("controller");
     let metrics = Metrics::register(&registry).context("registering metrics")?;
     metrics
         .install_timeout
-        .set(args.install_timeout.as_secs_f64());
+        .set(args.installer.install_timeout.as_secs_f64());
     // The state volume's usage, now and every 30 s (docs/operations.md: what to do near full).
     {
-        let (metrics, dir) = (metrics.clone(), args.state_dir.clone());
+        let (metrics, dir) = (metrics.clone(), args.installer.state_dir.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(30));
             loop {
@@ -559,7 +451,11 @@ async fn main() -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(|| {
         std::env::var("HOSTNAME").unwrap_or_else(|_| format!("controller-{}", std::process::id()))
     });
-    let election = args.election(&identity);
+    let election = Election {
+        namespace: args.namespace.clone(),
+        identity: identity.clone(),
+        ..args.election.clone()
+    };
     readiness.set(true);
     let mut renewed = tokio::time::Instant::now();
     if args.leader_elect {
@@ -634,9 +530,9 @@ mod tests {
         ])
         .expect("flags");
         args.check().expect("defaults are consistent");
-        assert_eq!(args.leader_lease_duration, Duration::from_secs(15));
-        assert_eq!(args.leader_renew_interval, Duration::from_secs(4));
-        assert_eq!(args.leader_renew_deadline, Duration::from_secs(10));
+        assert_eq!(args.election.leader_lease_duration, Duration::from_secs(15));
+        assert_eq!(args.election.leader_renew_interval, Duration::from_secs(4));
+        assert_eq!(args.election.leader_renew_deadline, Duration::from_secs(10));
         assert_eq!(
             args.pod_security_standard,
             controller::pod_security::Level::Baseline
@@ -665,8 +561,11 @@ mod tests {
             .expect("an @ in the path is no credential");
         let args = parse(&["--npm-registry-file=/etc/npm/url"]);
         args.check().expect("a file");
-        assert!(!args.npm_allow_scripts, "scripts are off by default");
-        assert_eq!(args.pulumi_sdk_version, "3.248.0");
+        assert!(
+            !args.installer.npm_allow_scripts,
+            "scripts are off by default"
+        );
+        assert_eq!(args.installer.pulumi_sdk_version, "3.248.0");
     }
 
     #[test]

@@ -258,6 +258,17 @@ impl Collector for InstanceConditions {
         families
     }
 }
+/// Bytes used and bytes in all on the filesystem holding `dir`, or that will hold it (its
+/// nearest existing ancestor) (`statvfs`; used counts what even root can no longer have, as `df`
+/// does).
+pub fn volume_usage(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
+    let v = rustix::fs::statvfs(existing)?;
+    let capacity = v.f_blocks.saturating_mul(v.f_frsize);
+    let free = v.f_bfree.saturating_mul(v.f_frsize);
+    Ok((capacity.saturating_sub(free), capacity))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,17 +371,6 @@ mod tests {
         .expect("age");
         assert!((600.0..660.0).contains(&age), "{age}");
     }
-}
-
-/// Bytes used and bytes in all on the filesystem holding `dir`, or that will hold it (its
-/// nearest existing ancestor) (`statvfs`; used counts what even root can no longer have, as `df`
-/// does).
-pub fn volume_usage(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
-    let v = rustix::fs::statvfs(existing)?;
-    let capacity = v.f_blocks.saturating_mul(v.f_frsize);
-    let free = v.f_bfree.saturating_mul(v.f_frsize);
-    Ok((capacity.saturating_sub(free), capacity))
 }
 
 #[cfg(test)]

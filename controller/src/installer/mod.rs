@@ -61,39 +61,79 @@ const DISABLED_DEFAULT_PROVIDERS: [&str; 11] = [
 /// Label on the per-membership kubeconfig Secrets naming their instance.
 const MEMBERSHIP_LABEL: &str = "platform.di-framework.dev/membership-of";
 
-/// How the installer is configured.
-#[derive(Clone, Debug)]
+/// How the installer is configured: its flags, and the histogram of its tools' time.
+#[derive(Clone, Debug, clap::Args)]
 pub struct Installer {
-    /// The state root (`--state-dir`).
+    /// How long one install may run before it is stopped.
+    #[arg(long, default_value = "30m", value_parser = common::duration::parse)]
+    pub install_timeout: Duration,
+
+    /// Root of the operator's state volume: one directory per instance.
+    #[arg(long, default_value = "/var/lib/platform-operator/state")]
     pub state_dir: PathBuf,
-    /// The passphrase file (`--passphrase-file`).
+
+    /// File holding the passphrase that encrypts the Pulumi state (the passphrase Secret's key
+    /// `passphrase`, mounted).
+    #[arg(long, default_value = "/etc/platform-operator/passphrase/passphrase")]
     pub passphrase_file: PathBuf,
-    /// The npm registry (`--npm-registry`), unless `registry_file` names one.
-    pub registry: String,
-    /// A file holding the registry URL, credentials and all (`--npm-registry-file`), read
-    /// before each install.
-    pub registry_file: Option<PathBuf>,
-    /// Let npm run the packages' install scripts (`--npm-allow-scripts`).
-    pub allow_scripts: bool,
-    /// The `@pulumi/pulumi` version the project declares (`--pulumi-sdk-version`).
-    pub sdk_version: String,
-    /// The npm executable (`--npm-binary`).
+
+    /// The npm registry the platform package is installed from (a mirror for air-gapped sites).
+    #[arg(
+        long,
+        env = "NPM_REGISTRY",
+        default_value = "https://registry.npmjs.org/"
+    )]
+    pub npm_registry: String,
+
+    /// A file holding the npm registry URL (a mounted Secret), for a URL that carries
+    /// credentials: it overrides --npm-registry and is read before each install.
+    #[arg(long)]
+    pub npm_registry_file: Option<PathBuf>,
+
+    /// Let npm run the install scripts of the platform package and its dependencies (they run
+    /// with the operator's state volume); by default npm runs with --ignore-scripts.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub npm_allow_scripts: bool,
+
+    /// The @pulumi/pulumi version each instance's project declares (the program requires it and
+    /// the Pulumi language host loads it); it must be the one the platform package uses.
+    #[arg(long, default_value = DEFAULT_SDK_VERSION)]
+    pub pulumi_sdk_version: String,
+
+    /// The npm executable.
+    #[arg(long, default_value = "npm")]
     pub npm_binary: String,
-    /// The pulumi executable (`--pulumi-binary`).
+
+    /// The node heap limit, in MiB, of each Pulumi run of the platform program (its
+    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
+    /// that a runaway program fails alone (`ProgramOutOfMemory`) instead of the whole container.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
+    pub program_heap_limit: u32,
+
+    /// The node heap limit, in MiB, of each npm install of the platform package (npm's
+    /// `NODE_OPTIONS=--max-old-space-size`): keep it well below the container's memory limit, so
+    /// that a runaway npm fails alone (`PackageInstallOutOfMemory`) instead of the whole container.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(64..))]
+    pub npm_heap_limit: u32,
+
+    /// How many update records Pulumi's history and backups keep per stack; older ones are
+    /// removed after each update.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pub pulumi_history_keep: u16,
+
+    /// How full, in percent, the state volume may be for an install to start; above it installs
+    /// wait with `StateVolumeFull` (retrying with backoff) instead of failing halfway.
+    #[arg(long, default_value_t = 95, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub state_volume_full_percent: u8,
+
+    /// The Pulumi CLI executable (its language host `pulumi-language-nodejs` on PATH beside it).
+    #[arg(long, default_value = "pulumi")]
     pub pulumi_binary: String,
-    /// How long one install or preview may run (`--install-timeout`).
-    pub timeout: Duration,
-    /// Time spent inside npm and pulumi, by tool and result.
-    pub tool_seconds: prometheus::HistogramVec,
-    /// The node heap limit of the program's processes, in MiB (`--program-heap-limit`).
-    pub heap_limit_mib: u32,
-    /// npm's node heap limit, in MiB (`--npm-heap-limit`).
-    pub npm_heap_limit_mib: u32,
-    /// Update records kept per stack in Pulumi's history and backups (`--pulumi-history-keep`).
-    pub history_keep: usize,
-    /// How full, in percent, the state volume may be for an install to start
-    /// (`--state-volume-full-percent`).
-    pub state_full_percent: u8,
+
+    /// Time spent inside npm and pulumi, by tool and result (the registered metric's, set at
+    /// start).
+    #[arg(skip)]
+    pub tool_seconds: Option<prometheus::HistogramVec>,
 }
 
 /// Whether `used` of `capacity` bytes is at or above `percent`.
@@ -130,8 +170,8 @@ impl Installer {
     /// The registry URL: the file's content (trimmed) when `--npm-registry-file` is set, else
     /// `--npm-registry`.
     fn registry(&self) -> Result<String, String> {
-        let Some(file) = &self.registry_file else {
-            return Ok(self.registry.clone());
+        let Some(file) = &self.npm_registry_file else {
+            return Ok(self.npm_registry.clone());
         };
         let text = std::fs::read_to_string(file).map_err(|e| {
             format!(
@@ -165,7 +205,7 @@ impl Installer {
         let Ok((used, capacity)) = crate::metrics::volume_usage(&self.state_dir) else {
             return Ok(());
         };
-        if !volume_full(used, capacity, self.state_full_percent) {
+        if !volume_full(used, capacity, self.state_volume_full_percent) {
             return Ok(());
         }
         Err(TaskError::new(
@@ -176,7 +216,7 @@ impl Installer {
                 u128::from(used) * 100 / u128::from(capacity),
                 used >> 20,
                 capacity >> 20,
-                self.state_full_percent
+                self.state_volume_full_percent
             ),
         ))
     }
@@ -208,14 +248,15 @@ impl Installer {
             backend: project.join("state"),
             project,
             state: dir.to_path_buf(),
-            heap_limit_mib: self.heap_limit_mib,
+            heap_limit_mib: self.program_heap_limit,
         }
     }
 
     fn observe_tool(&self, tool: &str, ok: bool, seconds: f64) {
-        self.tool_seconds
-            .with_label_values(&[tool, if ok { "ok" } else { "error" }])
-            .observe(seconds);
+        if let Some(h) = &self.tool_seconds {
+            h.with_label_values(&[tool, if ok { "ok" } else { "error" }])
+                .observe(seconds);
+        }
     }
 
     /// Runs an install to its end (or its timeout) and records it. The error carries the typed
@@ -242,7 +283,7 @@ impl Installer {
         record::store(&dir, &rec)
             .map_err(|e| state_error("writing the install record in", &dir, e))?;
         let steps = self.install_steps(&client, &dir, &job, &rec, interrupted);
-        let (result, outcome) = match tokio::time::timeout(self.timeout, steps).await {
+        let (result, outcome) = match tokio::time::timeout(self.install_timeout, steps).await {
             Ok(Ok(applied)) => (
                 InstallResult::Succeeded,
                 Ok(succeeded(&mut rec, &job, applied)),
@@ -254,7 +295,7 @@ impl Installer {
                 let _ = self.stack(&dir).clear_locks();
                 let message = format!(
                     "{mode} of {PACKAGE}@{version} ran longer than --install-timeout ({}s) and was stopped with its processes; it retries with backoff (raise installTimeout if the program needs longer)",
-                    self.timeout.as_secs()
+                    self.install_timeout.as_secs()
                 );
                 let error = TaskError::new(Failure::InstallTimedOut, message);
                 (InstallResult::TimedOut, Err(error))
@@ -294,7 +335,7 @@ impl Installer {
             &stack.project,
             &stack.backend,
             &job.version,
-            &self.sdk_version,
+            &self.pulumi_sdk_version,
         )?;
         self.dependencies(&stack.project, dir, job).await?;
         let applied = self.apply(&stack, &job.config, interrupted).await;
@@ -320,20 +361,12 @@ impl Installer {
     async fn dependencies(&self, project: &Path, dir: &Path, job: &Job) -> Result<(), TaskError> {
         let (key, files) = self.tree_key(project, &job.version);
         let trees = self.trees();
-        let tree_error =
-            |e: modules::TreeError| TaskError::new(Failure::StateUnavailable, e.to_string());
-        let lock = trees.lock(&key).await.map_err(tree_error)?;
+        let lock = trees.lock(&key).await?;
         let build = |build_dir: PathBuf| async move {
             write_files(&build_dir, &files)?;
             self.npm_install(&build_dir, dir, &job.version).await
         };
-        let outcome = trees
-            .ensure(&key, &lock, build)
-            .await
-            .map_err(|e| match e {
-                modules::EnsureError::Tree(e) => tree_error(e),
-                modules::EnsureError::Build(e) => e,
-            })?;
+        let outcome = trees.ensure(&key, &lock, build).await?;
         let version = &job.version;
         match &outcome {
             modules::Outcome::Reused => {
@@ -349,9 +382,7 @@ impl Installer {
         // On the blocking pool: a project of an earlier layout has a `node_modules` of its own,
         // removed first, which can take seconds.
         let (project, state_dir) = (project.to_path_buf(), self.state_dir.clone());
-        modules::blocking(move || trees.link(&project, &key, &state_dir))
-            .await
-            .map_err(tree_error)
+        Ok(modules::blocking(move || trees.link(&project, &key, &state_dir)).await?)
     }
 
     /// The shared dependency trees (`<--state-dir>/.cache/modules`).
@@ -364,7 +395,7 @@ impl Installer {
     /// The tree key of `version` for the project in `project`, with the files it is the key
     /// of (`package.json`, `.npmrc`).
     fn tree_key(&self, project: &Path, version: &str) -> (String, Vec<(&'static str, String)>) {
-        let mut files = project_files(&project.join("state"), version, &self.sdk_version);
+        let mut files = project_files(&project.join("state"), version, &self.pulumi_sdk_version);
         files.retain(|(name, _)| matches!(*name, "package.json" | ".npmrc"));
         let file = |name: &str| {
             files
@@ -372,7 +403,7 @@ impl Installer {
                 .find(|(n, _)| *n == name)
                 .map_or("", |(_, c)| c.as_str())
         };
-        let key = modules::key(file("package.json"), file(".npmrc"), self.allow_scripts);
+        let key = modules::key(file("package.json"), file(".npmrc"), self.npm_allow_scripts);
         (key, files)
     }
 
@@ -386,8 +417,8 @@ impl Installer {
             binary: self.npm_binary.clone(),
             registry,
             cache: self.state_dir.join(".cache").join("npm"),
-            allow_scripts: self.allow_scripts,
-            heap_limit_mib: self.npm_heap_limit_mib,
+            allow_scripts: self.npm_allow_scripts,
+            heap_limit_mib: self.npm_heap_limit,
         };
         let started = Instant::now();
         let installed = npm.install(folder, PACKAGE, version, dir).await;
@@ -450,7 +481,7 @@ impl Installer {
             up_seconds = up_started.elapsed().as_secs_f64();
             self.observe_tool("pulumi-up", up.is_ok(), up_seconds);
             // Every update, a failed one too, leaves a history record and a backup: keep a few.
-            match stack.prune_history(self.history_keep) {
+            match stack.prune_history(self.pulumi_history_keep.into()) {
                 Ok(0) => {}
                 Ok(pruned) => {
                     tracing::debug!(project = %stack.project.display(), pruned, "pruned the stack's history")
@@ -482,7 +513,7 @@ impl Installer {
             stack.preview().await.map_err(|e| e.to_string())
         };
         let started = Instant::now();
-        let outcome = match tokio::time::timeout(self.timeout, run).await {
+        let outcome = match tokio::time::timeout(self.install_timeout, run).await {
             Ok(outcome) => {
                 let seconds = started.elapsed().as_secs_f64();
                 self.observe_tool("pulumi", outcome.is_ok(), seconds);
@@ -492,7 +523,7 @@ impl Installer {
                 let _ = stack.clear_locks();
                 Err(format!(
                     "the repair preview ran longer than --install-timeout ({}s) and was stopped",
-                    self.timeout.as_secs()
+                    self.install_timeout.as_secs()
                 ))
             }
         };
@@ -820,18 +851,18 @@ mod tests {
         Installer {
             state_dir: dir.to_path_buf(),
             passphrase_file: dir.join("passphrase"),
-            registry: "https://registry.npmjs.org/".into(),
-            registry_file: None,
-            allow_scripts: false,
-            sdk_version: DEFAULT_SDK_VERSION.into(),
+            npm_registry: "https://registry.npmjs.org/".into(),
+            npm_registry_file: None,
+            npm_allow_scripts: false,
+            pulumi_sdk_version: DEFAULT_SDK_VERSION.into(),
             npm_binary: "npm".into(),
             pulumi_binary: "pulumi".into(),
-            timeout: Duration::from_secs(1),
-            heap_limit_mib: 1024,
-            npm_heap_limit_mib: 1024,
-            history_keep: 10,
-            state_full_percent: 95,
-            tool_seconds,
+            install_timeout: Duration::from_secs(1),
+            program_heap_limit: 1024,
+            npm_heap_limit: 1024,
+            pulumi_history_keep: 10,
+            state_volume_full_percent: 95,
+            tool_seconds: Some(tool_seconds),
         }
     }
 
@@ -846,7 +877,7 @@ mod tests {
             Ok("https://registry.npmjs.org/")
         );
         let file = dir.join("url");
-        installer.registry_file = Some(file.clone());
+        installer.npm_registry_file = Some(file.clone());
         let missing = installer.registry().expect_err("no file yet");
         assert!(missing.contains("npmRegistrySecret"), "{missing}");
         std::fs::write(&file, "  \n").expect("write");

@@ -22,6 +22,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::decide::model::{Failure, TaskError};
+
 /// The manifest's file name at the top of a tree; written last.
 pub const MANIFEST: &str = "manifest.json";
 /// The manifest format this operator writes and reads.
@@ -48,16 +50,10 @@ pub enum TreeError {
     Interrupted(String),
 }
 
-/// An error of [`Trees::ensure`]: the store's own, or the build's (npm).
-#[derive(Debug)]
-pub enum EnsureError<E> {
-    Tree(TreeError),
-    Build(E),
-}
-
-impl<E> From<TreeError> for EnsureError<E> {
+/// The store's errors fail an install as `StateUnavailable`.
+impl From<TreeError> for TaskError {
     fn from(e: TreeError) -> Self {
-        EnsureError::Tree(e)
+        TaskError::new(Failure::StateUnavailable, e.to_string())
     }
 }
 
@@ -133,11 +129,7 @@ pub fn sha256_hex(parts: &[&[u8]]) -> String {
         ctx.update(&(part.len() as u64).to_be_bytes());
         ctx.update(part);
     }
-    ctx.finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::chart::hex(ctx.finish().as_ref())
 }
 
 /// The key of a tree: a digest of the inputs that decide what npm installs.
@@ -432,8 +424,9 @@ impl Trees {
         key: &str,
         _lock: &KeyLock,
         build: F,
-    ) -> Result<Outcome, EnsureError<E>>
+    ) -> Result<Outcome, E>
     where
+        E: From<TreeError>,
         F: FnOnce(PathBuf) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
@@ -473,7 +466,7 @@ impl Trees {
         .await?;
         // A build stopped here (a timeout drops this future) leaves `dir`, which is never used
         // and removed by the next build or collection.
-        build(dir.clone()).await.map_err(EnsureError::Build)?;
+        build(dir.clone()).await?;
         let (sealed, key) = (dir.clone(), key.to_string());
         blocking(move || seal(&sealed, &key)).await?;
         fs::rename(&dir, &top).map_err(io("moving the built tree to", &top))?;
@@ -649,12 +642,10 @@ mod tests {
         let lock = trees.lock(KEY).await.expect("lock");
         let builds = builds.clone();
         trees
-            .ensure(KEY, &lock, |dir| fill(dir, builds))
-            .await
-            .map_err(|e| match e {
-                EnsureError::Tree(e) => e.to_string(),
-                EnsureError::Build(e) => e,
+            .ensure(KEY, &lock, |dir| async {
+                fill(dir, builds).await.map_err(TaskError::from)
             })
+            .await
             .expect("ensure")
     }
 
@@ -790,7 +781,7 @@ mod tests {
                 fs::create_dir_all(&package).map_err(|e| e.to_string())?;
                 fs::write(package.join("package.json"), "{").map_err(|e| e.to_string())?;
                 signal.notify_one();
-                std::future::pending::<Result<(), String>>().await
+                std::future::pending::<Result<(), TaskError>>().await
             });
             tokio::select! {
                 _ = build => panic!("the build never ends"),

@@ -71,15 +71,6 @@ pub fn heap_exhausted<'a>(texts: impl IntoIterator<Item = &'a str>) -> bool {
         .any(|t| HEAP_EXHAUSTED.iter().any(|m| t.contains(m)))
 }
 
-/// The value `cmd` sets for variable `key` in its tool's environment (`None`: not set).
-#[cfg(test)]
-pub fn env_of(cmd: &Command, key: &str) -> Option<String> {
-    cmd.as_std()
-        .get_envs()
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
-}
-
 /// What a finished tool left (`code` `None`: killed by a signal).
 #[derive(Debug)]
 pub struct Output {
@@ -237,6 +228,15 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
         stdout: String::from_utf8_lossy(&out).into_owned(),
         stderr: String::from_utf8_lossy(&err).into_owned(),
     })
+}
+
+/// The value `cmd` sets for variable `key` in its tool's environment (`None`: not set).
+#[cfg(test)]
+pub fn env_of(cmd: &Command, key: &str) -> Option<String> {
+    cmd.as_std()
+        .get_envs()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
 }
 
 #[cfg(test)]

@@ -17,55 +17,42 @@ use super::process::{self, Output};
 pub const STACK: &str = "dev";
 
 /// What a non-zero exit code of the Pulumi CLI means (its documented contract,
-/// `sdk/go/common/util/cmdutil/exit.go`); `Killed`: no code, killed by a signal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `sdk/go/common/util/cmdutil/exit.go`), in words for messages; `Killed`: no code, killed by a
+/// signal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::FromRepr, strum::Display)]
+#[repr(i32)]
 pub enum Exit {
-    Error,
-    Configuration,
-    Authentication,
-    Resource,
-    Policy,
-    StackNotFound,
-    UnexpectedChanges,
-    Cancelled,
-    Timeout,
-    Internal,
-    Killed,
+    #[strum(to_string = "error")]
+    Error = 1,
+    #[strum(to_string = "configuration error")]
+    Configuration = 2,
+    #[strum(to_string = "authentication error")]
+    Authentication = 3,
+    #[strum(to_string = "resource error")]
+    Resource = 4,
+    #[strum(to_string = "policy violation")]
+    Policy = 5,
+    #[strum(to_string = "stack not found")]
+    StackNotFound = 6,
+    #[strum(to_string = "unexpected changes")]
+    UnexpectedChanges = 7,
+    #[strum(to_string = "cancelled")]
+    Cancelled = 8,
+    #[strum(to_string = "timed out")]
+    Timeout = 9,
+    /// Any other code (Pulumi's own is 255).
+    #[strum(to_string = "internal error")]
+    Internal = 255,
+    #[strum(to_string = "killed")]
+    Killed = -1,
 }
 
 impl Exit {
     /// The meaning of exit code `code` (`None`: killed).
     pub fn from_code(code: Option<i32>) -> Self {
-        match code {
-            None => Exit::Killed,
-            Some(1) => Exit::Error,
-            Some(2) => Exit::Configuration,
-            Some(3) => Exit::Authentication,
-            Some(4) => Exit::Resource,
-            Some(5) => Exit::Policy,
-            Some(6) => Exit::StackNotFound,
-            Some(7) => Exit::UnexpectedChanges,
-            Some(8) => Exit::Cancelled,
-            Some(9) => Exit::Timeout,
-            Some(_) => Exit::Internal,
-        }
-    }
-
-    /// A word for messages.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Exit::Error => "error",
-            Exit::Configuration => "configuration error",
-            Exit::Authentication => "authentication error",
-            Exit::Resource => "resource error",
-            Exit::Policy => "policy violation",
-            Exit::StackNotFound => "stack not found",
-            Exit::UnexpectedChanges => "unexpected changes",
-            Exit::Cancelled => "cancelled",
-            Exit::Timeout => "timed out",
-            Exit::Internal => "internal error",
-            Exit::Killed => "killed",
-        }
+        code.map_or(Exit::Killed, |c| {
+            Exit::from_repr(c).unwrap_or(Exit::Internal)
+        })
     }
 }
 
@@ -80,7 +67,7 @@ pub enum PulumiError {
     },
     /// A Pulumi command exited non-zero (`code` -1: killed); `message` is the program's or
     /// engine's error, from the event log when there is one.
-    #[error("pulumi {action} failed ({}, exit {code}): {message}", .exit.as_str())]
+    #[error("pulumi {action} failed ({exit}, exit {code}): {message}")]
     Failed {
         action: &'static str,
         exit: Exit,

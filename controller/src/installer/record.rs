@@ -4,22 +4,17 @@
 //! and copy it into `status`. Being on the state volume, it survives a controller restart, so an
 //! install a crash interrupted is found (`Running` with no task) and run again.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use crate::decide::model::{Failure, Preview, Record};
 
 /// The record's file name in the instance's state directory.
 pub const FILE: &str = "install.json";
 
-/// The record's path for the instance directory `dir`.
-pub fn path(dir: &Path) -> PathBuf {
-    dir.join(FILE)
-}
-
 /// Reads the record in `dir` (none yet, or unreadable: the default, with a log line for the
 /// latter; the record is rewritten by the next install).
 pub fn load(dir: &Path) -> Record {
-    let file = path(dir);
+    let file = dir.join(FILE);
     match std::fs::read(&file) {
         Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
             tracing::warn!(file = %file.display(), error = %e, "the install record is unreadable; starting afresh");
@@ -32,7 +27,7 @@ pub fn load(dir: &Path) -> Record {
 /// Writes the record into `dir` atomically (a temporary file renamed over the old one).
 pub fn store(dir: &Path, record: &Record) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let file = path(dir);
+    let file = dir.join(FILE);
     let tmp = dir.join(format!(".{FILE}.tmp"));
     let bytes = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
     std::fs::write(&tmp, bytes)?;
@@ -77,7 +72,7 @@ mod tests {
         };
         store(&dir, &record).expect("store");
         assert_eq!(load(&dir), record);
-        std::fs::write(path(&dir), b"{not json").expect("garbage");
+        std::fs::write(dir.join(FILE), b"{not json").expect("garbage");
         assert_eq!(load(&dir), Record::default());
         let _ = std::fs::remove_dir_all(&dir);
     }
