@@ -3,6 +3,7 @@
 //! gone is fine.
 
 use common::names::FIELD_MANAGER;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde::Serialize;
@@ -25,23 +26,24 @@ where
     }
 }
 
-/// What [`delete_if_not_foreign`] did.
+/// What [`delete_if_ours`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Deleted {
     /// Deleted, or already gone.
     Gone,
-    /// Left alone: it carries another instance's UID mark.
+    /// Left alone: it is not the instance's.
     Foreign,
 }
 
-/// Deletes `name` unless it is marked with an instance UID other than `uid`, checked at the
-/// moment of the delete and not only when the reconcile observed it: the object is read, and
-/// deleted with its own UID as a precondition, so an object created again in between (by
-/// someone else) is never the one deleted. An object already gone is not an error.
-pub async fn delete_if_not_foreign<K>(
+/// Deletes `name` if `ours` says it is instance `uid`'s, checked at the moment of the delete and
+/// not only when the reconcile observed it: the object is read, and deleted with its own UID as
+/// a precondition, so an object created again in between (by someone else) is never the one
+/// deleted. An object already gone is not an error.
+pub async fn delete_if_ours<K>(
     api: &Api<K>,
     name: &str,
     uid: &str,
+    ours: fn(&ObjectMeta, &str) -> bool,
 ) -> Result<Deleted, kube::Error>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
@@ -49,7 +51,7 @@ where
     let Some(object) = api.get_opt(name).await? else {
         return Ok(Deleted::Gone);
     };
-    if !crate::decide::ownership::deletable(object.meta(), uid) {
+    if !ours(object.meta(), uid) {
         return Ok(Deleted::Foreign);
     }
     let params = DeleteParams {

@@ -4,8 +4,9 @@
 //! vCluster chart and syncer of `support`. Each part injects one fault and checks what survives:
 //!
 //! - a Secret `<name>-kubeconfig` somebody else made is neither overwritten nor deleted;
-//! - a host namespace another instance's annotation names is not deleted, cleaned or
-//!   uninstalled when the instance is deleted, and an Event says what was left;
+//! - a host namespace another instance's annotation names, and one somebody made without any
+//!   mark, are neither adopted nor relabelled, nor deleted, cleaned or uninstalled when the
+//!   instance is deleted, and an Event says what was left;
 //! - create → delete → create → delete under one name: the second deletion does not believe the
 //!   first deletion's (complete) cleanup Job, it replaces it with its own;
 //! - a write the API server refuses (an admission policy) reaches status and Events, and is
@@ -158,7 +159,16 @@ async fn nothing_of_another_is_touched_and_nothing_wedges() {
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {clash_host}\n  annotations: {{ platform.di-framework.dev/instance: {team}/someone-else }}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: theirs, namespace: {clash_host} }}\ndata: {{ a: b }}\n"
         ),
     );
-    for name in ["squat", "clash", "again"] {
+    // 2b. A host namespace somebody made with neither mark nor annotation (anyone who may
+    //     create namespaces can pre-create a victim's), with something of theirs in it.
+    let bare_host = host_namespace(&team, "bare");
+    apply(
+        &cluster,
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {bare_host}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: theirs, namespace: {bare_host} }}\ndata: {{ a: b }}\n"
+        ),
+    );
+    for name in ["squat", "clash", "bare", "again"] {
         apply(&cluster, &instance(&team, name, "Delete"));
     }
 
@@ -184,6 +194,24 @@ async fn nothing_of_another_is_touched_and_nothing_wedges() {
     )
     .await;
     assert_eq!(clash["status"]["phase"], "Failed");
+    let bare = reaches(
+        at,
+        (&team, "bare"),
+        ("Stalled", "True", "HostNamespaceConflict"),
+        Duration::from_secs(60),
+    )
+    .await;
+    let message = bare["status"]["conditions"].to_string();
+    assert!(message.contains(INSTANCE_UID_LABEL), "{message}");
+    let ns = get(&cluster, &["get", "namespace", &bare_host]).expect("their namespace");
+    let labels = ns["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        labels.keys().all(|k| k == "kubernetes.io/metadata.name"),
+        "neither marked nor relabelled: {ns}"
+    );
 
     // 3. create → delete → create → delete under one name.
     let first_uid = serving(&cluster, &controller, &team, "again").await;
@@ -254,6 +282,7 @@ async fn nothing_of_another_is_touched_and_nothing_wedges() {
                 "pi",
                 "squat",
                 "clash",
+                "bare",
                 "--wait=false",
             ],
             None,
@@ -261,6 +290,16 @@ async fn nothing_of_another_is_touched_and_nothing_wedges() {
         .expect("delete");
     gone(&cluster, &controller, &team, "squat").await;
     gone(&cluster, &controller, &team, "clash").await;
+    gone(&cluster, &controller, &team, "bare").await;
+    for host in [&clash_host, &bare_host] {
+        let ns = get(&cluster, &["get", "namespace", host]).expect("their namespace stays");
+        assert!(ns["metadata"]["deletionTimestamp"].is_null(), "{ns}");
+        assert!(get(&cluster, &["-n", host, "get", "configmap", "theirs"]).is_some());
+        assert!(
+            get(&cluster, &["-n", &ops, "get", "job", host]).is_none(),
+            "no cleanup ran on their storage"
+        );
+    }
     let theirs = get(
         &cluster,
         &["-n", &team, "get", "secret", "squat-kubeconfig"],
@@ -275,13 +314,6 @@ async fn nothing_of_another_is_touched_and_nothing_wedges() {
             .get(INSTANCE_UID_LABEL)
             .is_none(),
         "{theirs}"
-    );
-    let ns = get(&cluster, &["get", "namespace", &clash_host]).expect("their namespace stays");
-    assert!(ns["metadata"]["deletionTimestamp"].is_null(), "{ns}");
-    assert!(get(&cluster, &["-n", &clash_host, "get", "configmap", "theirs"]).is_some());
-    assert!(
-        get(&cluster, &["-n", &ops, "get", "job", &clash_host]).is_none(),
-        "no cleanup ran on their storage"
     );
     let squat_host = host_namespace(&team, "squat");
     assert!(

@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams};
 use kube::core::admission::Operation;
 use serde_json::Value;
 
-use common::crd::{PlatformInstance, SecretKeyRef};
+use common::crd::{PlatformInstance, SecretKeyRef, TenantAuth};
 
 use crate::index::{Holder, NodePortIndex};
 
@@ -328,29 +328,27 @@ fn endpoint_port(url: &str) -> Option<i32> {
     }
 }
 
-/// The Secret reference the Secret rule must check: `new`'s, when it has one and it is new or
-/// changed against `old`.
+/// The Secret reference the Secret rule must check: `new`'s, when it has one and anything under
+/// `tenantAuth` is new or changed against `old` (the issuer, the image and the registry decide
+/// where the secret goes and what runs with it, so a change to any of them is checked as a new
+/// reference would be).
 fn secret_ref_to_check<'v>(
     new: &'v PlatformInstance,
     old: Option<&PlatformInstance>,
 ) -> Option<&'v SecretKeyRef> {
-    fn secret_ref(pi: &PlatformInstance) -> Option<&SecretKeyRef> {
-        pi.spec
-            .platform
-            .as_ref()
-            .and_then(|p| p.tenant_auth.as_ref())
-            .map(|t| &t.client_secret_ref)
+    fn tenant_auth(pi: &PlatformInstance) -> Option<&TenantAuth> {
+        pi.spec.platform.as_ref()?.tenant_auth.as_ref()
     }
-    let reference = secret_ref(new)?;
-    if old.is_some_and(|o| secret_ref(o) == Some(reference)) {
+    let auth = tenant_auth(new)?;
+    if old.is_some_and(|o| tenant_auth(o) == Some(auth)) {
         return None;
     }
-    Some(reference)
+    Some(&auth.client_secret_ref)
 }
 
-/// The Secret rule: whoever names `tenantAuth.clientSecretRef` (on create, or when changing it)
-/// must be allowed to `get` that Secret themselves, checked with a SubjectAccessReview for the
-/// request's user and groups. The webhook itself never reads the Secret (it holds no Secret read
+/// The Secret rule: whoever names `tenantAuth.clientSecretRef` (on create, or when changing
+/// anything under `tenantAuth`) must be allowed to `get` that Secret themselves, checked with a
+/// SubjectAccessReview for the request's user and groups. The webhook itself never reads the Secret (it holds no Secret read
 /// outside its own namespace): whether it exists, and has the key, the controller reports in a
 /// condition, so a folder of manifests applies in any order.
 pub async fn check_secret_ref(

@@ -1,5 +1,6 @@
 //! Router tests against the real local API server: the clientSecretRef rule asks it, with a
-//! SubjectAccessReview, whether the requester may read the Secret.
+//! SubjectAccessReview, whether the requester may read the Secret, whenever anything under
+//! tenantAuth is new or changed.
 
 mod support;
 
@@ -52,11 +53,48 @@ async fn secret_references_need_read_access_checked_by_the_api_server() {
             "UPDATE",
             with_ref("oauth"),
             Some(with_ref("oauth")),
-            nobody,
+            nobody.clone(),
         ),
     )
     .await;
     assert_eq!(kept["allowed"], true, "{kept}");
+    // But anything else under tenantAuth (where the secret is sent, what runs with it) is: an
+    // editor who may not read the Secret cannot redirect it by keeping the reference as it is.
+    let mut redirected = with_ref("oauth");
+    redirected["spec"]["platform"]["tenantAuth"]["issuer"] = json!("https://attacker.example");
+    for (uid, changed) in [
+        ("u-s6", redirected),
+        ("u-s7", {
+            let mut other = with_ref("oauth");
+            other["spec"]["platform"]["tenantAuth"]["image"] =
+                json!(format!("ghcr.io/attacker/auth@sha256:{}", "b".repeat(64)));
+            other
+        }),
+        ("u-s8", {
+            let mut other = with_ref("oauth");
+            other["spec"]["platform"]["tenantAuth"]["registry"] = json!({"component": format!("ghcr.io/attacker/registry@sha256:{}", "c".repeat(64))});
+            other
+        }),
+    ] {
+        denied(
+            &answer(
+                &h,
+                "/validate",
+                &review(
+                    uid,
+                    "UPDATE",
+                    changed,
+                    Some(with_ref("oauth")),
+                    nobody.clone(),
+                ),
+            )
+            .await,
+            &[
+                "spec.platform.tenantAuth.clientSecretRef",
+                "nobody may not get Secret",
+            ],
+        );
+    }
 
     // The webhook reads no Secret: a missing one is admitted without a word (the controller
     // reports it in a condition), so a folder of manifests applies in any order.

@@ -17,11 +17,6 @@ pub fn marked(meta: &ObjectMeta, uid: &str) -> Option<bool> {
     uid_mark(meta).map(|mark| mark == uid)
 }
 
-/// Whether an object may be deleted as instance `uid`'s: it carries no other instance's mark.
-pub fn deletable(meta: &ObjectMeta, uid: &str) -> bool {
-    marked(meta, uid) != Some(false)
-}
-
 /// Whether an instance's kubeconfig Secret is instance `uid`'s: it carries its UID mark, or,
 /// unmarked (written by an earlier release), an owner reference to it.
 pub fn kubeconfig_secret(meta: &ObjectMeta, uid: &str) -> bool {
@@ -30,11 +25,10 @@ pub fn kubeconfig_secret(meta: &ObjectMeta, uid: &str) -> bool {
 }
 
 /// Whom the host namespace belongs to when it is not instance `key`'s (UID `uid`): the
-/// instance its annotation names when that is another; with the same name, another UID in its
-/// mark (an earlier instance of the same name). An unmarked namespace (an earlier release created
-/// it; the next apply marks it) belongs to the instance its annotation names; one with neither
-/// names nobody else, and the instance adopts it (a crash before the first apply leaves such a
-/// namespace).
+/// instance its annotation names when that is another; an earlier instance of the same name
+/// when its mark is another UID; and someone else when it carries no mark at all. The controller
+/// marks a namespace in the apply that creates it, so an unmarked one was made by someone else
+/// (anyone who may create namespaces could pre-create an instance's): it is never adopted.
 pub fn host_namespace(namespace: &Namespace, key: &str, uid: &str) -> Option<String> {
     let meta = &namespace.metadata;
     let named = meta
@@ -44,9 +38,16 @@ pub fn host_namespace(namespace: &Namespace, key: &str, uid: &str) -> Option<Str
     if let Some(other) = named.filter(|a| *a != key) {
         return Some(other.clone());
     }
-    let theirs = uid_mark(meta).filter(|mark| *mark != uid)?;
-    let named = named.map_or("another instance", String::as_str);
-    Some(format!("{named} (UID {theirs})"))
+    match uid_mark(meta) {
+        Some(mark) if mark == uid => None,
+        Some(theirs) => Some(format!(
+            "{} (UID {theirs})",
+            named.map_or("another instance", String::as_str)
+        )),
+        None => Some(format!(
+            "someone else (it carries no {INSTANCE_UID_LABEL} label, so the controller did not create it; to hand it to this instance, label it {INSTANCE_UID_LABEL}={uid})"
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -80,12 +81,21 @@ mod tests {
         );
         // Another instance that maps to the same host namespace.
         assert_eq!(foreign_owner(&ours, "a/c", "u-3").as_deref(), Some("a/b"));
-        // Unmarked (an earlier release made it): the annotation decides.
-        let legacy = namespace(json!({}), json!({INSTANCE_ANNOTATION: "a/b"}));
-        assert_eq!(foreign_owner(&legacy, "a/b", "u-1"), None);
-        assert_eq!(foreign_owner(&legacy, "a/c", "u-1").as_deref(), Some("a/b"));
-        // Neither: it names nobody else, and is adopted.
+        // Unmarked: the controller did not create it (it marks every namespace in the apply
+        // that creates it), whatever its annotation says; anyone who may create namespaces
+        // could have made it, so it is never adopted.
+        let annotated = namespace(json!({}), json!({INSTANCE_ANNOTATION: "a/b"}));
+        let owner = foreign_owner(&annotated, "a/b", "u-1").expect("not adopted");
+        assert!(
+            owner.contains(INSTANCE_UID_LABEL) && owner.contains("u-1"),
+            "{owner}"
+        );
+        assert_eq!(
+            foreign_owner(&annotated, "a/c", "u-1").as_deref(),
+            Some("a/b")
+        );
         let bare = namespace(json!({}), json!({}));
-        assert_eq!(foreign_owner(&bare, "a/b", "u-1"), None);
+        let owner = foreign_owner(&bare, "a/b", "u-1").expect("not adopted");
+        assert!(owner.contains(INSTANCE_UID_LABEL), "{owner}");
     }
 }

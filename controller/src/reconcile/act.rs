@@ -14,6 +14,7 @@ use futures::FutureExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
@@ -25,9 +26,10 @@ use super::error::{ReconcileError, observing};
 use super::observe::Found;
 use super::{Context, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
-use crate::api::{Deleted, apply, delete_if_not_foreign, delete_ignoring_404, manager, not_found};
+use crate::api::{Deleted, apply, delete_if_ours, delete_ignoring_404, manager, not_found};
 use crate::decide::Action;
 use crate::decide::model::{Failure, Mode, Plan, Release, TaskError};
+use crate::decide::ownership;
 use crate::helm::{HelmError, RELEASE, release_from_secrets};
 use crate::installer;
 
@@ -273,13 +275,14 @@ fn uninstall_vcluster(t: &Target<'_>) {
 
 async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let namespaces = Api::<Namespace>::all(t.ctx.client.clone());
-    let deleted = delete_if_not_foreign(&namespaces, &t.host_ns, &t.uid)
+    let marked = |meta: &ObjectMeta, uid: &str| ownership::marked(meta, uid) == Some(true);
+    let deleted = delete_if_ours(&namespaces, &t.host_ns, &t.uid, marked)
         .await
         .map_err(ReconcileError::DeleteNamespace)?;
     if deleted == Deleted::Foreign {
-        // Marked for another instance since it was observed: the next reconcile sees the
-        // conflict and leaves it alone.
-        tracing::warn!(namespace = %t.host_ns, instance = %key(t.pi), "not deleting a host namespace marked with another instance's UID");
+        // Not marked with this instance's UID since it was observed: the next reconcile sees
+        // the conflict and leaves it alone.
+        tracing::warn!(namespace = %t.host_ns, instance = %key(t.pi), "not deleting a host namespace that does not carry this instance's UID mark");
         return Ok(());
     }
     wrote(t.ctx, "namespace");
@@ -336,7 +339,7 @@ async fn replace_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let Some(job) = jobs.get_opt(&t.host_ns).await.map_err(replacing)? else {
         return Ok(());
     };
-    if crate::decide::ownership::marked(&job.metadata, &t.uid) == Some(true) {
+    if ownership::marked(&job.metadata, &t.uid) == Some(true) {
         return Ok(());
     }
     tracing::info!(job = %t.host_ns, instance = %key(t.pi), "replacing a cleanup Job another instance left");
@@ -366,11 +369,11 @@ fn remove_state(t: &Target<'_>) -> Result<(), ReconcileError> {
 async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
     let secrets = Api::<Secret>::namespaced(t.ctx.client.clone(), &t.ns);
     let name = kubeconfig_secret(&t.name);
-    let deleted = delete_if_not_foreign(&secrets, &name, &t.uid)
+    let deleted = delete_if_ours(&secrets, &name, &t.uid, ownership::kubeconfig_secret)
         .await
         .map_err(ReconcileError::DeleteKubeconfig)?;
     if deleted == Deleted::Foreign {
-        tracing::warn!(secret = %name, instance = %key(t.pi), "not deleting a kubeconfig Secret marked with another instance's UID");
+        tracing::warn!(secret = %name, instance = %key(t.pi), "not deleting a kubeconfig Secret that is not this instance's");
     }
     Ok(())
 }
