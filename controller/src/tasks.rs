@@ -274,6 +274,19 @@ impl Tasks {
         found
     }
 
+    /// Drops the task of `key` only while it waits for a slot (one that has started is left to
+    /// finish). Returns whether it was queued.
+    pub fn dequeue(self: &Arc<Self>, key: &str) -> bool {
+        let found = {
+            let mut inner = self.inner();
+            let queued = inner.queue.len();
+            inner.queue.retain(|w| w.key != key);
+            inner.queue.len() != queued
+        };
+        self.dispatch();
+        found
+    }
+
     /// Drops the record of `key` (the instance is gone).
     pub fn forget(self: &Arc<Self>, key: &str) {
         let mut inner = self.inner();
@@ -588,6 +601,20 @@ mod tests {
         );
         until(&tasks, "ns/b", TaskState::Idle).await;
         assert!(!tasks.cancel("ns/a"), "nothing left to cancel");
+    }
+
+    #[tokio::test]
+    async fn dequeue_drops_only_a_task_that_has_not_started() {
+        let tasks = registry(1);
+        let (_hold, wait) = tokio::sync::oneshot::channel::<()>();
+        let held = async move { wait.await.map_err(|e| TaskError::from(e.to_string())) };
+        assert!(tasks.submit("ns/a", true, held.boxed()));
+        assert!(tasks.submit("ns/b", true, async { Ok(()) }.boxed()));
+        assert_eq!(tasks.state("ns/b"), TaskState::Queued(1));
+        assert!(!tasks.dequeue("ns/a"), "a running task is left to finish");
+        assert_eq!(tasks.state("ns/a"), TaskState::Running);
+        assert!(tasks.dequeue("ns/b"));
+        assert_eq!(tasks.state("ns/b"), TaskState::Idle);
     }
 
     #[tokio::test]

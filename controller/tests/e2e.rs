@@ -601,10 +601,26 @@ async fn leadership_crash_recovery_and_no_admission_policies() {
     let fx = fixture(&cluster, "leader").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");
 
-    // An interrupted helm: a first install killed mid-way leaves the release pending-install.
+    // An interrupted helm: a first install killed mid-way leaves the release pending-install,
+    // in the host namespace the controller had applied (marked with the instance's UID) before
+    // it ran helm. The instance exists before any controller runs.
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "crashed", "Retain")),
+        )
+        .expect("apply");
+    let uid = uid_of(&cluster, &team, "pi", "crashed").expect("the instance's UID");
     let host = common::names::host_namespace(&team, "crashed");
     cluster
-        .kubectl_ok(&["create", "namespace", &host], None)
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {host}\n  labels: {{ {}: {uid} }}\n  annotations: {{ {}: {team}/crashed }}\n",
+                common::names::INSTANCE_UID_LABEL,
+                common::names::INSTANCE_ANNOTATION
+            )),
+        )
         .expect("host namespace");
     let mut helm = Command::new(&cluster.helm);
     helm.env("KUBECONFIG", &cluster.kubeconfig)
@@ -677,12 +693,6 @@ async fn leadership_crash_recovery_and_no_admission_policies() {
         (second, first)
     };
 
-    cluster
-        .kubectl_ok(
-            &["apply", "--server-side", "-f", "-"],
-            Some(&instance(&team, "crashed", "Retain")),
-        )
-        .expect("apply");
     let pi = wait_for(
         "the crashed release to be recovered and installed",
         Duration::from_secs(120),
@@ -783,7 +793,34 @@ async fn installs_beyond_the_limit_queue_in_order() {
             .expect("apply");
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
+    // An instance deleted while its install waits in the queue is cancelled at once: it goes
+    // without waiting for the installs ahead of it, and no helm install ever runs for it.
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "q4", "Retain")),
+        )
+        .expect("apply");
     let mut queued_messages = std::collections::BTreeSet::new();
+    let q4 = wait_for("q4 queued", Duration::from_secs(30), &controller, || {
+        let pi = get(&cluster, &["-n", &team, "get", "pi", "q4"])?;
+        let c = pi["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "VClusterReady" && c["reason"] == "Queued")?;
+        Some(format!("q4: {}", c["message"].as_str().unwrap_or_default()))
+    })
+    .await;
+    queued_messages.insert(q4);
+    cluster
+        .kubectl_ok(&["-n", &team, "delete", "pi", "q4", "--wait=false"], None)
+        .expect("delete q4");
+    wait_for("q4 gone", Duration::from_secs(60), &controller, || {
+        get(&cluster, &["-n", &team, "get", "pi", "q4"])
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let mut most_running = 0.0f64;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -852,6 +889,13 @@ async fn installs_beyond_the_limit_queue_in_order() {
         t1 <= t2 && t2 <= t3,
         "installs ran in order: {t1} {t2} {t3}"
     );
+    let installs = controller
+        .metric_with(
+            "platform_operator_controller_helm_duration_seconds_count",
+            "operation=\"install\"",
+        )
+        .await;
+    assert_eq!(installs, 3.0, "no helm install ran for the deleted q4");
 }
 
 /// `metadata.uid` of `kind/name` in `ns`.

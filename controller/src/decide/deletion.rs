@@ -117,7 +117,17 @@ fn step(plan: PlanBuilder, requeue: Requeue, reason: Reason, message: String) ->
 fn uninstall(o: &Observed, mut plan: PlanBuilder) -> Result<PlanBuilder, Plan> {
     let released = o.release == Release::Missing;
     match &o.task {
-        TaskState::Queued(_) | TaskState::Running => Err(step(
+        TaskState::Queued(_) => {
+            // Not started: cancelled now, not waited for behind the whole queue.
+            plan.act(Action::CancelHelm);
+            Err(step(
+                plan,
+                Requeue::Poll,
+                Reason::UninstallingVCluster,
+                "cancelled the queued helm install of the vCluster".into(),
+            ))
+        }
+        TaskState::Running => Err(step(
             plan,
             Requeue::Poll,
             Reason::UninstallingVCluster,

@@ -525,6 +525,8 @@ pub enum Action {
     Preview,
     /// Stop the install or preview task (the instance is being deleted).
     CancelInstall,
+    /// Drop the helm task still waiting for a slot (the instance is being deleted).
+    CancelHelm,
     /// Start (or queue) a helm task that uninstalls the vCluster.
     UninstallVCluster,
     /// Delete the host namespace.

@@ -626,6 +626,15 @@ fn deletion_uninstalls_then_deletes_the_namespace() {
         ..deleting(DeletionPolicy::Delete)
     });
     assert!(plan.actions.is_empty(), "wait for helm");
+    // A helm task still waiting for a slot has not started: it is cancelled at once rather
+    // than waited for behind the whole queue.
+    let plan = decide(&Observed {
+        task: TaskState::Queued(7),
+        release: Release::Missing,
+        ..deleting(DeletionPolicy::Delete)
+    });
+    assert_eq!(plan.actions, [Action::CancelHelm]);
+    assert_eq!(plan.requeue, Requeue::Poll);
 }
 
 #[test]

@@ -76,6 +76,11 @@ pub async fn act(
             Action::Install { mode } => install(&t, *mode),
             Action::Preview => preview(&t),
             Action::CancelInstall => cancel_install(&t),
+            Action::CancelHelm => {
+                if ctx.tasks.dequeue(&key(pi)) {
+                    tracing::info!(instance = %key(pi), "cancelled a queued helm install: the instance is being deleted");
+                }
+            }
             Action::UninstallVCluster => {
                 record_storage_node(&t).await;
                 uninstall_vcluster(&t)
