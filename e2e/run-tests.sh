@@ -60,6 +60,8 @@ background verdaccio bash e2e/tools/verdaccio/install.sh
 rust_build() {
   cargo fetch --locked
   cargo test --workspace --locked --no-run
+  # The operator image the real-node lane builds (e2e/src/images.rs) carries release binaries.
+  cargo build --release --locked -p controller -p webhook
   cargo clippy --workspace --all-targets --locked -- -D warnings
 }
 background rust rust_build
