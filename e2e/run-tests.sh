@@ -60,6 +60,8 @@ background verdaccio bash e2e/tools/verdaccio/install.sh
 rust_build() {
   cargo fetch --locked
   cargo test --workspace --locked --no-run
+  # The operator image the real-node lane builds (e2e/src/images.rs) carries release binaries.
+  cargo build --release --locked -p controller -p webhook
   cargo clippy --workspace --all-targets --locked -- -D warnings
 }
 background rust rust_build
@@ -97,7 +99,8 @@ step "cargo test (unit, router and end-to-end tests), in five lanes"
 # The longest end-to-end test binaries spend most of their time waiting (on npm, Pulumi, a browser,
 # control planes starting), so they run beside the rest instead of after it: lane 1 the installer (its longest test in lane 1b),
 # lane 2 the Headlamp browser test and the stand-in platform, lane 4 the real node (root, Debian's
-# containerd; its pods need the cores least when they start beside the rest), lane 3 every other test target
+# containerd; its pods need the cores least when they start beside the rest; the node itself, then
+# the chart with the operator image built from the Dockerfile), lane 3 every other test target
 # (found in the workspace's metadata, so a new test file runs without being named here), then the
 # doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
 # one. cargo holds its build lock only while it builds (everything is built above), not while
@@ -109,7 +112,7 @@ lane_one=(installer)
 # lane 1b then runs nothing and lane 1 runs every installer test.
 installer_longest=installs_upgrades_fails_times_out_and_repairs_drift
 lane_two=(headlamp standin_platform)
-lane_four=(real_node)
+lane_four=(real_node real_node_chart)
 mapfile -t lane_three < <(
   cargo metadata --no-deps --format-version 1 --locked |
     python3 -c '

@@ -47,6 +47,14 @@ impl Helm {
         }
     }
 
+    /// Helm with the kubeconfig at `kubeconfig`, such as a [`crate::ControlPlane`]'s.
+    pub fn with_kubeconfig(kubeconfig: &Path) -> Result<Self, HarnessError> {
+        Ok(Helm {
+            bin: crate::tools::Tools::locate()?.bin("helm"),
+            kubeconfig: Some(kubeconfig.to_path_buf()),
+        })
+    }
+
     /// The helm executable.
     pub fn bin(&self) -> &Path {
         &self.bin

@@ -764,20 +764,23 @@ async fn etcd_healthy(port: u16) -> Option<()> {
 /// A plain-HTTP GET of `path` on `127.0.0.1:port`: the status code and the whole response text.
 pub async fn plain_get(port: u16, path: &str) -> Option<(u16, String)> {
     let path = path.to_string();
-    tokio::task::spawn_blocking(move || {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-        stream.write_all(request.as_bytes()).ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, text))
-    })
-    .await
-    .ok()
-    .flatten()
+    tokio::task::spawn_blocking(move || blocking_get(port, &path))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// [`plain_get`] from the calling thread, blocking it.
+pub fn blocking_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, text))
 }
 
 #[cfg(test)]

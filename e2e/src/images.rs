@@ -4,7 +4,11 @@
 //! `ctr images import` takes, and cached by a hash of its tree and configuration.
 //!
 //! - [`PAUSE_IMAGE`]: the pods' sandbox, our own `e2e/images/pause.c` statically linked;
-//! - [`BUSYBOX_IMAGE`]: Debian's `busybox-static` with a link for each of its applets.
+//! - [`BUSYBOX_IMAGE`]: Debian's `busybox-static` with a link for each of its applets;
+//! - the operator image ([`operator`]): the project's `Dockerfile` followed instruction by
+//!   instruction on a tree assembled from Debian packages and the test build's binaries, nothing
+//!   pulled and nothing run inside it (docs/development.md lists how it differs from the
+//!   published image).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -109,7 +113,43 @@ pub fn build(spec: &ImageSpec) -> Result<BuiltImage, HarnessError> {
     std::fs::create_dir_all(&work).map_err(|e| HarnessError::io(&work, e))?;
     let result = build_in(spec, &work, &archive, &digest_file);
     let _ = std::fs::remove_dir_all(&work);
+    if result.is_ok() {
+        prune(&dir, &slug, &key);
+    }
     result
+}
+
+/// Removes the cached builds of the image `slug` other than `key` that are more than an hour old
+/// (a newer one may be in use by another test run), so that the cache does not grow with every
+/// change of the image's inputs.
+fn prune(dir: &Path, slug: &str, key: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let hour = std::time::Duration::from_secs(3600);
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&format!("{slug}-")) else {
+            continue;
+        };
+        let Some((other, _)) = rest.split_once('.') else {
+            continue;
+        };
+        // Another key of this image (hex), not a longer name that shares the prefix.
+        if other == key || other.len() != key.len() || !other.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > hour);
+        if old {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn build_in(
@@ -349,4 +389,463 @@ pub fn busybox() -> Result<BuiltImage, HarnessError> {
 /// The images every real node imports: pause and busybox.
 pub fn test_images() -> Result<Vec<BuiltImage>, HarnessError> {
     Ok(vec![pause()?, busybox()?])
+}
+
+/// The tag the operator image carries beside its digest (the chart pins it by digest only).
+pub const OPERATOR_TAG: &str = "e2e";
+
+/// The Debian packages (as installed on this machine) whose files stand in for the runtime
+/// stage's base image `node:<version>-bookworm-slim`: the C and C++ runtime libraries, a
+/// `/bin/sh` (npm runs package scripts with it) and Node.js with npm.
+pub const OPERATOR_BASE_PACKAGES: [&str; 5] =
+    ["libc6", "libgcc-s1", "libstdc++6", "dash", "nodejs"];
+
+/// Folders of those packages that an image has no use for (headers, manuals, documentation).
+const SKIPPED_PREFIXES: [&str; 5] = [
+    "/usr/include",
+    "/usr/share/doc",
+    "/usr/share/man",
+    "/usr/share/lintian",
+    "/usr/share/info",
+];
+
+/// What the operator image is made of: the files the Dockerfile's build and tools stages would
+/// produce, from this machine.
+#[derive(Debug, Clone)]
+pub struct OperatorInputs {
+    /// The release build of the controller (the build stage's `/out/controller`).
+    pub controller: PathBuf,
+    /// The release build of the webhook (`/out/webhook`).
+    pub webhook: PathBuf,
+    /// The tools stage's `/out/bin/`: helm, the Pulumi CLI, its Node.js language host and its
+    /// dynamic-provider plugin, from the harness's tool cache.
+    pub tools: Vec<PathBuf>,
+    /// The vCluster chart archive (the tools stage's `/out/vcluster.tgz`).
+    pub vcluster_chart: PathBuf,
+}
+
+impl OperatorInputs {
+    /// The inputs the tests use: the release binaries of this workspace (built with `cargo build
+    /// --release` when stale; cargo decides), helm and the Pulumi CLI from the tool cache, and
+    /// the **stand-in** vCluster chart the controller is tested with (packaged once per content
+    /// of `e2e/standin-vcluster`).
+    pub fn for_tests() -> Result<Self, HarnessError> {
+        let (controller, webhook) = release_binaries()?;
+        let tools = crate::tools::Tools::locate()?;
+        let mut bins = Vec::new();
+        for name in [
+            "helm",
+            "pulumi",
+            "pulumi-language-nodejs",
+            "pulumi-resource-pulumi-nodejs",
+        ] {
+            let link = tools.bin(name);
+            let bin = std::fs::canonicalize(&link).map_err(|e| HarnessError::io(&link, e))?;
+            bins.push(bin);
+        }
+        let vcluster_chart = standin_chart(&tools.bin("helm"))?;
+        Ok(OperatorInputs {
+            controller,
+            webhook,
+            tools: bins,
+            vcluster_chart,
+        })
+    }
+}
+
+/// `cargo build --release --locked -p controller -p webhook` (a no-op when fresh) in this
+/// workspace's target folder; the two binaries.
+pub fn release_binaries() -> Result<(PathBuf, PathBuf), HarnessError> {
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| {
+                exe.ancestors()
+                    .find(|a| {
+                        a.file_name()
+                            .is_some_and(|n| n == "debug" || n == "release")
+                    })
+                    .and_then(Path::parent)
+                    .map(Path::to_path_buf)
+            })
+            .unwrap_or_else(|| crate::repo_root().join("target")),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(crate::repo_root())
+        .env("CARGO_TARGET_DIR", &target)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--quiet",
+            "-p",
+            "controller",
+            "-p",
+            "webhook",
+        ]);
+    crate::cmd::run(cmd, None)?.ok("cargo build --release -p controller -p webhook")?;
+    let release = target.join("release");
+    Ok((release.join("controller"), release.join("webhook")))
+}
+
+/// The stand-in vCluster chart archive, packaged into the images cache once per content of
+/// `e2e/standin-vcluster` (helm's archives carry the time they were made, so packaging again
+/// would change the image).
+pub fn standin_chart(helm: &Path) -> Result<PathBuf, HarnessError> {
+    let source = crate::repo_root().join("e2e/standin-vcluster");
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(crate::standin_vcluster::CHART_VERSION.as_bytes());
+    hash_tree(&source, &source, &mut ctx)?;
+    let key = hex(&ctx.finish().as_ref()[..6]);
+    let dir = images_dir().join(format!("vcluster-chart-{key}"));
+    let archive = dir.join(format!(
+        "vcluster-{}.tgz",
+        crate::standin_vcluster::CHART_VERSION
+    ));
+    if !archive.is_file() {
+        let work = scratch("vcluster-chart")?;
+        let packaged = crate::standin_vcluster::package_chart(
+            helm,
+            &work,
+            crate::standin_vcluster::CHART_VERSION,
+        );
+        let result = packaged.and_then(|p| {
+            std::fs::create_dir_all(&dir).map_err(|e| HarnessError::io(&dir, e))?;
+            std::fs::rename(&p, &archive).map_err(|e| HarnessError::io(&archive, e))
+        });
+        let _ = std::fs::remove_dir_all(&work);
+        result?;
+    }
+    Ok(archive)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The sha256 of a file, as `hex`.
+pub fn sha256_file(path: &Path) -> Result<String, HarnessError> {
+    let bytes = std::fs::read(path).map_err(|e| HarnessError::io(path, e))?;
+    Ok(hex(
+        ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref()
+    ))
+}
+
+/// The chart's `image.repository` (`charts/platform-operator/values.yaml`).
+pub fn chart_repository() -> Result<String, HarnessError> {
+    let path = crate::chart::chart_dir().join("values.yaml");
+    let text = std::fs::read_to_string(&path).map_err(|e| HarnessError::io(&path, e))?;
+    let values: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| HarnessError::Node(format!("{}: {e}", path.display())))?;
+    values["image"]["repository"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| HarnessError::Node(format!("{} has no image.repository", path.display())))
+}
+
+/// The operator image, built by following the `Dockerfile`'s final stage on a tree assembled
+/// here: its base (`node:…-bookworm-slim`) from [`OPERATOR_BASE_PACKAGES`], each `COPY` from
+/// `inputs`, each `RUN` done by the builder itself (it knows the two the stage has: installing
+/// `ca-certificates`, and making and handing over the mount points; any other fails the build,
+/// naming it), then its `ENV`, `LABEL`, `USER`, `WORKDIR` and `ENTRYPOINT` as written. Named
+/// `<chart repository>:`[`OPERATOR_TAG`]; cached by a hash of the tree and configuration.
+pub fn operator(inputs: &OperatorInputs) -> Result<BuiltImage, HarnessError> {
+    let text = crate::dockerfile::read()
+        .map_err(|e| HarnessError::io(&crate::repo_root().join("Dockerfile"), e))?;
+    let stages = crate::dockerfile::stages(&text);
+    let runtime = stages
+        .last()
+        .ok_or_else(|| HarnessError::Node("the Dockerfile has no stage".into()))?;
+    let name = format!("{}:{OPERATOR_TAG}", chart_repository()?);
+    let tree = scratch("operator")?;
+    let result = (|| {
+        let spec = operator_tree(runtime, inputs, &tree, &name)?;
+        build(&spec)
+    })();
+    let _ = std::fs::remove_dir_all(&tree);
+    result
+}
+
+/// Assembles the operator image's tree in `tree` and says how to configure it.
+fn operator_tree(
+    runtime: &[crate::dockerfile::Instruction],
+    inputs: &OperatorInputs,
+    tree: &Path,
+    name: &str,
+) -> Result<ImageSpec, HarnessError> {
+    use crate::dockerfile::exec_form;
+    let from = runtime.first().map(|i| i.rest.as_str()).unwrap_or_default();
+    if !from.starts_with("node:") || !from.contains("bookworm-slim") {
+        return Err(HarnessError::Node(format!(
+            "the Dockerfile's final stage is FROM {from}; the image builder assembles only \
+             node:…-bookworm-slim (e2e/src/images.rs)"
+        )));
+    }
+    base_tree(tree)?;
+    let chart_sha = sha256_file(&inputs.vcluster_chart)?;
+    let mut user = None;
+    let mut workdir = None;
+    let mut entrypoint = Vec::new();
+    for instruction in runtime.iter().skip(1) {
+        let rest = instruction.rest.as_str();
+        match instruction.keyword.as_str() {
+            "ARG" | "ENV" | "LABEL" => {}
+            "COPY" => copy_into(tree, rest, inputs)?,
+            "RUN" => run_into(tree, rest)?,
+            "USER" => user = Some(rest.to_string()),
+            "WORKDIR" => workdir = Some(rest.to_string()),
+            "ENTRYPOINT" => {
+                entrypoint = exec_form(rest).ok_or_else(|| {
+                    HarnessError::Node(format!("ENTRYPOINT {rest} is not in exec form"))
+                })?;
+            }
+            other => {
+                return Err(HarnessError::Node(format!(
+                    "the image builder does not know the Dockerfile instruction {other} {rest}"
+                )));
+            }
+        }
+    }
+    if let Some(dir) = &workdir {
+        let path = tree.join(dir.trim_start_matches('/'));
+        std::fs::create_dir_all(&path).map_err(|e| HarnessError::io(&path, e))?;
+    }
+    let env = crate::dockerfile::env_in_order(runtime)
+        .into_iter()
+        .map(|(k, v)| (k, v.replace("${VCLUSTER_CHART_SHA256}", &chart_sha)))
+        .collect();
+    Ok(ImageSpec {
+        name: name.to_string(),
+        rootfs: tree.to_path_buf(),
+        entrypoint,
+        cmd: Vec::new(),
+        user,
+        workdir,
+        env,
+        labels: crate::dockerfile::labels(runtime),
+    })
+}
+
+/// The base: Debian's merged-`/usr` links, [`OPERATOR_BASE_PACKAGES`]' files, `/tmp`, and the
+/// users the Node.js image has (root, and `node` with uid and gid 1000).
+fn base_tree(tree: &Path) -> Result<(), HarnessError> {
+    for dir in [
+        "usr/bin",
+        "usr/sbin",
+        "usr/lib",
+        "usr/lib64",
+        "usr/local/bin",
+        "etc",
+    ] {
+        mkdir(&tree.join(dir), 0o755)?;
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        let path = tree.join(link);
+        std::os::unix::fs::symlink(target, &path).map_err(|e| HarnessError::io(&path, e))?;
+    }
+    mkdir(&tree.join("tmp"), 0o1777)?;
+    mkdir(&tree.join("root"), 0o700)?;
+    for package in OPERATOR_BASE_PACKAGES {
+        copy_package(tree, package)?;
+    }
+    let sh = tree.join("usr/bin/sh");
+    if std::fs::symlink_metadata(&sh).is_err() {
+        std::os::unix::fs::symlink("dash", &sh).map_err(|e| HarnessError::io(&sh, e))?;
+    }
+    write(
+        &tree.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnode:x:1000:1000::/home/node:/bin/sh\n\
+         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    )?;
+    write(
+        &tree.join("etc/group"),
+        "root:x:0:\nnode:x:1000:\nnogroup:x:65534:\n",
+    )?;
+    Ok(())
+}
+
+/// Copies the files Debian's package `package` installed on this machine (`dpkg -L`) into
+/// `tree`, links as links, leaving out [`SKIPPED_PREFIXES`].
+fn copy_package(tree: &Path, package: &str) -> Result<(), HarnessError> {
+    let mut dpkg = Command::new("dpkg");
+    dpkg.args(["-L", package]);
+    let list = crate::cmd::run(dpkg, None)?
+        .ok(&format!("dpkg -L {package}"))
+        .map_err(|e| {
+            HarnessError::Node(format!(
+                "{e}: the operator image's base needs the Debian package {package} installed"
+            ))
+        })?;
+    for line in list.lines().map(str::trim) {
+        if !line.starts_with('/') || SKIPPED_PREFIXES.iter().any(|p| line.starts_with(p)) {
+            continue;
+        }
+        let source = Path::new(line);
+        let Ok(meta) = std::fs::symlink_metadata(source) else {
+            continue;
+        };
+        let dest = tree.join(line.trim_start_matches('/'));
+        if meta.is_dir() {
+            if std::fs::symlink_metadata(&dest).is_err() {
+                mkdir(&dest, meta.mode() & 0o7777)?;
+            }
+            continue;
+        }
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| HarnessError::io(parent, e))?;
+        }
+        let _ = std::fs::remove_file(&dest);
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(source).map_err(|e| HarnessError::io(source, e))?;
+            std::os::unix::fs::symlink(&target, &dest).map_err(|e| HarnessError::io(&dest, e))?;
+        } else {
+            std::fs::copy(source, &dest).map_err(|e| HarnessError::io(source, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// One `COPY --from=<stage> <source> <destination>` of the final stage, from `inputs`.
+fn copy_into(tree: &Path, rest: &str, inputs: &OperatorInputs) -> Result<(), HarnessError> {
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    let from = words
+        .iter()
+        .find_map(|w| w.strip_prefix("--from="))
+        .unwrap_or_default();
+    let plain: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|w| !w.starts_with("--"))
+        .collect();
+    let (source, dest) = match plain.as_slice() {
+        [source, dest] => (*source, *dest),
+        _ => {
+            return Err(HarnessError::Node(format!(
+                "COPY {rest}: the image builder takes one source and one destination"
+            )));
+        }
+    };
+    let into = tree.join(dest.trim_start_matches('/'));
+    let files: Vec<(&Path, u32)> = match (from, source) {
+        ("build", "/out/controller") => vec![(&inputs.controller, 0o755)],
+        ("build", "/out/webhook") => vec![(&inputs.webhook, 0o755)],
+        ("tools", "/out/bin/") => inputs.tools.iter().map(|t| (t.as_path(), 0o755)).collect(),
+        ("tools", "/out/vcluster.tgz") => vec![(&inputs.vcluster_chart, 0o444)],
+        _ => {
+            return Err(HarnessError::Node(format!(
+                "COPY {rest}: the image builder does not know where {from}:{source} comes from \
+                 (e2e/src/images.rs)"
+            )));
+        }
+    };
+    for (file, mode) in files {
+        let target = if dest.ends_with('/') {
+            let name = file
+                .file_name()
+                .ok_or_else(|| HarnessError::Node(format!("{} has no name", file.display())))?;
+            into.join(name)
+        } else {
+            into.clone()
+        };
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| HarnessError::io(parent, e))?;
+        }
+        std::fs::copy(file, &target).map_err(|e| HarnessError::io(file, e))?;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| HarnessError::io(&target, e))?;
+    }
+    Ok(())
+}
+
+/// One `RUN` of the final stage, done without running anything in the image: `apt-get install`
+/// of packages copies them from this machine (for `ca-certificates`, with the certificate store
+/// this machine generated from it); `mkdir -p` and `chown <uid>:<gid>` make and hand over
+/// folders. Anything else fails, naming the command.
+fn run_into(tree: &Path, rest: &str) -> Result<(), HarnessError> {
+    for command in rest.split("&&").map(str::trim) {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        match words.as_slice() {
+            ["apt-get", "update"] => {}
+            ["rm", "-rf", "/var/lib/apt/lists/*"] => {}
+            ["apt-get", "install", args @ ..] => {
+                for package in args.iter().filter(|a| !a.starts_with('-')) {
+                    copy_package(tree, package)?;
+                    if *package == "ca-certificates" {
+                        copy_dir(Path::new("/etc/ssl/certs"), &tree.join("etc/ssl/certs"))?;
+                    }
+                }
+            }
+            ["mkdir", "-p", dirs @ ..] => {
+                for dir in dirs {
+                    mkdir(&tree.join(dir.trim_start_matches('/')), 0o755)?;
+                }
+            }
+            ["chown", owner, paths @ ..] => {
+                let (uid, gid) = owner
+                    .split_once(':')
+                    .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)))
+                    .ok_or_else(|| {
+                        HarnessError::Node(format!("RUN chown {owner}: a numeric uid:gid"))
+                    })?;
+                for path in paths {
+                    let p = tree.join(path.trim_start_matches('/'));
+                    std::os::unix::fs::chown(&p, Some(uid), Some(gid))
+                        .map_err(|e| HarnessError::io(&p, e))?;
+                }
+            }
+            _ => {
+                return Err(HarnessError::Node(format!(
+                    "the image builder does not know how to do RUN {command} without running it \
+                     (e2e/src/images.rs)"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies the folder `from` (files and links, not deeper folders' owners) to `to`.
+fn copy_dir(from: &Path, to: &Path) -> Result<(), HarnessError> {
+    std::fs::create_dir_all(to).map_err(|e| HarnessError::io(to, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| HarnessError::io(from, e))? {
+        let entry = entry.map_err(|e| HarnessError::io(from, e))?;
+        let (source, dest) = (entry.path(), to.join(entry.file_name()));
+        let meta = std::fs::symlink_metadata(&source).map_err(|e| HarnessError::io(&source, e))?;
+        let _ = std::fs::remove_file(&dest);
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&source).map_err(|e| HarnessError::io(&source, e))?;
+            std::os::unix::fs::symlink(&target, &dest).map_err(|e| HarnessError::io(&dest, e))?;
+        } else if meta.is_dir() {
+            copy_dir(&source, &dest)?;
+        } else {
+            std::fs::copy(&source, &dest).map_err(|e| HarnessError::io(&source, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The configuration (OCI image config JSON) of the one image in the OCI archive `archive`, read
+/// through its index and manifest.
+pub fn archive_config(archive: &Path) -> Result<serde_json::Value, HarnessError> {
+    let member = |name: &str| -> Result<serde_json::Value, HarnessError> {
+        let mut tar = Command::new("tar");
+        tar.arg("-xOf").arg(archive).arg(name);
+        let text = crate::cmd::run(tar, None)?.ok(&format!("tar -xOf {name}"))?;
+        serde_json::from_str(&text)
+            .map_err(|e| HarnessError::Node(format!("{name} in {}: {e}", archive.display())))
+    };
+    let blob = |digest: &serde_json::Value| -> Result<serde_json::Value, HarnessError> {
+        let digest = digest.as_str().unwrap_or_default();
+        member(&format!("blobs/{}", digest.replacen(':', "/", 1)))
+    };
+    let index = member("index.json")?;
+    let manifest = blob(&index["manifests"][0]["digest"])?;
+    blob(&manifest["config"]["digest"])
 }

@@ -4,6 +4,7 @@
 pub mod chart;
 pub mod cmd;
 pub mod control_plane;
+pub mod dockerfile;
 pub mod https;
 pub mod images;
 pub mod node_net;

@@ -123,6 +123,11 @@ impl Netns {
 pub struct NetnsHandle(File);
 
 impl NetnsHandle {
+    /// Another handle on the same namespace.
+    pub fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(NetnsHandle(self.0.try_clone()?))
+    }
+
     /// Moves the calling thread into the namespace: sockets it creates from now on live there.
     #[allow(unsafe_code)]
     pub fn enter_thread(&self) -> std::io::Result<()> {

@@ -180,18 +180,50 @@ pub fn encode(value: &str) -> String {
     out
 }
 
-/// A Prometheus server on loopback; stopped on drop (its log printed if the test fails).
+/// A Prometheus configuration scraping each `(job, address)` (pods' `ip:port`) every second over
+/// HTTPS without verifying the certificate (each pod issues its own at start, as with the
+/// chart's default `metrics.certSecret`), with the bearer token in `token_file`.
+pub fn pod_scrape_config(jobs: &[(String, Vec<String>, PathBuf)]) -> String {
+    let mut config = String::from(
+        "global: { scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s }\nscrape_configs:\n",
+    );
+    for (job, targets, token_file) in jobs {
+        let targets: Vec<String> = targets.iter().map(|t| format!("{t:?}")).collect();
+        config.push_str(&format!(
+            "  - job_name: {job}\n    scheme: https\n    tls_config: {{ insecure_skip_verify: true }}\n    authorization: {{ type: Bearer, credentials_file: {token:?} }}\n    static_configs: [{{ targets: [{targets}] }}]\n",
+            token = token_file.display().to_string(),
+            targets = targets.join(", "),
+        ));
+    }
+    config
+}
+
+/// A Prometheus server on loopback (the machine's, or a network namespace's); stopped on drop
+/// (its log printed if the test fails).
 pub struct Server {
     child: Child,
     /// Its HTTP port on 127.0.0.1.
     pub port: u16,
     log: PathBuf,
+    netns: Option<crate::node_net::NetnsHandle>,
 }
 
 impl Server {
     /// Starts `tools.prometheus` with the configuration `config` (YAML), keeping its data and
     /// log in `dir`.
     pub fn start(tools: &Tools, dir: &Path, config: &str) -> Result<Self, HarnessError> {
+        Self::start_in(tools, dir, config, None)
+    }
+
+    /// As [`Server::start`], inside the network namespace `netns` when given (such as the real
+    /// node's, to scrape pods): it listens on that namespace's loopback, and its API is asked
+    /// from a thread that enters it.
+    pub fn start_in(
+        tools: &Tools,
+        dir: &Path,
+        config: &str,
+        netns: Option<&crate::node_net::Netns>,
+    ) -> Result<Self, HarnessError> {
         std::fs::create_dir_all(dir).map_err(|e| HarnessError::io(dir, e))?;
         let config_file = dir.join("prometheus.yml");
         std::fs::write(&config_file, config).map_err(|e| HarnessError::io(&config_file, e))?;
@@ -215,10 +247,43 @@ impl Server {
             .stdout(file.try_clone().map_err(|e| HarnessError::io(&log, e))?)
             .stderr(file);
         crate::process::die_with_parent(&mut cmd);
+        if let Some(ns) = netns {
+            ns.enter_on_spawn(&mut cmd);
+        }
         let child = cmd
             .spawn()
             .map_err(|e| HarnessError::io(&tools.prometheus, e))?;
-        Ok(Self { child, port, log })
+        let netns = netns
+            .map(|ns| ns.handle())
+            .transpose()
+            .map_err(|e| HarnessError::io(Path::new("/run/netns"), e))?;
+        Ok(Self {
+            child,
+            port,
+            log,
+            netns,
+        })
+    }
+
+    /// A plain GET of its `path`, from its network namespace.
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let Some(netns) = &self.netns else {
+            return plain_get(self.port, path).await;
+        };
+        let handle = netns.try_clone().ok()?;
+        let (port, path) = (self.port, path.to_string());
+        tokio::task::spawn_blocking(move || {
+            std::thread::spawn(move || {
+                handle.enter_thread().ok()?;
+                crate::control_plane::blocking_get(port, &path)
+            })
+            .join()
+            .ok()
+            .flatten()
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// Its log so far.
@@ -230,7 +295,7 @@ impl Server {
     pub async fn wait_ready(&mut self) -> Result<(), HarnessError> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some((200, _)) = plain_get(self.port, "/-/ready").await {
+            if let Some((200, _)) = self.get("/-/ready").await {
                 return Ok(());
             }
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -251,13 +316,13 @@ impl Server {
 
     /// GETs `path_and_query` from the HTTP API; the JSON answer, whatever its status.
     pub async fn api(&self, path_and_query: &str) -> Result<Value, HarnessError> {
-        let (_, text) =
-            plain_get(self.port, path_and_query)
-                .await
-                .ok_or_else(|| HarnessError::Command {
-                    what: format!("GET {path_and_query} from prometheus"),
-                    stderr: "no answer".into(),
-                })?;
+        let (_, text) = self
+            .get(path_and_query)
+            .await
+            .ok_or_else(|| HarnessError::Command {
+                what: format!("GET {path_and_query} from prometheus"),
+                stderr: "no answer".into(),
+            })?;
         let body = text
             .split_once("\r\n\r\n")
             .map(|(_, b)| b)

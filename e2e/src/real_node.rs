@@ -417,6 +417,33 @@ impl RealNode {
             .map(|_| ())
     }
 
+    /// Imports `image` so that the kubelet finds it by its name and by `<repository>@<digest>`
+    /// (as the chart refers to the operator image), and checks that both names are there.
+    pub fn import_by_digest(&self, image: &crate::images::BuiltImage) -> Result<(), HarnessError> {
+        let by_digest = image.by_digest();
+        let repository = by_digest.split('@').next().unwrap_or_default();
+        let path = image.archive.display().to_string();
+        self.ctr(&[
+            "images",
+            "import",
+            "--snapshotter",
+            "overlayfs",
+            "--base-name",
+            repository,
+            "--digests",
+            &path,
+        ])?;
+        let names = self.ctr(&["images", "ls", "--quiet"])?;
+        for name in [image.name.as_str(), by_digest.as_str()] {
+            if !names.lines().any(|l| l.trim() == name) {
+                return Err(HarnessError::Node(format!(
+                    "{name} is not in containerd after importing {path}: {names}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn make_cgroup_root(&self) -> Result<(), HarnessError> {
         for hierarchy in &self.machine.cgroup_v1 {
             let dir = hierarchy.join(&self.cgroup_root);

@@ -6,86 +6,8 @@
 use std::collections::BTreeMap;
 
 use e2e::chart::{Helm, Rendered, operator_binaries};
+use e2e::dockerfile::{all, copies, env, stages};
 use serde_json::Value;
-
-/// One instruction of a Dockerfile: its keyword (upper case) and the rest of the line.
-#[derive(Debug, Clone)]
-struct Instruction {
-    keyword: String,
-    rest: String,
-}
-
-/// The stages of a Dockerfile, each a list of instructions starting with its FROM.
-fn stages(text: &str) -> Vec<Vec<Instruction>> {
-    let mut logical = Vec::new();
-    let mut current = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
-            continue;
-        }
-        if let Some(head) = trimmed.strip_suffix('\\') {
-            current.push_str(head);
-            current.push(' ');
-            continue;
-        }
-        current.push_str(trimmed);
-        logical.push(std::mem::take(&mut current));
-    }
-    let mut stages: Vec<Vec<Instruction>> = Vec::new();
-    for line in logical {
-        let (keyword, rest) = line.split_once(char::is_whitespace).unwrap_or((&line, ""));
-        let instruction = Instruction {
-            keyword: keyword.to_ascii_uppercase(),
-            rest: rest.trim().to_string(),
-        };
-        if instruction.keyword == "FROM" {
-            stages.push(Vec::new());
-        }
-        if let Some(stage) = stages.last_mut() {
-            stage.push(instruction);
-        }
-    }
-    stages
-}
-
-fn all<'a>(stage: &'a [Instruction], keyword: &'a str) -> impl Iterator<Item = &'a str> {
-    stage
-        .iter()
-        .filter(move |i| i.keyword == keyword)
-        .map(|i| i.rest.as_str())
-}
-
-/// `KEY=value` pairs of the stage's ENV instructions.
-fn env(stage: &[Instruction]) -> BTreeMap<String, String> {
-    all(stage, "ENV")
-        .flat_map(|rest| rest.split_whitespace())
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// `(--from stage, source, destination)` of the stage's COPY instructions.
-fn copies(stage: &[Instruction]) -> Vec<(String, String, String)> {
-    all(stage, "COPY")
-        .map(|rest| {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            let from = words
-                .iter()
-                .find_map(|w| w.strip_prefix("--from="))
-                .unwrap_or_default()
-                .to_string();
-            let plain: Vec<&str> = words
-                .iter()
-                .copied()
-                .filter(|w| !w.starts_with("--"))
-                .collect();
-            let dest = plain.last().copied().unwrap_or_default().to_string();
-            let source = plain.first().copied().unwrap_or_default().to_string();
-            (from, source, dest)
-        })
-        .collect()
-}
 
 /// `--flag` → (default, env) from clap's `--help` text.
 fn flags(help: &str) -> BTreeMap<String, (Option<String>, Option<String>)> {
@@ -159,7 +81,7 @@ fn mount(container: &Value, name: &str) -> String {
 
 #[test]
 fn the_image_puts_everything_where_the_binaries_and_the_chart_expect_it() {
-    let text = std::fs::read_to_string(e2e::repo_root().join("Dockerfile")).expect("Dockerfile");
+    let text = e2e::dockerfile::read().expect("Dockerfile");
     let stages = stages(&text);
     let runtime = stages.last().expect("a runtime stage");
     let (controller_bin, webhook_bin) = operator_binaries().expect("operator binaries");
@@ -378,7 +300,7 @@ fn the_image_puts_everything_where_the_binaries_and_the_chart_expect_it() {
 /// not be the Deployment the controller waits for.
 #[test]
 fn the_image_build_renders_the_real_chart_with_the_controllers_values() {
-    let text = std::fs::read_to_string(e2e::repo_root().join("Dockerfile")).expect("Dockerfile");
+    let text = e2e::dockerfile::read().expect("Dockerfile");
     let stages = stages(&text);
     let tools = stages
         .iter()
