@@ -155,6 +155,10 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
             requeue: Requeue::Idle,
         };
     }
+    if let Some(e) = &i.record_error {
+        let reason = Reason::Failed(Failure::StateUnavailable);
+        return stalled(plan, Phase::Failed, reason, e.clone(), Requeue::Poll);
+    }
     let x = Ctx::new(i);
     if x.installed.is_some() {
         plan.condition(drift_condition(&i.drift));

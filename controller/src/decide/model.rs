@@ -431,6 +431,9 @@ pub struct InstallObserved {
     pub applied_hash: Option<String>,
     /// Why the program's config cannot be put together now (a missing client Secret).
     pub config_error: Option<String>,
+    /// Why the installer's record, which exists, cannot be read (the instance stalls rather
+    /// than start afresh).
+    pub record_error: Option<String>,
     /// How the install stands: task and record folded into one.
     pub outcome: InstallOutcome,
     /// The repair preview task.

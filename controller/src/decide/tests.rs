@@ -597,6 +597,25 @@ fn protection_is_reported_either_way() {
     );
 }
 
+#[test]
+fn an_unreadable_record_stalls_instead_of_starting_afresh() {
+    let mut o = base();
+    o.install.installed = None;
+    o.install.record_error =
+        Some("the install record /state/a/b/install.json cannot be read".into());
+    let plan = decide(&o);
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Install { .. } | Action::Preview)),
+        "{:?}",
+        plan.actions
+    );
+    assert_eq!(cond(&plan, c::STALLED), (true, "StateUnavailable"));
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "StateUnavailable"));
+}
+
 fn deleting(policy: DeletionPolicy) -> Observed {
     Observed {
         deleting: true,

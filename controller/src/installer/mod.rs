@@ -153,6 +153,11 @@ pub(crate) struct Job {
     pub owner: Option<OwnerReference>,
 }
 
+/// An unreadable record as the task's error: the state volume needs a person.
+fn unreadable(e: record::Unreadable) -> TaskError {
+    TaskError::new(Failure::StateUnavailable, e.to_string())
+}
+
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
@@ -194,7 +199,7 @@ impl Installer {
     }
 
     /// The record of instance `namespace/name`.
-    pub(crate) fn record(&self, namespace: &str, name: &str) -> Record {
+    pub(crate) fn record(&self, namespace: &str, name: &str) -> Result<Record, record::Unreadable> {
         record::load(&self.instance_dir(namespace, name))
     }
 
@@ -263,7 +268,7 @@ impl Installer {
     /// reason the record keeps too (the record outlives the task across a restart).
     pub(crate) async fn install(&self, client: kube::Client, job: Job) -> Result<(), TaskError> {
         let dir = self.instance_dir(&job.namespace, &job.name);
-        let mut rec = record::load(&dir);
+        let mut rec = record::load(&dir).map_err(unreadable)?;
         // A run stopped by a timeout or a controller that died may have left pending creates.
         let interrupted = rec
             .last_install
@@ -527,7 +532,7 @@ impl Installer {
                 ))
             }
         };
-        let mut rec = record::load(&dir);
+        let mut rec = record::load(&dir).map_err(unreadable)?;
         let result = match outcome {
             Ok(counts) => {
                 let message = if counts.changes() == 0 {

@@ -11,27 +11,38 @@ pub use crate::decide::model::{Failure, Preview, Record};
 /// The record's file name in the instance's state directory.
 pub const FILE: &str = "install.json";
 
-/// Reads the record in `dir` (none yet, or unreadable: the default, with a log line for the
-/// latter; the record is rewritten by the next install).
-pub fn load(dir: &Path) -> Record {
+/// An install record that exists but cannot be read: never taken for "no record", which would
+/// drop the downgrade guard and the list of membership Secrets to remove.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the install record {0} cannot be read ({1}); the installer will not start afresh over it: restore it from a backup, or move it aside to have the next install treat the instance as never installed"
+)]
+pub struct Unreadable(String, String);
+
+/// Reads the record in `dir`: the default when there is none yet.
+pub fn load(dir: &Path) -> Result<Record, Unreadable> {
     let file = dir.join(FILE);
+    let unreadable =
+        |e: &dyn std::fmt::Display| Unreadable(file.display().to_string(), e.to_string());
     match std::fs::read(&file) {
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-            tracing::warn!(file = %file.display(), error = %e, "the install record is unreadable; starting afresh");
-            Record::default()
-        }),
-        Err(_) => Record::default(),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| unreadable(&e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Record::default()),
+        Err(e) => Err(unreadable(&e)),
     }
 }
 
-/// Writes the record into `dir` atomically (a temporary file renamed over the old one).
+/// Writes the record into `dir` durably: a temporary file, synced, renamed over the old one,
+/// and the folder synced, so a crash leaves the old record or the new one, never neither.
 pub fn store(dir: &Path, record: &Record) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let file = dir.join(FILE);
     let tmp = dir.join(format!(".{FILE}.tmp"));
     let bytes = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, &file)
+    let mut out = std::fs::File::create(&tmp)?;
+    std::io::Write::write_all(&mut out, &bytes)?;
+    out.sync_all()?;
+    std::fs::rename(&tmp, &file)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -45,10 +56,14 @@ mod tests {
     }
 
     #[test]
-    fn round_trips_and_tolerates_garbage() {
+    fn round_trips_and_refuses_garbage() {
         let dir = std::env::temp_dir().join(format!("record-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(load(&dir), Record::default(), "no record yet");
+        assert_eq!(
+            load(&dir).expect("load"),
+            Record::default(),
+            "no record yet"
+        );
         let record = Record {
             installed_version: Some("6.0.22".into()),
             installed_config_hash: Some("sha256:0123456789abcdef".into()),
@@ -71,9 +86,16 @@ mod tests {
             membership_secrets: vec!["one-acme-dev-kubeconfig".into()],
         };
         store(&dir, &record).expect("store");
-        assert_eq!(load(&dir), record);
+        assert_eq!(load(&dir).expect("load"), record);
+        // An existing record that cannot be read is never taken for "none": starting afresh
+        // would drop the downgrade guard and the stale-membership list.
         std::fs::write(dir.join(FILE), b"{not json").expect("garbage");
-        assert_eq!(load(&dir), Record::default());
+        let unreadable = load(&dir).expect_err("garbage is not a record").to_string();
+        assert!(
+            unreadable.contains(&dir.join(FILE).display().to_string())
+                && unreadable.contains("move it aside"),
+            "{unreadable}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

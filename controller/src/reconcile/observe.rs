@@ -113,7 +113,7 @@ pub fn observe(
             pi,
             settings,
             (install, preview),
-            &read.record,
+            (&read.record, read.record_error.clone()),
             config.as_ref(),
             now,
         ),
@@ -239,12 +239,13 @@ fn program_config(
     }))
 }
 
-/// The installer's view of one instance from its record and tasks (install, preview).
+/// The installer's view of one instance from its record (or why it cannot be read) and tasks
+/// (install, preview).
 fn install_observed(
     pi: &PlatformInstance,
     settings: &Settings,
     tasks: (TaskState, TaskState),
-    record: &Record,
+    (record, record_error): (&Record, Option<String>),
     config: Option<&Result<ProgramConfig, Missing>>,
     now: Timestamp,
 ) -> InstallObserved {
@@ -260,6 +261,7 @@ fn install_observed(
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
         config_error: config.and_then(|c| c.as_ref().err()).map(|m| m.0.clone()),
+        record_error,
         preview_task: tasks.1,
         drift: record
             .preview

@@ -69,6 +69,8 @@ pub(crate) struct Read {
     pub tasks: [TaskState; 3],
     /// The installer's record.
     pub record: Record,
+    /// Why the installer's record, which exists, cannot be read.
+    pub record_error: Option<String>,
     pub protection: Protection,
     /// The instance's state directory exists.
     pub state_exists: bool,
@@ -157,7 +159,10 @@ pub(crate) async fn read(
     }
     // The tasks' states before the record (see `InstallOutcome::fold`).
     read.tasks = task_keys(pi).map(|k| ctx.tasks.state(&k));
-    read.record = ctx.installer.record(&ns, &pi.name_any());
+    match ctx.installer.record(&ns, &pi.name_any()) {
+        Ok(record) => read.record = record,
+        Err(e) => read.record_error = Some(e.to_string()),
+    }
     read.protection = ctx
         .protection
         .read()
