@@ -82,13 +82,14 @@ impl Configuration for ValidatingWebhookConfiguration {
 pub struct Ensured {
     /// How many configurations it wrote.
     pub written: usize,
-    /// Whether both configurations exist and every webhook in them now carries the bundle.
+    /// Whether every webhook of both configurations now carries the bundle (a missing
+    /// configuration has none to carry).
     pub published: bool,
 }
 
 /// Applies `bundle` to every webhook of both configurations that lacks it. A missing
-/// configuration is skipped (it is retried on the next tick, for example while a chart is still
-/// installing) and leaves the bundle unpublished.
+/// configuration is skipped (it is retried on the next tick and whenever it appears, for example
+/// while a chart is still installing): the API server calls no webhook of it.
 pub async fn ensure(
     client: &kube::Client,
     configs: &Configurations,
@@ -120,19 +121,14 @@ async fn ensure_one<C: Configuration>(
             name: name.into(),
             source,
         })?;
-    let Some(entries) = found.map(C::entries) else {
+    let entries = found.map(C::entries);
+    if carries(entries.as_deref(), bundle) {
         return Ok(Ensured {
             written: 0,
-            published: false,
-        });
-    };
-    let published = !entries.is_empty();
-    if !needs_write(&entries, bundle) {
-        return Ok(Ensured {
-            written: 0,
-            published,
+            published: true,
         });
     }
+    let entries = entries.unwrap_or_default();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let patch = apply_patch(&kind, name, &entries, bundle);
     api.patch(name, &params, &Patch::Apply(&patch))
@@ -144,8 +140,13 @@ async fn ensure_one<C: Configuration>(
         })?;
     Ok(Ensured {
         written: 1,
-        published,
+        published: true,
     })
+}
+
+/// Whether a configuration's webhooks (`None`: it does not exist) all carry `bundle`.
+fn carries(entries: Option<&[(String, Option<ByteString>)]>, bundle: &str) -> bool {
+    entries.is_none_or(|e| !needs_write(e, bundle))
 }
 
 fn needs_write(entries: &[(String, Option<ByteString>)], bundle: &str) -> bool {
@@ -193,6 +194,11 @@ mod tests {
             );
         }
         assert!(needs_write(&entries, "PEM"));
+        // A configuration that is missing, or has no webhook, has nothing to carry: it never
+        // holds a rotation back.
+        assert!(carries(None, "PEM"));
+        assert!(carries(Some(&[]), "PEM"));
+        assert!(!carries(Some(&entries), "PEM"));
         let done = vec![("a.example".to_string(), Some(ByteString(b"PEM".to_vec())))];
         assert!(!needs_write(&done, "PEM"));
     }

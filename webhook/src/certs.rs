@@ -239,7 +239,9 @@ pub enum Step {
 }
 
 /// Decides the rotation step at `now`. `next_published` says whether both webhook
-/// configurations already carry the prepared CA.
+/// configurations already carry the prepared CA; in the last eighth of the current lifetime the
+/// prepared generation is promoted even when they do not (a configuration that cannot be written
+/// must not leave the webhook serving an expired certificate).
 pub fn plan(state: &CertState, now: i64, next_published: bool) -> Step {
     let current = &state.current;
     let span = (current.not_after - current.issued_at).max(1);
@@ -248,6 +250,8 @@ pub fn plan(state: &CertState, now: i64, next_published: bool) -> Step {
         None if now >= current.issued_at + span / 2 => Step::Prepare,
         None => Step::Keep,
         Some(_) if next_published && now >= current.issued_at + span * 3 / 4 => Step::Promote,
+        // Whatever the publication says, never serve the current one to its end.
+        Some(_) if now >= current.not_after - span / 8 => Step::Promote,
         Some(_) => Step::Keep,
     }
 }
@@ -513,6 +517,14 @@ mod tests {
             "never promote before the bundle is published"
         );
         assert_eq!(plan(&prepared, nb + span * 3 / 4, true), Step::Promote);
+        // Close to the end of its lifetime the current certificate is replaced whatever the
+        // publication says: a configuration that cannot be written must not leave the webhook
+        // serving an expired certificate.
+        assert_eq!(
+            plan(&prepared, na - span / 8, false),
+            Step::Promote,
+            "promoted before expiry even when unpublished"
+        );
         assert_eq!(
             plan(&prepared, nb + span / 2 + 1, true),
             Step::Keep,

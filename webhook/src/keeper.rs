@@ -102,11 +102,17 @@ impl Keeper {
         .await?;
         self.serve(&state)?;
         let bundle = state.bundle(now);
-        let ensured = cabundle::ensure(&self.client, &self.configs, &bundle).await?;
-        self.metrics.ca_bundle_writes.inc_by(ensured.written as u64);
-        let step = certs::plan(&state, now, ensured.published);
+        // A configuration that cannot be written holds a rotation back, but never past the
+        // end of the certificate's life: the plan runs either way, and the error is returned
+        // once the step is taken.
+        let ensured = cabundle::ensure(&self.client, &self.configs, &bundle).await;
+        let published = ensured.as_ref().is_ok_and(|e| e.published);
+        if let Ok(e) = &ensured {
+            self.metrics.ca_bundle_writes.inc_by(e.written as u64);
+        }
+        let step = certs::plan(&state, now, published);
         if step == Step::Keep {
-            return Ok(state);
+            return ensured.map(|_| state).map_err(Into::into);
         }
         let next = certs::apply_step(&state, &step, &self.subject, now, lifetime)?;
         if let Some(next) = next
@@ -119,11 +125,11 @@ impl Keeper {
                 .inc();
             state = next;
             let bundle = state.bundle(now);
-            let ensured = cabundle::ensure(&self.client, &self.configs, &bundle).await?;
-            self.metrics.ca_bundle_writes.inc_by(ensured.written as u64);
+            let again = cabundle::ensure(&self.client, &self.configs, &bundle).await?;
+            self.metrics.ca_bundle_writes.inc_by(again.written as u64);
             self.serve(&state)?;
         }
-        Ok(state)
+        ensured.map(|_| state).map_err(Into::into)
     }
 
     fn serve(&self, state: &CertState) -> Result<(), KeeperError> {
