@@ -2,7 +2,7 @@
 //! reconcile loop.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -300,7 +300,6 @@ impl Args {
                 controller: "platform-operator".into(),
                 instance: Some(identity),
             },
-            phases: Mutex::new(Default::default()),
             backoff: Default::default(),
             stores,
             probes: controller::reconcile::reader::Probes::counted(metrics.probes.clone()),

@@ -20,8 +20,6 @@ pub struct Metrics {
     /// Observations by source: `cache` (a reconcile that ended on the watch caches, nothing to
     /// do) or `api` (read from the API server, to act or write the status).
     pub observed: IntCounterVec,
-    /// Instances by phase, as of their last reconcile.
-    pub instances: IntGaugeVec,
     /// Helm tasks running.
     pub tasks_running: IntGauge,
     /// Helm tasks waiting for a slot.
@@ -67,10 +65,6 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> Result<Self> {
         let m = Self::new()?;
-        // Every phase is shown from the start (at 0 until an instance reaches it).
-        for phase in common::crd::Phase::ALL {
-            m.instances.with_label_values(&[phase.as_str()]).set(0);
-        }
         for collector in m.collectors() {
             registry.register(collector)?;
         }
@@ -98,13 +92,6 @@ impl Metrics {
                 "platform_operator_controller_observations_total",
                 "Observations of an instance by source: cache (nothing to do) or api.",
                 &["source"],
-            )?,
-            instances: IntGaugeVec::new(
-                Opts::new(
-                    "platform_operator_controller_instances",
-                    "PlatformInstances by phase at their last reconcile.",
-                ),
-                &["phase"],
             )?,
             tasks_running: IntGauge::new(
                 "platform_operator_controller_tasks_running",
@@ -173,7 +160,6 @@ impl Metrics {
             Box::new(self.reconciles.clone()),
             Box::new(self.reconcile_duration.clone()),
             Box::new(self.observed.clone()),
-            Box::new(self.instances.clone()),
             Box::new(self.tasks_running.clone()),
             Box::new(self.tasks_queued.clone()),
             Box::new(self.helm_duration.clone()),
@@ -198,11 +184,12 @@ impl Metrics {
     }
 }
 
-/// The instances' conditions and the age of work in progress, read from the controller's cache
-/// of `PlatformInstance`s when Prometheus scrapes (registered by the leader only, which alone
-/// holds that cache).
+/// The instances by phase and condition and the age of work in progress, read from the
+/// controller's cache of `PlatformInstance`s when Prometheus scrapes (registered by the leader
+/// only, which alone holds that cache).
 pub struct InstanceConditions {
     store: Store<PlatformInstance>,
+    phases: IntGaugeVec,
     conditions: IntGaugeVec,
     reconciling_age: Gauge,
 }
@@ -212,6 +199,13 @@ impl InstanceConditions {
     pub fn new(store: Store<PlatformInstance>) -> Result<Self> {
         Ok(Self {
             store,
+            phases: IntGaugeVec::new(
+                Opts::new(
+                    "platform_operator_controller_instances",
+                    "PlatformInstances by the phase their status reports.",
+                ),
+                &["phase"],
+            )?,
             conditions: IntGaugeVec::new(
                 Opts::new(
                     "platform_operator_controller_instance_conditions",
@@ -229,19 +223,27 @@ impl InstanceConditions {
 
 impl Collector for InstanceConditions {
     fn desc(&self) -> Vec<&Desc> {
-        let mut descs = self.conditions.desc();
+        let mut descs = self.phases.desc();
+        descs.extend(self.conditions.desc());
         descs.extend(self.reconciling_age.desc());
         descs
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         self.conditions.reset();
+        // Every phase is shown (at 0 until an instance reaches it).
+        for phase in common::crd::Phase::ALL {
+            self.phases.with_label_values(&[phase.as_str()]).set(0);
+        }
         let now = k8s_openapi::jiff::Timestamp::now();
         let mut oldest: f64 = 0.0;
         for instance in self.store.state() {
             let Some(status) = &instance.status else {
                 continue;
             };
+            if let Some(phase) = status.phase {
+                self.phases.with_label_values(&[phase.as_str()]).inc();
+            }
             for c in &status.conditions {
                 self.conditions
                     .with_label_values(&[c.type_.as_str(), c.status.as_str(), c.reason.as_str()])
@@ -253,7 +255,8 @@ impl Collector for InstanceConditions {
             }
         }
         self.reconciling_age.set(oldest);
-        let mut families = self.conditions.collect();
+        let mut families = self.phases.collect();
+        families.extend(self.conditions.collect());
         families.extend(self.reconciling_age.collect());
         families
     }

@@ -17,12 +17,11 @@ pub mod reader;
 mod report;
 pub mod stores;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use common::crd::{Phase, PlatformInstance};
+use common::crd::PlatformInstance;
 use common::names::RETRY_ANNOTATION;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -94,8 +93,6 @@ pub struct Context {
     pub metrics: crate::metrics::Metrics,
     /// Who reports Events.
     pub reporter: Reporter,
-    /// Each instance's last reported phase, for the instances-by-phase gauge.
-    pub phases: Mutex<BTreeMap<String, Phase>>,
     /// Failed reconciles in a row, by instance: how long [`error_policy`] waits.
     pub backoff: crate::backoff::Backoff,
     /// The reflector stores the reader reads first.
@@ -160,7 +157,7 @@ pub async fn reconcile(
     if ctx.stores.ready() {
         let (plan, found) = plan_from(&ctx, &pi, reader::Source::Stored(&ctx.stores)).await?;
         if plan.actions.is_empty()
-            && report::unchanged(&ctx, &pi, &plan, retry_ack.clone(), &found.record)
+            && report::unchanged(&pi, &plan, retry_ack.clone(), &found.record)
         {
             ctx.metrics.observed.with_label_values(&["cache"]).inc();
             return Ok(finish(&ctx, &pi, &key, &plan, timer));

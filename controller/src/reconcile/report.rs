@@ -2,7 +2,7 @@
 //! changed, and keeps the instances-by-phase gauge.
 
 use common::conditions::{self as c, merge};
-use common::crd::{Phase, PlatformInstance, PlatformInstanceStatus, SecretKeyRef};
+use common::crd::{PlatformInstance, PlatformInstanceStatus, SecretKeyRef};
 use common::names::{FIELD_MANAGER, KUBECONFIG_KEY, host_namespace, kubeconfig_secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -10,8 +10,8 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::Context;
 use super::error::ReconcileError;
-use super::{Context, key};
 use crate::decide::Plan;
 use crate::decide::status::Severity;
 use crate::installer::record::Record;
@@ -28,7 +28,6 @@ pub async fn report(
     let name = pi.name_any();
     let old = pi.status.clone().unwrap_or_default();
     let status = status(pi, plan, retry, record, &old);
-    record_phase(ctx, key(pi), Some(plan.phase));
     if status == old {
         return Ok(());
     }
@@ -49,7 +48,6 @@ pub async fn report(
 
 /// Whether the status the plan describes is the one the instance shows (nothing to write).
 pub fn unchanged(
-    ctx: &Context,
     pi: &PlatformInstance,
     plan: &Plan,
     retry: Option<String>,
@@ -57,11 +55,7 @@ pub fn unchanged(
 ) -> bool {
     let none = PlatformInstanceStatus::default();
     let old = pi.status.as_ref().unwrap_or(&none);
-    if status(pi, plan, retry, record, old) != *old {
-        return false;
-    }
-    record_phase(ctx, key(pi), Some(plan.phase));
-    true
+    status(pi, plan, retry, record, old) == *old
 }
 
 /// The status the plan and the installer's record describe.
@@ -147,33 +141,10 @@ pub async fn farewell(ctx: &Context, pi: &PlatformInstance, plan: &Plan) {
     publish_events(ctx, pi, plan, &old).await;
 }
 
-/// Forgets an instance that is gone: its backoff, its phase and its vCluster probe.
+/// Forgets an instance that is gone: its backoff and its vCluster probe.
 pub fn forget(ctx: &Context, key: &str) {
     ctx.backoff.succeeded(key);
-    record_phase(ctx, key.to_string(), None);
     if let Some((namespace, name)) = key.split_once('/') {
         ctx.probes.forget(&host_namespace(namespace, name));
-    }
-}
-
-/// Records instance `key`'s last reported phase (`None`: gone) and moves the instances-by-phase
-/// gauge by one step (a count over every instance made a resync cost their square).
-fn record_phase(ctx: &Context, key: String, phase: Option<Phase>) {
-    let Ok(mut phases) = ctx.phases.lock() else {
-        return;
-    };
-    let old = match phase {
-        Some(p) => phases.insert(key, p),
-        None => phases.remove(&key),
-    };
-    if old == phase {
-        return;
-    }
-    let gauge = |p: Phase| ctx.metrics.instances.with_label_values(&[p.as_str()]);
-    if let Some(old) = old {
-        gauge(old).dec();
-    }
-    if let Some(phase) = phase {
-        gauge(phase).inc();
     }
 }
