@@ -1034,6 +1034,18 @@ async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_p
         service_uid
     );
 
+    // A pod that carries the control plane's labels without being the control plane's (any
+    // tenant pod synced into the host namespace may): stopping the control plane before the
+    // upgrade must not wait for it.
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: decoy\n  namespace: {host}\n  labels: {{ app: vcluster, release: vcluster }}\nspec:\n  containers: [{{ name: c, image: busybox }}]\n"
+            )),
+        )
+        .expect("decoy pod");
+
     // The next operator release ships a newer chart: its Service labels differ.
     drop(controller);
     let (next, next_digest) =

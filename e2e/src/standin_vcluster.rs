@@ -456,6 +456,13 @@ async fn client_for(
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
+/// Whether `pod` is a control plane pod: one a ReplicaSet controls. The labels alone are not
+/// enough, as for the real syncer's Deployment: a tenant pod may carry them.
+fn of_replica_set(pod: &Pod) -> bool {
+    (pod.metadata.owner_references.iter().flatten())
+        .any(|r| r.kind == "ReplicaSet" && r.controller == Some(true))
+}
+
 /// Counts, from a watch of every control plane pod on the host, the pods that exist at once in
 /// each namespace (a terminating pod counts until it is gone), and keeps the most seen.
 async fn count_pods(host: kube::Client, state: Arc<Mutex<State>>, stop: Arc<AtomicBool>) {
@@ -484,6 +491,7 @@ async fn count_pods(host: kube::Client, state: Arc<Mutex<State>>, stop: Arc<Atom
                 live.clear();
                 None
             }
+            Event::Apply(p) | Event::InitApply(p) if !of_replica_set(&p) => None,
             Event::Apply(p) | Event::InitApply(p) => {
                 let (ns, uid) = key(&p);
                 live.entry(ns.clone()).or_default().insert(uid);
@@ -658,7 +666,7 @@ impl Watched {
     /// The control plane pods by host namespace.
     fn pods_by_namespace(&self) -> BTreeMap<String, Vec<Arc<Pod>>> {
         let mut by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
-        for pod in self.pods.state() {
+        for pod in self.pods.state().into_iter().filter(|p| of_replica_set(p)) {
             by_ns
                 .entry(pod.metadata.namespace.clone().unwrap_or_default())
                 .or_default()

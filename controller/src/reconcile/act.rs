@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use common::crd::PlatformInstance;
 use common::names::{
-    APPLIED_HASH_ANNOTATION, FINALIZER, OWNER_SERVICE_ANNOTATION, VCLUSTER, VCLUSTER_APP,
+    APPLIED_HASH_ANNOTATION, FINALIZER, OWNER_SERVICE_ANNOTATION, VCLUSTER,
     VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
 use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
@@ -299,13 +300,18 @@ const STORAGE_NODE_FILE: &str = "storage-node";
 
 /// Records the node the vCluster's pod runs on, where the cleanup Job must run. Best effort.
 async fn record_storage_node(t: &Target<'_>) {
-    let pods: Api<Pod> = Api::namespaced(t.ctx.client.clone(), &t.host_ns);
-    let listed = pods
-        .list(&ListParams::default().labels(&format!("app={VCLUSTER_APP}")))
-        .await;
+    let listed = match Api::<Deployment>::namespaced(t.ctx.client.clone(), &t.host_ns)
+        .get_opt(VCLUSTER)
+        .await
+    {
+        Ok(Some(d)) => {
+            control_plane::pods(&t.ctx.client, &t.host_ns, &d.uid().unwrap_or_default()).await
+        }
+        Ok(None) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    };
     let node = match listed {
-        Ok(list) => list
-            .items
+        Ok(pods) => pods
             .into_iter()
             .find_map(|p| p.spec.and_then(|s| s.node_name)),
         Err(e) => {

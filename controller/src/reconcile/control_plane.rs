@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use common::names::{HELM_RELEASE_ANNOTATION, VCLUSTER_APP};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch};
 use serde_json::json;
@@ -114,15 +115,12 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
             .await
             .map_err(StopError::Scale)?;
     }
-    let pods: Api<Pod> = Api::namespaced(client, host_ns);
-    let selector = format!("app={VCLUSTER_APP},release={RELEASE}");
+    let uid = d.uid().unwrap_or_default();
     let deadline = Instant::now() + STOP_LIMIT;
     loop {
-        let left = pods
-            .list(&ListParams::default().labels(&selector))
+        let left = pods(&client, host_ns, &uid)
             .await
             .map_err(|e| StopError::Read("the vCluster pods", e))?
-            .items
             .len();
         if left == 0 {
             return Ok(());
@@ -135,6 +133,41 @@ pub async fn stop(client: kube::Client, host_ns: &str) -> Result<(), StopError> 
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The control plane's pods in `host_ns`: those of a ReplicaSet the Deployment with UID
+/// `deployment_uid` controls. Labels alone prove nothing: a tenant pod synced into the host
+/// namespace may carry the control plane's.
+pub async fn pods(
+    client: &kube::Client,
+    host_ns: &str,
+    deployment_uid: &str,
+) -> Result<Vec<Pod>, kube::Error> {
+    let selector = ListParams::default().labels(&format!("app={VCLUSTER_APP}"));
+    let sets = Api::<ReplicaSet>::namespaced(client.clone(), host_ns)
+        .list(&ListParams::default())
+        .await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), host_ns)
+        .list(&selector)
+        .await?;
+    Ok(of_deployment(deployment_uid, &sets.items, pods.items))
+}
+
+/// Whether `meta`'s controller is the object with UID `uid`.
+fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+    (meta.owner_references.iter().flatten()).any(|r| r.controller == Some(true) && r.uid == uid)
+}
+
+/// The `pods` whose controller is one of `sets` that the Deployment `deployment_uid` controls.
+fn of_deployment(deployment_uid: &str, sets: &[ReplicaSet], pods: Vec<Pod>) -> Vec<Pod> {
+    let ours: Vec<&str> = sets
+        .iter()
+        .filter(|rs| controlled_by(&rs.metadata, deployment_uid))
+        .filter_map(|rs| rs.metadata.uid.as_deref())
+        .collect();
+    pods.into_iter()
+        .filter(|p| ours.iter().any(|uid| controlled_by(&p.metadata, uid)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -172,6 +205,36 @@ mod tests {
         let mut no_status = deployment(1, json!({}));
         no_status.status = None;
         assert!(!ready(&no_status));
+    }
+
+    #[test]
+    fn only_pods_of_the_deployments_replica_sets_are_the_control_plane() {
+        let owned = |uid: &str, by: &str| {
+            json!({"metadata": {"uid": uid, "labels": {"app": "vcluster", "release": "vcluster"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x",
+                                     "uid": by, "controller": true}]}})
+        };
+        let sets: Vec<ReplicaSet> = vec![
+            serde_json::from_value(json!({"metadata": {"uid": "rs-1", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vcluster",
+                 "uid": "d-1", "controller": true}]}}))
+            .expect("rs"),
+            serde_json::from_value(json!({"metadata": {"uid": "rs-other"}})).expect("rs"),
+        ];
+        let pods: Vec<Pod> = [
+            owned("p-1", "rs-1"),
+            // A tenant pod synced with the control plane's labels, and one of another set.
+            json!({"metadata": {"uid": "decoy", "labels": {"app": "vcluster", "release": "vcluster"}}}),
+            owned("p-2", "rs-other"),
+        ]
+        .into_iter()
+        .map(|p| serde_json::from_value(p).expect("pod"))
+        .collect();
+        let found: Vec<_> = of_deployment("d-1", &sets, pods)
+            .into_iter()
+            .filter_map(|p| p.metadata.uid)
+            .collect();
+        assert_eq!(found, ["p-1"]);
     }
 
     #[test]
