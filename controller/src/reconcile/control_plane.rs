@@ -143,9 +143,11 @@ pub async fn pods(
     host_ns: &str,
     deployment_uid: &str,
 ) -> Result<Vec<Pod>, kube::Error> {
+    // The chart's ReplicaSets carry its pod labels too: the selector only narrows the lists,
+    // the owner references decide.
     let selector = ListParams::default().labels(&format!("app={VCLUSTER_APP}"));
     let sets = Api::<ReplicaSet>::namespaced(client.clone(), host_ns)
-        .list(&ListParams::default())
+        .list(&selector)
         .await?;
     let pods = Api::<Pod>::namespaced(client.clone(), host_ns)
         .list(&selector)
