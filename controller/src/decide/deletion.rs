@@ -8,11 +8,10 @@
 use common::crd::{DeletionPolicy, Phase};
 
 use super::model::{
-    Action, Cleanup, Exported, HostNamespace, KubeconfigSecret, Observed, Plan, PlanBuilder,
-    Release, Requeue, TaskState,
+    Action, Cleanup, Exported, Failure, HostNamespace, KubeconfigSecret, Observed, Plan,
+    PlanBuilder, Release, Requeue, TaskState,
 };
 use super::status::{self, Kstatus, Reason};
-use crate::decide::model::Failure;
 
 /// Decides the next deletion step.
 pub fn decide(o: &Observed) -> Plan {

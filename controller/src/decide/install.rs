@@ -7,11 +7,10 @@ use common::crd::Phase;
 use common::names::{ALLOW_DOWNGRADE_ANNOTATION, RETRY_ANNOTATION};
 
 use super::model::{
-    Action, InstallObserved, InstallOutcome, Plan, PlanBuilder, Requeue, TaskError, TaskState,
+    Action, Failure, InstallObserved, InstallOutcome, Mode, Plan, PlanBuilder, Requeue, TaskError,
+    TaskState,
 };
 use super::status::{Cond, Kstatus, Reason, Step};
-use crate::decide::model::Failure;
-use crate::decide::model::Mode;
 
 /// The `Installed` condition while the vCluster is not serving.
 pub fn installed_while_waiting(i: &InstallObserved) -> Cond {
@@ -40,27 +39,6 @@ fn needs_a_person(f: Failure) -> bool {
             | Failure::ToolMissing
             | Failure::StateUnavailable
     )
-}
-
-/// Why an install runs now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Need {
-    /// The last run was interrupted.
-    Resume,
-    /// Not at `spec.version`, or the settings changed.
-    Install,
-    /// Put the installed version back (a failed run, drift, a failed preview, a retry request).
-    Repair,
-}
-
-impl Need {
-    fn reason(self) -> Reason {
-        match self {
-            Need::Resume => Reason::Resuming,
-            Need::Install => Reason::Installing,
-            Need::Repair => Reason::Repairing,
-        }
-    }
 }
 
 /// What the installer step decided besides actions and its detail conditions.
@@ -189,8 +167,8 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
             Requeue::Poll,
         );
     }
-    if let Some((need, message)) = need(&x) {
-        return run(&x, need, message, plan);
+    if let Some((reason, message)) = need(&x) {
+        return run(&x, reason, message, plan);
     }
     settled(&x, plan)
 }
@@ -247,9 +225,9 @@ fn drift_condition(drift: &Option<String>) -> Cond {
 /// Work in progress: an install or a preview queued or running.
 fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
     let requested = x.requested;
-    if x.i.outcome.busy() {
-        let (reason, message) = match &x.i.outcome {
-            InstallOutcome::Queued(position) => (
+    let (step, queued) = match (&x.i.outcome, &x.i.preview_task) {
+        (InstallOutcome::Queued(position), _) => (
+            Step::new(
                 Reason::Queued,
                 format!(
                     "{}: waiting for an install slot, {} in the queue (--max-concurrent-installs)",
@@ -257,57 +235,50 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
                     super::model::queue_place(*position)
                 ),
             ),
-            _ => (
+            true,
+        ),
+        (InstallOutcome::Running, _) => (
+            Step::new(
                 Reason::Installing,
                 format!("{}: npm and pulumi are running", x.what),
             ),
-        };
-        // A queued install is woken by the task queue when it starts or its place changes.
-        let requeue = match &x.i.outcome {
-            InstallOutcome::Queued(_) => Requeue::Queued,
-            _ => Requeue::Poll,
-        };
-        plan.condition(if x.at_requested && x.i.applied_hash.is_some() {
-            Cond::yes(
-                c::INSTALLED,
-                Reason::Installed,
-                format!("{requested} is installed; {message}"),
-            )
-        } else {
-            Cond::no(c::INSTALLED, reason, message.clone())
-        });
-        return Some(Outcome {
-            phase: x.phase,
-            kstatus: Kstatus {
-                ready: x.ready(),
-                reconciling: Some(Step::new(reason, message)),
-                stalled: None,
-            },
-            requeue,
-        });
-    }
-    if x.i.preview_task.busy() {
-        plan.condition(Cond::yes(
+            false,
+        ),
+        (_, preview) if preview.busy() => {
+            (checking_drift(), matches!(preview, TaskState::Queued(_)))
+        }
+        _ => return None,
+    };
+    plan.condition(if !x.i.outcome.busy() {
+        Cond::yes(
             c::INSTALLED,
             Reason::Installed,
             format!("{requested} is installed"),
-        ));
-        return Some(Outcome {
-            phase: x.phase,
-            kstatus: Kstatus {
-                ready: x.ready(),
-                reconciling: Some(checking_drift()),
-                stalled: None,
-            },
-            // A queued preview is woken by the task queue when it starts.
-            requeue: if matches!(x.i.preview_task, TaskState::Queued(_)) {
-                Requeue::Queued
-            } else {
-                Requeue::Poll
-            },
-        });
-    }
-    None
+        )
+    } else if x.at_requested && x.i.applied_hash.is_some() {
+        Cond::yes(
+            c::INSTALLED,
+            Reason::Installed,
+            format!("{requested} is installed; {}", step.message),
+        )
+    } else {
+        Cond::no(c::INSTALLED, step.reason, step.message.clone())
+    });
+    Some(Outcome {
+        phase: x.phase,
+        kstatus: Kstatus {
+            ready: x.ready(),
+            reconciling: Some(step),
+            stalled: None,
+        },
+        // A queued install or preview is woken by the task queue when it starts or its place
+        // changes.
+        requeue: if queued {
+            Requeue::Queued
+        } else {
+            Requeue::Poll
+        },
+    })
 }
 
 fn checking_drift() -> Step {
@@ -317,8 +288,9 @@ fn checking_drift() -> Step {
     )
 }
 
-/// Whether an install runs now, and why in words.
-fn need(x: &Ctx) -> Option<(Need, String)> {
+/// Whether an install runs now: `Resuming` an interrupted run, `Installing` (not at
+/// `spec.version`, or changed settings) or `Repairing` the installed version; and why in words.
+fn need(x: &Ctx) -> Option<(Reason, String)> {
     let (i, requested) = (x.i, x.requested);
     // No task runs here: a last run that failed, timed out or was interrupted.
     let unsettled = match &i.outcome {
@@ -330,7 +302,7 @@ fn need(x: &Ctx) -> Option<(Need, String)> {
     };
     if interrupted(x) {
         return Some((
-            Need::Resume,
+            Reason::Resuming,
             format!(
                 "{}: the last run was interrupted (the controller stopped); running it again",
                 x.what
@@ -338,7 +310,7 @@ fn need(x: &Ctx) -> Option<(Need, String)> {
         ));
     }
     if !x.at_requested || x.hash_differs() {
-        return Some((Need::Install, x.what.clone()));
+        return Some((Reason::Installing, x.what.clone()));
     }
     let why = if let Some((how, version)) = unsettled {
         // A run that failed, timed out or was interrupted (at any version: spec.version may
@@ -354,7 +326,10 @@ fn need(x: &Ctx) -> Option<(Need, String)> {
     } else {
         return None;
     };
-    Some((Need::Repair, format!("{why}; installing {requested} again")))
+    Some((
+        Reason::Repairing,
+        format!("{why}; installing {requested} again"),
+    ))
 }
 
 /// The last install, at the version wanted now, was left `Running`.
@@ -363,9 +338,8 @@ fn interrupted(x: &Ctx) -> bool {
 }
 
 /// An install runs (or retries after its backoff).
-fn run(x: &Ctx, need: Need, message: String, plan: &mut PlanBuilder) -> Outcome {
-    let interrupted = interrupted(x);
-    let mode = if need == Need::Repair || interrupted && x.at_requested {
+fn run(x: &Ctx, reason: Reason, message: String, plan: &mut PlanBuilder) -> Outcome {
+    let mode = if reason == Reason::Repairing || interrupted(x) && x.at_requested {
         Mode::Repair
     } else {
         x.mode
@@ -385,7 +359,6 @@ fn run(x: &Ctx, need: Need, message: String, plan: &mut PlanBuilder) -> Outcome 
     {
         return failed_run(x, *failure, message, *backoff, plan);
     }
-    let reason = need.reason();
     if x.at_requested && !x.hash_differs() {
         plan.condition(Cond::yes(
             c::INSTALLED,

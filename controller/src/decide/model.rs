@@ -50,13 +50,6 @@ pub enum Failure {
     StateVolumeFull,
 }
 
-impl Failure {
-    /// The condition reason (the variant's name).
-    pub fn reason(self) -> &'static str {
-        self.into()
-    }
-}
-
 /// What a repair preview found.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -111,11 +104,7 @@ impl Record {
             .last_install
             .as_ref()
             .and_then(|l| l.finished_at.as_ref());
-        let preview = self.preview.as_ref().map(|p| &p.finished_at);
-        match (install, preview) {
-            (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
-            (a, b) => a.or(b),
-        }
+        install.max(self.preview.as_ref().map(|p| &p.finished_at))
     }
 }
 
@@ -146,12 +135,6 @@ impl From<String> for TaskError {
             failure: None,
             message,
         }
-    }
-}
-
-impl From<&str> for TaskError {
-    fn from(message: &str) -> Self {
-        message.to_string().into()
     }
 }
 

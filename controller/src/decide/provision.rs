@@ -8,11 +8,10 @@ use common::crd::Phase;
 
 use super::install;
 use super::model::{
-    Action, Exported, HostNamespace, KubeconfigSecret, Observed, OwnerService, Plan, PlanBuilder,
-    Release, Requeue, TaskState,
+    Action, Exported, Failure, HostNamespace, KubeconfigSecret, Observed, OwnerService, Plan,
+    PlanBuilder, Release, Requeue, TaskState,
 };
 use super::status::{self, Cond, Kstatus, Reason};
-use crate::decide::model::Failure;
 
 /// Decides what to do for an instance that is not being deleted.
 pub fn decide(o: &Observed) -> Plan {
@@ -57,12 +56,7 @@ pub fn decide(o: &Observed) -> Plan {
         kubeconfig_written(o, &mut plan);
         return install::decide(&o.install, plan, requeue);
     }
-    plan.condition(Cond::no(
-        c::KUBECONFIG_READY,
-        Reason::WaitingForVCluster,
-        "the kubeconfig is written once the vCluster serves",
-    ));
-    plan.condition(install::installed_while_waiting(&o.install));
+    waiting_for_vcluster(o, &mut plan);
     let (phase, reconciling) = match &o.task {
         TaskState::Idle if matches!(o.exported, Exported::Refused(_)) && release_current(o) => (
             Phase::Failed,
@@ -122,6 +116,16 @@ fn stopped(o: &Observed) -> Option<Plan> {
     ))
 }
 
+/// `KubeconfigReady` and `Installed` while the vCluster does not serve.
+fn waiting_for_vcluster(o: &Observed, plan: &mut PlanBuilder) {
+    plan.condition(Cond::no(
+        c::KUBECONFIG_READY,
+        Reason::WaitingForVCluster,
+        "the kubeconfig is written once the vCluster serves",
+    ));
+    plan.condition(install::installed_while_waiting(&o.install));
+}
+
 /// The chart's release is deployed from the shipped chart.
 fn release_current(o: &Observed) -> bool {
     matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
@@ -142,12 +146,7 @@ fn owner_service(o: &Observed, plan: &mut PlanBuilder) -> Option<Plan> {
                 Reason::OwnerServiceRestoring,
                 "service/vcluster was changed or deleted; the controller is putting it back",
             ));
-            plan.condition(Cond::no(
-                c::KUBECONFIG_READY,
-                Reason::WaitingForVCluster,
-                "the kubeconfig is written once the vCluster serves",
-            ));
-            plan.condition(install::installed_while_waiting(&o.install));
+            waiting_for_vcluster(o, &mut plan);
             Some(plan.finish(
                 Phase::Provisioning,
                 Requeue::Poll,

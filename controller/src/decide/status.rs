@@ -3,9 +3,9 @@
 //! `Stalled` ([`Kstatus`]), and the `OwnerServiceProtected` condition.
 
 use common::conditions::{self as c, Want};
+use kube::runtime::events::EventType;
 
-use super::model::Protection;
-use crate::decide::model::Failure;
+use super::model::{Failure, Protection};
 
 /// Every condition reason the controller sets, named in status and Events by its variant's name
 /// (`strum`); each is documented in `docs/controller.md`.
@@ -62,20 +62,11 @@ pub enum Reason {
     Progressing,
 }
 
-/// The severity of the Event that reports a condition change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Severity {
-    /// `Normal`.
-    Normal,
-    /// `Warning`.
-    Warning,
-}
-
 impl Reason {
     /// The CamelCase word in status and Events.
     pub fn as_str(self) -> &'static str {
         match self {
-            Reason::Failed(f) => f.reason(),
+            Reason::Failed(f) => f.into(),
             reason => reason.into(),
         }
     }
@@ -158,11 +149,11 @@ impl Cond {
     }
 
     /// The severity of the Event that reports a change to this condition.
-    pub fn severity(&self) -> Severity {
+    pub fn severity(&self) -> EventType {
         if (self.type_ == c::STALLED && self.status) || self.reason.warns() {
-            Severity::Warning
+            EventType::Warning
         } else {
-            Severity::Normal
+            EventType::Normal
         }
     }
 }
@@ -361,7 +352,7 @@ mod tests {
     }
 
     /// The rule Events followed when severity was read from reason strings.
-    fn string_rule(type_: &str, status: bool, reason: &str) -> Severity {
+    fn string_rule(type_: &str, status: bool, reason: &str) -> EventType {
         const WARNINGS: [&str; 16] = [
             "LeftAlone",
             "KubeconfigRefused",
@@ -385,9 +376,9 @@ mod tests {
             || reason.ends_with("Conflict")
             || WARNINGS.contains(&reason)
         {
-            Severity::Warning
+            EventType::Warning
         } else {
-            Severity::Normal
+            EventType::Normal
         }
     }
 

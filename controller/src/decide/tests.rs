@@ -349,7 +349,7 @@ fn failures_that_need_a_person_stall_and_timeouts_retry() {
         let mut o = fresh();
         o.install.outcome = failed("6.0.22", failure, "why", true);
         let plan = decide(&o);
-        assert_eq!(cond(&plan, c::INSTALLED), (false, failure.reason()));
+        assert_eq!(cond(&plan, c::INSTALLED), (false, <&str>::from(failure)));
         assert_eq!(cond(&plan, c::STALLED).0, stalled, "{failure:?}");
         assert_eq!(
             plan.phase,
@@ -499,7 +499,7 @@ fn a_pending_release_is_recovered_and_a_failure_backs_off() {
     assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "RecoveringRelease"));
     let plan = decide(&Observed {
         release: Release::Failed("failed".into()),
-        task: TaskState::Failed("boom".into()),
+        task: TaskState::Failed("boom".to_string().into()),
         ..base()
     });
     assert_eq!(plan.requeue, Requeue::Backoff);
@@ -709,7 +709,7 @@ fn delete_cleans_storage_then_state_then_lets_go() {
 #[test]
 fn a_failed_uninstall_keeps_the_finalizer() {
     let plan = decide(&Observed {
-        task: TaskState::Failed("timeout".into()),
+        task: TaskState::Failed("timeout".to_string().into()),
         ..deleting(DeletionPolicy::Delete)
     });
     assert_eq!(plan.actions, [Action::UninstallVCluster]);
@@ -845,7 +845,7 @@ fn a_blocked_or_timed_out_cleanup_says_why_and_keeps_the_finalizer() {
         "{}",
         ready.message
     );
-    assert_eq!(ready.severity(), super::status::Severity::Warning);
+    assert_eq!(ready.severity(), kube::runtime::events::EventType::Warning);
     let late = decide(&Observed {
         cleanup: Cleanup::TimedOut("Job was active longer than specified deadline".into()),
         ..gone
@@ -1001,5 +1001,5 @@ fn a_failed_action_reaches_status() {
     );
     let ready = want(&plan, c::READY);
     assert!(ready.message.contains("forbidden"), "{}", ready.message);
-    assert_eq!(ready.severity(), super::status::Severity::Warning);
+    assert_eq!(ready.severity(), kube::runtime::events::EventType::Warning);
 }

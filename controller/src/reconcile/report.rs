@@ -6,14 +6,13 @@ use common::crd::{PlatformInstance, PlatformInstanceStatus, SecretKeyRef};
 use common::names::{FIELD_MANAGER, KUBECONFIG_KEY, host_namespace, kubeconfig_secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
 use super::error::ReconcileError;
 use crate::decide::Plan;
-use crate::decide::status::Severity;
 use crate::installer::record::Record;
 
 /// Writes the status when it differs, and an Event for every condition that changed.
@@ -115,10 +114,7 @@ async fn publish_events(
             continue;
         }
         let event = Event {
-            type_: match want.severity() {
-                Severity::Warning => EventType::Warning,
-                Severity::Normal => EventType::Normal,
-            },
+            type_: want.severity(),
             reason: want.reason.as_str().to_string(),
             note: Some(
                 format!("{}={status}: {}", want.type_, want.message)
