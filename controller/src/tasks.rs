@@ -256,45 +256,39 @@ impl Tasks {
         self.wake(woken);
     }
 
-    /// Stops the task of `key`, queued or running: a running one is dropped where it waits,
-    /// which kills the processes it started. Returns whether there was one.
-    pub fn cancel(self: &Arc<Self>, key: &str) -> bool {
+    /// Takes `key` out of the queue and lets `also` drop more of it under the same lock, then
+    /// starts what may start now. Returns whether it was queued or `also` found something.
+    fn drop_task(self: &Arc<Self>, key: &str, also: impl FnOnce(&mut Inner) -> bool) -> bool {
         let found = {
             let mut inner = self.inner();
             let queued = inner.queue.len();
             inner.queue.retain(|w| w.key != key);
-            let running = inner.running.remove(key);
-            if let Some(handle) = &running {
-                handle.abort();
-            }
-            inner.failed.remove(key);
-            running.is_some() || inner.queue.len() != queued
+            let dequeued = inner.queue.len() != queued;
+            also(&mut inner) || dequeued
         };
+        // The tasks behind it moved up.
         self.dispatch();
         found
+    }
+
+    /// Stops the task of `key`, queued or running: a running one is dropped where it waits,
+    /// which kills the processes it started. Returns whether there was one.
+    pub fn cancel(self: &Arc<Self>, key: &str) -> bool {
+        self.drop_task(key, |inner| {
+            inner.failed.remove(key);
+            inner.running.remove(key).map(|h| h.abort()).is_some()
+        })
     }
 
     /// Drops the task of `key` only while it waits for a slot (one that has started is left to
     /// finish). Returns whether it was queued.
     pub fn dequeue(self: &Arc<Self>, key: &str) -> bool {
-        let found = {
-            let mut inner = self.inner();
-            let queued = inner.queue.len();
-            inner.queue.retain(|w| w.key != key);
-            inner.queue.len() != queued
-        };
-        self.dispatch();
-        found
+        self.drop_task(key, |_| false)
     }
 
     /// Drops the record of `key` (the instance is gone).
     pub fn forget(self: &Arc<Self>, key: &str) {
-        let mut inner = self.inner();
-        inner.failed.remove(key);
-        inner.queue.retain(|w| w.key != key);
-        drop(inner);
-        // The tasks behind it moved up.
-        self.dispatch();
+        self.drop_task(key, |inner| inner.failed.remove(key).is_some());
     }
 }
 
@@ -528,7 +522,7 @@ mod tests {
                 true,
                 async move {
                     o.lock().expect("lock").push("c");
-                    Err("boom".into())
+                    Err("boom".to_string().into())
                 }
                 .boxed()
             )
@@ -541,7 +535,7 @@ mod tests {
             "one task per instance"
         );
         let _ = release_a.send(());
-        until(&tasks, "ns/c", TaskState::Failed("boom".into())).await;
+        until(&tasks, "ns/c", TaskState::Failed("boom".to_string().into())).await;
         assert_eq!(
             *order.lock().expect("lock"),
             ["a", "b", "c"],
