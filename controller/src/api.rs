@@ -14,36 +14,40 @@ pub fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// `result`, with an object already gone counted as done.
+pub fn gone_is_done<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(e) if !not_found(&e) => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Deletes `name`; an object already gone is not an error.
 pub async fn delete_ignoring_404<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
-        Err(e) => Err(e),
-    }
+    gone_is_done(api.delete(name, &DeleteParams::default()).await)
 }
 
-/// What [`delete_if_ours`] did.
+/// What [`delete_if`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Deleted {
     /// Deleted, or already gone.
     Gone,
-    /// Left alone: it is not the instance's.
-    Foreign,
+    /// Left alone: `delete` said no.
+    Kept,
 }
 
-/// Deletes `name` if `ours` says it is instance `uid`'s, checked at the moment of the delete and
-/// not only when the reconcile observed it: the object is read, and deleted with its own UID as
-/// a precondition, so an object created again in between (by someone else) is never the one
+/// Deletes `name` with `params` if `delete` says so of it, checked at the moment of the delete
+/// and not only when the reconcile observed it: the object is read, and deleted with its own UID
+/// as a precondition, so an object created again in between (by someone else) is never the one
 /// deleted. An object already gone is not an error.
-pub async fn delete_if_ours<K>(
+pub async fn delete_if<K>(
     api: &Api<K>,
     name: &str,
-    uid: &str,
-    ours: fn(&ObjectMeta, &str) -> bool,
+    params: DeleteParams,
+    delete: impl FnOnce(&ObjectMeta) -> bool,
 ) -> Result<Deleted, kube::Error>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
@@ -51,21 +55,17 @@ where
     let Some(object) = api.get_opt(name).await? else {
         return Ok(Deleted::Gone);
     };
-    if !ours(object.meta(), uid) {
-        return Ok(Deleted::Foreign);
+    if !delete(object.meta()) {
+        return Ok(Deleted::Kept);
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: object.uid(),
             resource_version: None,
         }),
-        ..DeleteParams::default()
+        ..params
     };
-    match api.delete(name, &params).await {
-        Ok(_) => Ok(Deleted::Gone),
-        Err(e) if not_found(&e) => Ok(Deleted::Gone),
-        Err(e) => Err(e),
-    }
+    gone_is_done(api.delete(name, &params).await).map(|()| Deleted::Gone)
 }
 
 /// Merge patches under the operator's field manager.

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::process::Command;
 
 use crate::decide::model::Release;
@@ -15,13 +16,14 @@ pub const RELEASE: &str = common::names::VCLUSTER;
 /// Label on the Helm release Secret naming the chart version installed.
 pub const CHART_VERSION_LABEL: &str = "platform.di-framework.dev/chart-version";
 
-/// The release state from Helm's release Secrets (`owner=helm`, `name=vcluster`): the newest
-/// revision's `status` label, and the chart version label the controller set.
-pub fn release_from_secrets(secrets: &[k8s_openapi::api::core::v1::Secret]) -> Release {
-    let newest = secrets
-        .iter()
-        .filter_map(|s| {
-            let labels = s.metadata.labels.as_ref()?;
+/// The release state from the metadata of Helm's release Secrets (`owner=helm`,
+/// `name=vcluster`): the newest revision's `status` label, and the chart version label the
+/// controller set.
+pub fn release_from_records<'a>(records: impl IntoIterator<Item = &'a ObjectMeta>) -> Release {
+    let newest = records
+        .into_iter()
+        .filter_map(|meta| {
+            let labels = meta.labels.as_ref()?;
             let version: u64 = labels.get("version")?.parse().ok()?;
             Some((version, labels))
         })
@@ -87,7 +89,9 @@ pub struct Helm {
 }
 
 impl Helm {
-    async fn run(
+    /// Runs helm with `args` for `action` in `namespace` (what its errors name), within its
+    /// timeout; its standard output.
+    pub(crate) async fn run(
         &self,
         action: &'static str,
         namespace: &str,

@@ -16,9 +16,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
-};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use prometheus::HistogramVec;
 use serde_json::json;
@@ -27,11 +25,11 @@ use super::error::{ReconcileError, observing};
 use super::observe::Found;
 use super::{Context, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
-use crate::api::{Deleted, apply, delete_if_ours, delete_ignoring_404, manager, not_found};
+use crate::api::{Deleted, apply, delete_if, delete_ignoring_404, gone_is_done, manager};
 use crate::decide::Action;
 use crate::decide::model::{Failure, Mode, Plan, Release, TaskError};
 use crate::decide::ownership;
-use crate::helm::{HelmError, RELEASE, release_from_secrets};
+use crate::helm::{HelmError, RELEASE, release_from_records};
 use crate::installer;
 
 /// One instance being acted on.
@@ -102,14 +100,6 @@ fn wrote(ctx: &Context, kind: &str) {
     ctx.metrics.writes.with_label_values(&[kind]).inc();
 }
 
-/// `result`, with an object already gone counted as done.
-fn gone_is_done<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match result {
-        Err(e) if !not_found(&e) => Err(e),
-        _ => Ok(()),
-    }
-}
-
 /// Sets the instance's finalizers, guarded by the resourceVersion read.
 async fn patch_finalizers(t: &Target<'_>, finalizers: Vec<String>) -> Result<(), kube::Error> {
     let patch =
@@ -171,10 +161,11 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
         if recover {
             let secrets: Api<Secret> = Api::namespaced(client, &namespace);
             let releases = secrets
-                .list(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
+                .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
                 .await
                 .map_err(task_error)?;
-            if let Release::Pending(status) = release_from_secrets(&releases.items) {
+            let records = releases.items.iter().map(|s| &s.metadata);
+            if let Release::Pending(status) = release_from_records(records) {
                 tracing::info!(%namespace, %status, "recovering an interrupted helm release");
                 guard.await?;
                 helm.recover(&namespace, &status)
@@ -281,11 +272,11 @@ fn uninstall_vcluster(t: &Target<'_>) {
 
 async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let namespaces = Api::<Namespace>::all(t.ctx.client.clone());
-    let marked = |meta: &ObjectMeta, uid: &str| ownership::marked(meta, uid) == Some(true);
-    let deleted = delete_if_ours(&namespaces, &t.host_ns, &t.uid, marked)
+    let marked = |meta: &ObjectMeta| ownership::marked(meta, &t.uid) == Some(true);
+    let deleted = delete_if(&namespaces, &t.host_ns, DeleteParams::default(), marked)
         .await
         .map_err(ReconcileError::DeleteNamespace)?;
-    if deleted == Deleted::Foreign {
+    if deleted == Deleted::Kept {
         // Not marked with this instance's UID since it was observed: the next reconcile sees
         // the conflict and leaves it alone.
         tracing::warn!(namespace = %t.host_ns, instance = %key(t.pi), "not deleting a host namespace that does not carry this instance's UID mark");
@@ -346,24 +337,20 @@ async fn start_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
 /// UID as a precondition); the next reconcile creates this instance's own.
 async fn replace_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &t.ctx.settings.cleanup_namespace);
-    let replacing = ReconcileError::ReplaceCleanup;
-    let Some(job) = jobs.get_opt(&t.host_ns).await.map_err(replacing)? else {
-        return Ok(());
+    let mut stale = false;
+    let replace = |meta: &ObjectMeta| {
+        stale = ownership::marked(meta, &t.uid) != Some(true);
+        if stale {
+            tracing::info!(job = %t.host_ns, instance = %key(t.pi), "replacing a cleanup Job another instance left");
+        }
+        stale
     };
-    if ownership::marked(&job.metadata, &t.uid) == Some(true) {
-        return Ok(());
+    delete_if(&jobs, &t.host_ns, DeleteParams::background(), replace)
+        .await
+        .map_err(ReconcileError::ReplaceCleanup)?;
+    if stale {
+        wrote(t.ctx, "job");
     }
-    tracing::info!(job = %t.host_ns, instance = %key(t.pi), "replacing a cleanup Job another instance left");
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: job.uid(),
-            resource_version: None,
-        }),
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..DeleteParams::default()
-    };
-    gone_is_done(jobs.delete(&t.host_ns, &params).await).map_err(replacing)?;
-    wrote(t.ctx, "job");
     Ok(())
 }
 
@@ -380,10 +367,11 @@ fn remove_state(t: &Target<'_>) -> Result<(), ReconcileError> {
 async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
     let secrets = Api::<Secret>::namespaced(t.ctx.client.clone(), &t.ns);
     let name = kubeconfig_secret(&t.name);
-    let deleted = delete_if_ours(&secrets, &name, &t.uid, ownership::kubeconfig_secret)
+    let ours = |meta: &ObjectMeta| ownership::kubeconfig_secret(meta, &t.uid);
+    let deleted = delete_if(&secrets, &name, DeleteParams::default(), ours)
         .await
         .map_err(ReconcileError::DeleteKubeconfig)?;
-    if deleted == Deleted::Foreign {
+    if deleted == Deleted::Kept {
         tracing::warn!(secret = %name, instance = %key(t.pi), "not deleting a kubeconfig Secret that is not this instance's");
     }
     Ok(())

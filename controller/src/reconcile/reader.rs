@@ -30,7 +30,7 @@ use super::stores::{Stores, get};
 use super::{Context, key, state_path, task_keys};
 use crate::decide::model::{Protection, Release, TaskState};
 use crate::decide::ownership;
-use crate::helm::{RELEASE, release_from_secrets};
+use crate::helm::{RELEASE, release_from_records};
 use crate::installer::record::Record;
 
 /// Where the reader reads the objects of the API server.
@@ -172,13 +172,6 @@ pub(crate) async fn read(
     Ok(read)
 }
 
-fn api_in<K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>>(
-    client: &kube::Client,
-    namespace: &str,
-) -> Api<K> {
-    Api::namespaced(client.clone(), namespace)
-}
-
 /// The objects of one namespace, as `source` has them.
 struct In<'a> {
     client: &'a kube::Client,
@@ -188,9 +181,8 @@ struct In<'a> {
 
 impl<'a> In<'a> {
     fn new(ctx: &'a Context, source: Source<'a>, namespace: &'a str) -> Self {
-        let client = &ctx.client;
         Self {
-            client,
+            client: &ctx.client,
             source,
             namespace,
         }
@@ -210,7 +202,7 @@ impl<'a> In<'a> {
     {
         match self.source {
             Source::Stored(stores) => Ok(get(pick(stores), self.namespace, name)),
-            Source::Live => Ok(api_in::<K>(self.client, self.namespace)
+            Source::Live => Ok(Api::<K>::namespaced(self.client.clone(), self.namespace)
                 .get_opt(name)
                 .await
                 .map_err(observing(what))?
@@ -225,28 +217,21 @@ async fn release(
     source: Source<'_>,
     host_ns: &str,
 ) -> Result<Release, ReconcileError> {
-    let record = |metadata| Secret {
-        metadata,
-        ..Secret::default()
-    };
-    let records: Vec<Secret> = match source {
-        Source::Stored(stores) => stores
-            .releases
-            .state()
-            .iter()
+    let records: Vec<ObjectMeta> = match source {
+        Source::Stored(stores) => (stores.releases.state().iter())
             .filter(|s| s.metadata.namespace.as_deref() == Some(host_ns))
-            .map(|s| record(s.metadata.clone()))
+            .map(|s| s.metadata.clone())
             .collect(),
-        Source::Live => api_in::<Secret>(&ctx.client, host_ns)
+        Source::Live => Api::<Secret>::namespaced(ctx.client.clone(), host_ns)
             .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
             .await
             .map_err(observing("the vCluster release"))?
             .items
             .into_iter()
-            .map(|s| record(s.metadata))
+            .map(|s| s.metadata)
             .collect(),
     };
-    Ok(release_from_secrets(&records))
+    Ok(release_from_records(&records))
 }
 
 /// The kubeconfig an exported kubeconfig Secret holds (its `config` key), if any.
@@ -268,7 +253,7 @@ async fn cleanup(
         return Ok(None);
     }
     let namespace = &ctx.settings.cleanup_namespace;
-    let Some(job) = api_in::<Job>(&ctx.client, namespace)
+    let Some(job) = Api::<Job>::namespaced(ctx.client.clone(), namespace)
         .get_opt(host_ns)
         .await
         .map_err(observing("the cleanup Job"))?
@@ -285,7 +270,7 @@ async fn cleanup(
         "involvedObject.kind=Job,involvedObject.name={host_ns},involvedObject.uid={},reason=FailedCreate",
         job.uid().unwrap_or_default()
     );
-    let events = api_in::<Event>(&ctx.client, namespace)
+    let events = Api::<Event>::namespaced(ctx.client.clone(), namespace)
         .list(&ListParams::default().fields(&selector))
         .await
         .map_err(observing("the cleanup Job's events"))?;
@@ -304,7 +289,7 @@ async fn client_secret(
     r: &common::crd::SecretKeyRef,
 ) -> Result<Result<String, Missing>, ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
-    let secret = api_in::<Secret>(&ctx.client, &ns)
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&r.name)
         .await
         .map_err(observing(format!("the tenant auth Secret {}", r.name)))?;
