@@ -1,8 +1,11 @@
 //! The vCluster chart shipped with the operator: checked by sha256 digest before anything uses it,
 //! and its version read with `helm show chart`.
 
+use std::ffi::OsStr;
 use std::io::Read;
 use std::path::Path;
+
+use crate::helm::Helm;
 
 /// Why the chart (at path `.0`) cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -57,27 +60,12 @@ pub fn verify(path: &Path, expected: &str) -> Result<(), ChartError> {
 }
 
 /// The chart's version, from `helm show chart` (its Chart.yaml).
-pub async fn version(helm: &str, path: &Path) -> Result<String, ChartError> {
+pub async fn version(helm: &Helm, path: &Path) -> Result<String, ChartError> {
     let shown = path.display().to_string();
     let err = |reason: String| ChartError::Version(shown.clone(), reason);
-    let mut cmd = tokio::process::Command::new(helm);
-    cmd.arg("show")
-        .arg("chart")
-        .arg(path)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    // Registered, so that the controller's reaper leaves helm's exit status to this wait.
-    let (child, _registered) = crate::reaper::spawn(&mut cmd).map_err(|e| err(e.to_string()))?;
-    let out = child
-        .wait_with_output()
-        .await
-        .map_err(|e| err(e.to_string()))?;
-    if !out.status.success() {
-        return Err(err(String::from_utf8_lossy(&out.stderr).trim().to_string()));
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    let args = [OsStr::new("show"), OsStr::new("chart"), path.as_os_str()];
+    let out = (helm.run("show chart", &shown, &args).await).map_err(|e| err(e.to_string()))?;
+    out.lines()
         .find_map(|l| {
             l.strip_prefix("version:")
                 .map(|v| v.trim().trim_matches('"').to_string())

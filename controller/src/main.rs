@@ -412,7 +412,7 @@ async fn main() -> anyhow::Result<()> {
         &args.vcluster_chart,
         args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
     )?;
-    let chart_version = controller::chart::version(&args.helm.binary, &args.vcluster_chart).await?;
+    let chart_version = controller::chart::version(&args.helm, &args.vcluster_chart).await?;
     tracing::info!(chart = %args.vcluster_chart.display(), %chart_version, "vCluster chart verified");
 
     let registry = common::metrics::registry("controller");

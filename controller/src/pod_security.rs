@@ -30,13 +30,6 @@ pub enum Level {
     Restricted,
 }
 
-impl Level {
-    /// The level's name.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
 /// The host's Pod Security admission label prefix.
 pub const LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
 
@@ -51,11 +44,11 @@ pub const CONTROL_PLANE_LEVEL: Level = Level::Privileged;
 pub fn host_namespace_labels(inside: Level) -> [(String, String); 6] {
     let label = |mode: &str, value: &str| (format!("{LABEL_PREFIX}{mode}"), value.to_string());
     [
-        label("enforce", CONTROL_PLANE_LEVEL.as_str()),
+        label("enforce", CONTROL_PLANE_LEVEL.into()),
         label("enforce-version", "latest"),
-        label("warn", inside.as_str()),
+        label("warn", inside.into()),
         label("warn-version", "latest"),
-        label("audit", inside.as_str()),
+        label("audit", inside.into()),
         label("audit-version", "latest"),
     ]
 }

@@ -227,7 +227,7 @@ pub fn vcluster_values(storage_root_base: &str, host_ns: &str, pod_security: Lev
                 "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{host_ns}", storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
             }}
         },
-        "policies": {"networkPolicy": {"enabled": false}, "podSecurityStandard": pod_security.as_str()},
+        "policies": {"networkPolicy": {"enabled": false}, "podSecurityStandard": pod_security.to_string()},
         // The platform writes its tenant isolation and egress policies inside the vCluster; the
         // host's CNI enforces only what vCluster syncs to the host namespace (off by default).
         "sync": {"toHost": {"networkPolicies": {"enabled": true}}}
@@ -244,10 +244,7 @@ pub fn service_hash(svc: &Service) -> String {
 /// The first 8 bytes of the SHA-256 of `value`'s JSON, in hex.
 fn hash(value: &serde_json::Value) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, value.to_string().as_bytes());
-    digest.as_ref()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::chart::hex(&digest.as_ref()[..8])
 }
 
 #[cfg(test)]
