@@ -8,8 +8,8 @@
 use common::crd::{DeletionPolicy, Phase};
 
 use super::model::{
-    Action, Cleanup, Exported, Failure, HostNamespace, KubeconfigSecret, Observed, Plan,
-    PlanBuilder, Release, Requeue, TaskState,
+    Action, Cleanup, Exported, HostNamespace, KubeconfigSecret, Observed, Plan, PlanBuilder,
+    Release, Requeue, TaskState,
 };
 use super::status::{self, Kstatus, Reason};
 
@@ -64,22 +64,19 @@ pub fn decide(o: &Observed) -> Plan {
         }
     }
     plan.act(Action::RemoveFinalizer);
-    match &o.kubeconfig {
-        KubeconfigSecret::Foreign(secret) => step(
-            plan,
-            Requeue::Idle,
+    let (reason, message) = match &o.kubeconfig {
+        KubeconfigSecret::Foreign(secret) => (
             Reason::LeftAlone,
             format!(
                 "everything of the instance is cleaned up; the Secret {secret} is not this instance's and was left untouched; removing the finalizer"
             ),
         ),
-        KubeconfigSecret::Current | KubeconfigSecret::Stale => step(
-            plan,
-            Requeue::Idle,
+        KubeconfigSecret::Current | KubeconfigSecret::Stale => (
             Reason::Finalizing,
             "everything is cleaned up; removing the finalizer".into(),
         ),
-    }
+    };
+    step(plan, Requeue::Idle, reason, message)
 }
 
 /// The host namespace belongs to `other`: its vCluster, the namespace and its storage are left
@@ -115,48 +112,31 @@ fn step(plan: PlanBuilder, requeue: Requeue, reason: Reason, message: String) ->
 /// `Ok` with the builder once it is gone.
 fn uninstall(o: &Observed, mut plan: PlanBuilder) -> Result<PlanBuilder, Plan> {
     let released = o.release == Release::Missing;
-    match &o.task {
+    let (requeue, reason, message) = match &o.task {
         TaskState::Queued(_) => {
             // Not started: cancelled now, not waited for behind the whole queue.
             plan.act(Action::CancelHelm);
-            Err(step(
-                plan,
-                Requeue::Poll,
-                Reason::UninstallingVCluster,
-                "cancelled the queued helm install of the vCluster".into(),
-            ))
+            let message = "cancelled the queued helm install of the vCluster";
+            (Requeue::Poll, Reason::UninstallingVCluster, message.into())
         }
-        TaskState::Running => Err(step(
-            plan,
-            Requeue::Poll,
-            Reason::UninstallingVCluster,
-            "waiting for helm to finish with the vCluster".into(),
-        )),
+        TaskState::Running => {
+            let message = "waiting for helm to finish with the vCluster";
+            (Requeue::Poll, Reason::UninstallingVCluster, message.into())
+        }
         TaskState::Failed(e) if !released => {
             plan.act(Action::UninstallVCluster);
-            let reason = if e.failure == Some(Failure::InstallTimedOut) {
-                Reason::HelmTimedOut
-            } else {
-                Reason::UninstallFailed
-            };
-            Err(step(
-                plan,
-                Requeue::Backoff,
-                reason,
-                format!("helm uninstall failed: {e}; retrying"),
-            ))
+            let reason = Reason::helm(e, Reason::UninstallFailed);
+            let message = format!("helm uninstall failed: {e}; retrying");
+            (Requeue::Backoff, reason, message)
         }
         _ if !released => {
             plan.act(Action::UninstallVCluster);
-            Err(step(
-                plan,
-                Requeue::Poll,
-                Reason::UninstallingVCluster,
-                "uninstalling the vCluster".into(),
-            ))
+            let message = "uninstalling the vCluster";
+            (Requeue::Poll, Reason::UninstallingVCluster, message.into())
         }
-        _ => Ok(plan),
-    }
+        _ => return Ok(plan),
+    };
+    Err(step(plan, requeue, reason, message))
 }
 
 /// The storage cleanup Job, until it completes: what to report (looked at again on the poll

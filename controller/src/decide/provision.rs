@@ -8,8 +8,8 @@ use common::crd::Phase;
 
 use super::install;
 use super::model::{
-    Action, Exported, Failure, HostNamespace, KubeconfigSecret, Observed, OwnerService, Plan,
-    PlanBuilder, Release, Requeue, TaskState,
+    Action, Exported, HostNamespace, KubeconfigSecret, Observed, OwnerService, Plan, PlanBuilder,
+    Release, Requeue, TaskState,
 };
 use super::status::{self, Cond, Kstatus, Reason};
 
@@ -193,11 +193,7 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
                 recover: matches!(o.release, Release::Pending(_)),
             });
             let message = format!("helm failed: {e}; retrying with backoff");
-            let reason = if e.failure == Some(Failure::InstallTimedOut) {
-                Reason::HelmTimedOut
-            } else {
-                Reason::HelmFailed
-            };
+            let reason = Reason::helm(e, Reason::HelmFailed);
             (
                 Cond::no(c::VCLUSTER_READY, reason, message),
                 Requeue::Backoff,
@@ -228,50 +224,35 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
 }
 
 /// A current release: waiting for the control plane, the exported kubeconfig and the API in turn.
+/// The Deployment's and the exported kubeconfig's watches wake the instance when either changes
+/// (main.rs): polling the ~50 instances that wait for them at a time while a thousand provision
+/// made most of the reconciles. No watch sees the vCluster's API: it is probed at each poll.
 fn serving(o: &Observed) -> (Cond, Requeue) {
-    let (reason, message) = if !o.statefulset_ready {
+    let (reason, message, requeue) = if !o.statefulset_ready {
+        let message = "waiting for the vCluster control plane (deployment/vcluster) to be ready";
         (
             Reason::WaitingForControlPlane,
-            "waiting for the vCluster control plane (deployment/vcluster) to be ready",
+            message.into(),
+            Requeue::Watched,
         )
     } else if matches!(o.exported, Exported::Refused(_)) {
-        // Only a new exported kubeconfig changes this: its watch wakes the instance.
-        return (
-            Cond::no(c::VCLUSTER_READY, Reason::KubeconfigRefused, refused(o)),
-            Requeue::Watched,
-        );
+        (Reason::KubeconfigRefused, refused(o), Requeue::Watched)
     } else if o.exported == Exported::Missing {
+        let message = "waiting for the vCluster to export its kubeconfig";
         (
             Reason::WaitingForKubeconfig,
-            "waiting for the vCluster to export its kubeconfig",
+            message.into(),
+            Requeue::Watched,
         )
     } else if o.exported != (Exported::Accepted { serves: Some(true) }) {
-        // No watch sees the vCluster's API: it is probed at each poll.
-        return (
-            Cond::no(
-                c::VCLUSTER_READY,
-                Reason::WaitingForAPI,
-                "waiting for the vCluster API to answer",
-            ),
-            Requeue::Poll,
-        );
+        let message = "waiting for the vCluster API to answer";
+        (Reason::WaitingForAPI, message.into(), Requeue::Poll)
     } else {
-        return (
-            Cond::yes(
-                c::VCLUSTER_READY,
-                Reason::VClusterServing,
-                "the vCluster serves its API",
-            ),
-            Requeue::Idle,
-        );
+        let serving = "the vCluster serves its API";
+        let ready = Cond::yes(c::VCLUSTER_READY, Reason::VClusterServing, serving);
+        return (ready, Requeue::Idle);
     };
-    // The Deployment's and the exported kubeconfig's watches wake the instance when either
-    // changes (main.rs): polling the ~50 instances that wait here at a time while a thousand
-    // provision made most of the reconciles.
-    (
-        Cond::no(c::VCLUSTER_READY, reason, message),
-        Requeue::Watched,
-    )
+    (Cond::no(c::VCLUSTER_READY, reason, message), requeue)
 }
 
 /// What the status says about a refused exported kubeconfig.

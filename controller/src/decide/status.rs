@@ -5,7 +5,7 @@
 use common::conditions::{self as c, Want};
 use kube::runtime::events::EventType;
 
-use super::model::{Failure, Protection};
+use super::model::{Failure, Protection, TaskError};
 
 /// Every condition reason the controller sets, named in status and Events by its variant's name
 /// (`strum`); each is documented in `docs/controller.md`.
@@ -68,6 +68,16 @@ impl Reason {
         match self {
             Reason::Failed(f) => f.into(),
             reason => reason.into(),
+        }
+    }
+
+    /// What a failed helm task says: `HelmTimedOut` when it ran past `--helm-timeout`, else
+    /// `otherwise`.
+    pub fn helm(e: &TaskError, otherwise: Reason) -> Reason {
+        if e.failure == Some(Failure::InstallTimedOut) {
+            Reason::HelmTimedOut
+        } else {
+            otherwise
         }
     }
 

@@ -52,16 +52,10 @@ pub fn vet(kubeconfig: &str) -> Result<(), KubeconfigRefused> {
         ("users", "user", USER),
         ("contexts", "context", CONTEXT),
     ] {
-        let entries = match root.get(list) {
-            None | Some(Value::Null) => continue,
-            Some(Value::Array(entries)) => entries,
-            Some(_) => {
-                return Err(KubeconfigRefused::Unreadable(format!(
-                    "{list} is not a list"
-                )));
-            }
-        };
-        for entry in entries {
+        let entries = shaped(root.get(list), Value::as_array, || {
+            format!("{list} is not a list")
+        })?;
+        for entry in entries.into_iter().flatten() {
             let Value::Object(entry) = entry else {
                 return Err(KubeconfigRefused::Unreadable(format!(
                     "an entry of {list} is not a mapping"
@@ -70,31 +64,37 @@ pub fn vet(kubeconfig: &str) -> Result<(), KubeconfigRefused> {
             let name = entry
                 .get("name")
                 .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            only(section, &name, entry.keys(), &["name", section])?;
-            let body = match entry.get(section) {
-                None | Some(Value::Null) => continue,
-                Some(Value::Object(body)) => body,
-                Some(_) => {
-                    return Err(KubeconfigRefused::Unreadable(format!(
-                        "{section} {name:?} is not a mapping"
-                    )));
-                }
+                .unwrap_or_default();
+            only(section, name, entry.keys(), &["name", section])?;
+            let not_a_mapping = || format!("{section} {name:?} is not a mapping");
+            let Some(body) = shaped(entry.get(section), Value::as_object, not_a_mapping)? else {
+                continue;
             };
-            only(section, &name, body.keys(), allowed)?;
-            if section == "cluster" {
-                let server = body.get("server").and_then(Value::as_str).unwrap_or("");
-                if !server.starts_with("https://") {
-                    return Err(KubeconfigRefused::Server {
-                        entry: name,
-                        server: server.to_string(),
-                    });
-                }
+            only(section, name, body.keys(), allowed)?;
+            let server = body.get("server").and_then(Value::as_str).unwrap_or("");
+            if section == "cluster" && !server.starts_with("https://") {
+                return Err(KubeconfigRefused::Server {
+                    entry: name.to_string(),
+                    server: server.to_string(),
+                });
             }
         }
     }
     Ok(())
+}
+
+/// `value` as `as_kind` reads it, `None` when absent or null; `Err` saying `what` else.
+fn shaped<'v, T: ?Sized>(
+    value: Option<&'v Value>,
+    as_kind: fn(&Value) -> Option<&T>,
+    what: impl FnOnce() -> String,
+) -> Result<Option<&'v T>, KubeconfigRefused> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => as_kind(v)
+            .map(Some)
+            .ok_or_else(|| KubeconfigRefused::Unreadable(what())),
+    }
 }
 
 /// Every key is one of `allowed`.
