@@ -22,7 +22,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use common::crd::PlatformInstance;
-use common::names::RETRY_ANNOTATION;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
@@ -145,15 +144,13 @@ pub async fn reconcile(
 ) -> Result<Requeue, ReconcileError> {
     let timer = ctx.metrics.reconcile_duration.start_timer();
     let key = key(&pi);
-    let retry = pi.annotations().get(RETRY_ANNOTATION).cloned();
-    let retry_requested = observe::retry_requested(&pi);
-    if retry_requested {
+    let retry_ack = observe::retry_request(&pi).cloned();
+    if retry_ack.is_some() {
         tracing::info!(instance = %key, "retry requested by annotation");
         for k in task_keys(&pi) {
             ctx.tasks.clear_backoff(&k);
         }
     }
-    let retry_ack = if retry_requested { retry.clone() } else { None };
     if ctx.stores.ready() {
         let (plan, found) = plan_from(&ctx, &pi, reader::Source::Stored(&ctx.stores)).await?;
         if plan.actions.is_empty()
@@ -176,7 +173,8 @@ pub async fn reconcile(
     }
     if plan.actions.contains(&Action::RemoveFinalizer) {
         // The instance goes: its last word (what was left alone) is an Event.
-        report::farewell(&ctx, &pi, &plan).await;
+        let old = pi.status.clone().unwrap_or_default();
+        report::publish_events(&ctx, &pi, &plan, &old).await;
         report::forget(&ctx, &key);
     } else {
         report::report(&ctx, &pi, &plan, retry_ack, &found.record).await?;

@@ -275,19 +275,19 @@ fn install_observed(
             .annotations()
             .get(ALLOW_DOWNGRADE_ANNOTATION)
             .is_some_and(|v| v == "true"),
-        retry_requested: retry_requested(pi),
+        retry_requested: retry_request(pi).is_some(),
     }
 }
 
-/// The retry annotation has a value the status has not acknowledged yet.
-pub fn retry_requested(pi: &PlatformInstance) -> bool {
-    let retry = pi.annotations().get(RETRY_ANNOTATION);
-    retry.is_some()
-        && retry
-            != pi
-                .status
-                .as_ref()
-                .and_then(|s| s.acknowledged_retry.as_ref())
+/// The retry annotation's value when the status has not acknowledged it yet.
+pub fn retry_request(pi: &PlatformInstance) -> Option<&String> {
+    let acknowledged = pi
+        .status
+        .as_ref()
+        .and_then(|s| s.acknowledged_retry.as_ref());
+    pi.annotations()
+        .get(RETRY_ANNOTATION)
+        .filter(|r| Some(*r) != acknowledged)
 }
 
 #[cfg(test)]

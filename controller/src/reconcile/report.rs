@@ -97,8 +97,8 @@ fn status(
     }
 }
 
-/// An Event for every condition (but `Reconciling`) whose status or reason changed.
-async fn publish_events(
+/// An Event for every condition (but `Reconciling`) whose status or reason changed from `old`.
+pub async fn publish_events(
     ctx: &Context,
     pi: &PlatformInstance,
     plan: &Plan,
@@ -129,12 +129,6 @@ async fn publish_events(
             tracing::debug!(error = %e, "publishing an event failed");
         }
     }
-}
-
-/// The Events of an instance whose finalizer was just removed (its status is not written again).
-pub async fn farewell(ctx: &Context, pi: &PlatformInstance, plan: &Plan) {
-    let old = pi.status.clone().unwrap_or_default();
-    publish_events(ctx, pi, plan, &old).await;
 }
 
 /// Forgets an instance that is gone: its backoff and its vCluster probe.
