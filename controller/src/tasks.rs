@@ -28,11 +28,10 @@ pub type Key = String;
 
 struct Failure {
     error: TaskError,
-    /// How long after `at` the key may run again.
-    wait: Duration,
+    /// When the key may run again.
+    until: Instant,
     /// The waits of the next failures in a row.
     waits: ExponentialBackoff,
-    at: Instant,
 }
 
 /// The waits after failures in a row: [`BACKOFF_BASE`], doubling up to [`BACKOFF_CAP`].
@@ -127,14 +126,14 @@ impl Tasks {
         self.inner()
             .failed
             .get(key)
-            .map(|f| f.wait.saturating_sub(f.at.elapsed()))
+            .map(|f| f.until.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::ZERO)
     }
 
     /// Forgets the backoff of `key` (a person asked for an immediate retry).
     pub fn clear_backoff(&self, key: &str) {
         if let Some(f) = self.inner().failed.get_mut(key) {
-            f.wait = Duration::ZERO;
+            f.until = Instant::now();
         }
     }
 
@@ -176,7 +175,7 @@ impl Tasks {
                 return false;
             }
             if let Some(f) = inner.failed.get(key)
-                && f.at.elapsed() < f.wait
+                && Instant::now() < f.until
             {
                 return false;
             }
@@ -216,13 +215,11 @@ impl Tasks {
                 let failed = inner.failed.remove(&key);
                 if let Err(error) = result {
                     let mut waits = failed.map_or_else(waits, |f| f.waits);
-                    let wait = waits.next().unwrap_or(BACKOFF_CAP);
-                    let at = Instant::now();
+                    let until = Instant::now() + waits.next().unwrap_or(BACKOFF_CAP);
                     let failure = Failure {
                         error,
-                        wait,
+                        until,
                         waits,
-                        at,
                     };
                     inner.failed.insert(key.clone(), failure);
                 }

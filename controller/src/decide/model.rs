@@ -23,13 +23,6 @@ pub enum Mode {
     Repair,
 }
 
-impl Mode {
-    /// A word for messages and metric labels.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
 /// Why an install or preview failed: each a condition reason documented in `docs/controller.md`.
 #[allow(missing_docs)]
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
@@ -438,8 +431,6 @@ pub struct InstallObserved {
 /// Everything observed about one instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
-    /// `metadata.generation`.
-    pub generation: i64,
     /// `metadata.uid`: the mark on everything the controller creates for the instance.
     pub uid: String,
     /// `metadata.deletionTimestamp` is set.

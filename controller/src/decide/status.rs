@@ -39,6 +39,7 @@ pub enum Reason {
     Installed,
     DriftDetected,
     NoDrift,
+    #[strum(transparent)]
     Failed(Failure),
     PolicyActive,
     AdmissionPoliciesUnavailable,
@@ -65,10 +66,7 @@ pub enum Reason {
 impl Reason {
     /// The CamelCase word in status and Events.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Failed(f) => f.into(),
-            reason => reason.into(),
-        }
+        self.into()
     }
 
     /// What a failed helm task says: `HelmTimedOut` when it ran past `--helm-timeout`, else

@@ -10,7 +10,6 @@ use crate::decide::model::Mode;
 
 fn base() -> Observed {
     Observed {
-        generation: 1,
         uid: "u-1".into(),
         deleting: false,
         has_finalizer: true,

@@ -274,7 +274,7 @@ impl Installer {
             .last_install
             .as_ref()
             .is_some_and(|l| matches!(l.result, InstallResult::Running | InstallResult::TimedOut));
-        let (mode, version) = (job.mode.as_str(), &job.version);
+        let (mode, version): (&str, _) = (job.mode.into(), &job.version);
         rec.last_install = Some(LastInstall {
             version: version.clone(),
             started_at: now(),
@@ -624,7 +624,7 @@ fn succeeded(
     }
     format!(
         "{} of {PACKAGE}@{} applied: {created} created, {updated} updated, {deleted} deleted, {unchanged} unchanged",
-        job.mode.as_str(),
+        <&str>::from(job.mode),
         job.version,
     )
 }

@@ -239,7 +239,7 @@ fn install(t: &Target<'_>, mode: Mode) {
     let (installer, client) = (t.ctx.installer.clone(), t.ctx.client.clone());
     let work = async move { installer.install(client, job).await };
     let histogram = &t.ctx.metrics.install_duration;
-    submit_timed(t, &install_key(t.pi), true, histogram, mode.as_str(), work);
+    submit_timed(t, &install_key(t.pi), true, histogram, mode.into(), work);
 }
 
 fn preview(t: &Target<'_>) {

@@ -69,7 +69,6 @@ pub fn observe(
         .map(|k| program_config(pi, settings, &host_ns, k, read.client_secret));
     let [helm, install, preview] = read.tasks;
     let observed = Observed {
-        generation: pi.meta().generation.unwrap_or(0),
         uid: uid.clone(),
         deleting,
         has_finalizer: pi.finalizers().iter().any(|f| f == FINALIZER),

@@ -319,11 +319,10 @@ pub(crate) struct Missing(pub String);
 /// vCluster that answered is believed while its control plane stays ready and its kubeconfig
 /// stays the same (its own readiness probe, on its API, keeps watch from then on); one that did
 /// not is asked again at most once per `--target-poll`. No client is kept between probes.
-#[derive(Default)]
 pub struct Probes {
     entries: Mutex<HashMap<String, Probe>>,
     /// Probes by outcome (`served`, `failed`).
-    outcomes: Option<prometheus::IntCounterVec>,
+    outcomes: prometheus::IntCounterVec,
 }
 
 struct Probe {
@@ -337,8 +336,8 @@ impl Probes {
     /// Probes counted in `outcomes`.
     pub fn counted(outcomes: prometheus::IntCounterVec) -> Self {
         Self {
-            outcomes: Some(outcomes),
-            ..Self::default()
+            entries: Mutex::default(),
+            outcomes,
         }
     }
 
@@ -366,11 +365,9 @@ impl Probes {
             ),
             None => false,
         };
-        if let Some(outcomes) = &self.outcomes {
-            outcomes
-                .with_label_values(&[if serves { "served" } else { "failed" }])
-                .inc();
-        }
+        (self.outcomes)
+            .with_label_values(&[if serves { "served" } else { "failed" }])
+            .inc();
         if let Ok(mut entries) = self.entries.lock() {
             let probe = Probe {
                 kubeconfig: digest,
