@@ -54,7 +54,6 @@ fn histograms(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> Resul
     )
 }
 
-/// A counter family.
 fn counters(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
     IntCounterVec::new(Opts::new(name, help), labels)
 }

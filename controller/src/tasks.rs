@@ -20,7 +20,6 @@ use crate::decide::model::{TaskError, TaskState, place_bound};
 
 /// The first retry delay; it doubles per consecutive failure.
 const BACKOFF_BASE: Duration = Duration::from_secs(5);
-/// The longest retry delay.
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
 /// Which instance a task belongs to: `<namespace>/<name>`.
@@ -43,7 +42,6 @@ fn waits() -> ExponentialBackoff {
         .build()
 }
 
-/// A task waiting for a slot.
 struct Waiting {
     key: Key,
     work: BoxFuture<'static, Result<(), TaskError>>,

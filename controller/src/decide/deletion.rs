@@ -99,7 +99,6 @@ fn left_alone(o: &Observed, mut plan: PlanBuilder, other: &str) -> Plan {
     )
 }
 
-/// A deletion step's plan.
 fn step(plan: PlanBuilder, requeue: Requeue, reason: Reason, message: String) -> Plan {
     plan.finish(
         Phase::Deleting,

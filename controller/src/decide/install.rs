@@ -48,7 +48,6 @@ struct Outcome {
     requeue: Requeue,
 }
 
-/// What every part of the installer's decision needs to know.
 struct Ctx<'a> {
     i: &'a InstallObserved,
     requested: &'a str,

@@ -255,7 +255,6 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
     (Cond::no(c::VCLUSTER_READY, reason, message), requeue)
 }
 
-/// What the status says about a refused exported kubeconfig.
 fn refused(o: &Observed) -> String {
     format!(
         "the kubeconfig the vCluster exported (Secret {} in {}) was refused: {}; the controller accepts only an inline server, CA, client certificate and key, and token; find who wrote that Secret and delete it so vCluster exports it again",

@@ -95,7 +95,6 @@ pub async fn act(
     Ok(())
 }
 
-/// Counts one write of `kind`.
 fn wrote(ctx: &Context, kind: &str) {
     ctx.metrics.writes.with_label_values(&[kind]).inc();
 }
@@ -377,7 +376,6 @@ async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
     Ok(())
 }
 
-/// A task's error saying what `e` says.
 fn task_error(e: impl std::fmt::Display) -> TaskError {
     TaskError::from(e.to_string())
 }
@@ -455,7 +453,6 @@ fn submit_timed(
     t.ctx.tasks.submit(task, bounded, work.boxed());
 }
 
-/// `service/vcluster` of `host_ns`, if it exists.
 async fn vcluster_service(ctx: &Context, host_ns: &str) -> Result<Option<Service>, ReconcileError> {
     Api::<Service>::namespaced(ctx.client.clone(), host_ns)
         .get_opt(VCLUSTER)

@@ -155,7 +155,6 @@ pub async fn pods(
     Ok(of_deployment(deployment_uid, &sets.items, pods.items))
 }
 
-/// Whether `meta`'s controller is the object with UID `uid`.
 fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
     (meta.owner_references.iter().flatten()).any(|r| r.controller == Some(true) && r.uid == uid)
 }

@@ -22,7 +22,6 @@ pub enum KubeconfigRefused {
     Server { entry: String, server: String },
 }
 
-/// Top-level keys a kubeconfig may have.
 const ROOT: &[&str] = &[
     "apiVersion",
     "kind",
@@ -36,7 +35,6 @@ const ROOT: &[&str] = &[
 const CLUSTER: &[&str] = &["server", "certificate-authority-data", "tls-server-name"];
 /// Keys a user may have: an inline client certificate and key, or a token.
 const USER: &[&str] = &["client-certificate-data", "client-key-data", "token"];
-/// Keys a context may have.
 const CONTEXT: &[&str] = &["cluster", "user", "namespace"];
 
 /// Accepts `kubeconfig` only if every cluster, user and context carries inline material alone.

@@ -105,12 +105,10 @@ pub(crate) fn key(pi: &PlatformInstance) -> String {
     format!("{}/{}", pi.namespace().unwrap_or_default(), pi.name_any())
 }
 
-/// The task key of an instance's installs.
 fn install_key(pi: &PlatformInstance) -> String {
     format!("{}#install", key(pi))
 }
 
-/// The task key of an instance's repair previews.
 fn preview_key(pi: &PlatformInstance) -> String {
     format!("{}#preview", key(pi))
 }
@@ -124,7 +122,6 @@ pub fn instance_of(task_key: &str) -> Option<(&str, &str)> {
     ))
 }
 
-/// Every task key of an instance.
 fn task_keys(pi: &PlatformInstance) -> [String; 3] {
     [key(pi), install_key(pi), preview_key(pi)]
 }

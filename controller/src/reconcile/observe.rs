@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
-use super::reader::{Missing, Read};
+use super::reader::Read;
 use super::{Settings, key, objects};
 use crate::decide::model::{
     Cleanup, Exported, HostNamespace, InstallObserved, InstallOutcome, KubeconfigSecret, Observed,
@@ -126,7 +126,6 @@ pub fn observe(
     (observed, found)
 }
 
-/// Why the spec cannot be acted on, if it cannot.
 fn invalid_spec(pi: &PlatformInstance) -> Option<String> {
     match pi.spec.version.as_deref() {
         None => Some("spec.version is not set (the admission webhook sets it when it runs); set spec.version".to_string()),
@@ -220,10 +219,10 @@ fn program_config(
     settings: &Settings,
     host_ns: &str,
     kubeconfig: &str,
-    client_secret: Option<Result<String, Missing>>,
-) -> Result<ProgramConfig, Missing> {
+    client_secret: Option<Result<String, String>>,
+) -> Result<ProgramConfig, String> {
     let endpoint = program::kubeconfig_server(kubeconfig).ok_or_else(|| {
-        Missing("the vCluster's kubeconfig names no server in its current context".into())
+        "the vCluster's kubeconfig names no server in its current context".to_string()
     })?;
     Ok(program::program_config(&program::Inputs {
         platform: pi.spec.platform.as_ref(),
@@ -245,7 +244,7 @@ fn install_observed(
     settings: &Settings,
     tasks: (TaskState, TaskState),
     (record, record_error): (&Record, Option<String>),
-    config: Option<&Result<ProgramConfig, Missing>>,
+    config: Option<&Result<ProgramConfig, String>>,
     now: Timestamp,
 ) -> InstallObserved {
     let repair_due = record.installed_version.is_some()
@@ -259,7 +258,7 @@ fn install_observed(
         installed: record.installed_version.clone(),
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
-        config_error: config.and_then(|c| c.as_ref().err()).map(|m| m.0.clone()),
+        config_error: config.and_then(|c| c.as_ref().err()).cloned(),
         record_error,
         preview_task: tasks.1,
         drift: record

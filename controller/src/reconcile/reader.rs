@@ -52,22 +52,19 @@ pub(crate) struct Read {
     pub release: Option<Release>,
     /// `service/vcluster`'s metadata.
     pub service: Option<ObjectMeta>,
-    /// The control plane Deployment.
     pub deployment: Option<Arc<Deployment>>,
     /// The kubeconfig the vCluster exported (its `config` key).
     pub exported: Option<String>,
     /// Whether that kubeconfig reached the vCluster's API (`None`: not tried).
     pub serves: Option<bool>,
-    /// The instance's kubeconfig Secret.
     pub kubeconfig: Option<Arc<Secret>>,
     /// The cleanup Job (deleting with `Delete` only), with the message of the Job controller's
     /// latest `FailedCreate` Event while no pod runs.
     pub cleanup: Option<(Job, Option<String>)>,
     /// Tenant auth's client secret, when the program's config is put together.
-    pub client_secret: Option<Result<String, Missing>>,
+    pub client_secret: Option<Result<String, String>>,
     /// The helm, install and preview tasks (read before the record).
     pub tasks: [TaskState; 3],
-    /// The installer's record.
     pub record: Record,
     /// Why the installer's record, which exists, cannot be read.
     pub record_error: Option<String>,
@@ -287,7 +284,7 @@ async fn client_secret(
     ctx: &Context,
     pi: &PlatformInstance,
     r: &common::crd::SecretKeyRef,
-) -> Result<Result<String, Missing>, ReconcileError> {
+) -> Result<Result<String, String>, ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&r.name)
@@ -299,21 +296,16 @@ async fn client_secret(
         .map(|b| String::from_utf8_lossy(&b.0).into_owned());
     Ok(match (secret.is_some(), value) {
         (_, Some(v)) => Ok(v),
-        (false, None) => Err(Missing(format!(
+        (false, None) => Err(format!(
             "the Secret {} named by spec.platform.tenantAuth.clientSecretRef does not exist in namespace {ns}; create it with the key {}",
             r.name, r.key
-        ))),
-        (true, None) => Err(Missing(format!(
+        )),
+        (true, None) => Err(format!(
             "the Secret {} has no key {} (spec.platform.tenantAuth.clientSecretRef.key); add the key or fix the reference",
             r.name, r.key
-        ))),
+        )),
     })
 }
-
-/// What the platform program's config lacks (the message says what and how to fix it).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct Missing(pub String);
 
 /// Whether each vCluster's API serves (`GET /version` through the kubeconfig it exported). A
 /// vCluster that answered is believed while its control plane stays ready and its kubeconfig
@@ -394,7 +386,6 @@ fn sha256(text: &str) -> [u8; 32] {
     out
 }
 
-/// A client of the API `kubeconfig` names, as kube reads it.
 async fn client_for(kubeconfig: &str) -> Option<kube::Client> {
     let parsed = Kubeconfig::from_yaml(kubeconfig).ok()?;
     let config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())

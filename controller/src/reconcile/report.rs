@@ -57,7 +57,6 @@ pub fn unchanged(
     status(pi, plan, retry, record, old) == *old
 }
 
-/// The status the plan and the installer's record describe.
 fn status(
     pi: &PlatformInstance,
     plan: &Plan,

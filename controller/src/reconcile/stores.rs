@@ -86,7 +86,6 @@ where
     (store, stream)
 }
 
-/// Keeps only the one data key `key` of a Secret.
 fn keep_key(secret: &mut Secret, key: &str) {
     secret.string_data = None;
     if let Some(data) = secret.data.as_mut() {
