@@ -70,10 +70,8 @@ where
 
 /// Merge patches under the operator's field manager.
 pub fn manager() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    }
+    // Unforced, `apply`'s params are a merge patch's too: its field manager alone.
+    PatchParams::apply(FIELD_MANAGER)
 }
 
 /// Applies `object` as `name` with server-side apply, forcing the operator's field manager.

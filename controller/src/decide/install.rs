@@ -134,7 +134,7 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
     }
     if let Some(e) = &i.record_error {
         let reason = Reason::Failed(Failure::StateUnavailable);
-        return stalled(plan, Phase::Failed, reason, e.clone(), Requeue::Poll);
+        return stalled(plan, reason, e.clone(), Requeue::Poll);
     }
     let x = Ctx::new(i);
     if x.installed.is_some() {
@@ -148,23 +148,11 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
             "{installed} is installed and spec.version asks for the older {}: the controller does not run an older program over newer state; set spec.version to {installed} or later, or set the annotation {ALLOW_DOWNGRADE_ANNOTATION}=true to downgrade on purpose",
             i.requested
         );
-        return stalled(
-            plan,
-            Phase::Failed,
-            Reason::DowngradeRefused,
-            message,
-            Requeue::Idle,
-        );
+        return stalled(plan, Reason::DowngradeRefused, message, Requeue::Idle);
     }
     if let Some(e) = &i.config_error {
         let message = format!("{e}; the installer waits for it");
-        return stalled(
-            plan,
-            x.phase,
-            Reason::ConfigUnavailable,
-            message,
-            Requeue::Poll,
-        );
+        return stalled(plan, Reason::ConfigUnavailable, message, Requeue::Poll);
     }
     if let Some((reason, message)) = need(&x) {
         return run(&x, reason, message, plan);
@@ -172,19 +160,12 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
     settled(&x, plan)
 }
 
-/// `Installed=False` and `Stalled=True`, both with `reason` and `message`.
-fn stalled(
-    plan: &mut PlanBuilder,
-    phase: Phase,
-    reason: Reason,
-    message: String,
-    requeue: Requeue,
-) -> Outcome {
+/// `Installed=False` and `Stalled=True`, both with `reason` and `message` (and so `Failed`).
+fn stalled(plan: &mut PlanBuilder, reason: Reason, message: String, requeue: Requeue) -> Outcome {
     plan.condition(Cond::no(c::INSTALLED, reason, message.clone()));
-    let kstatus = Kstatus::stalled(reason, message);
     Outcome {
-        phase,
-        kstatus,
+        phase: Phase::Failed,
+        kstatus: Kstatus::stalled(reason, message),
         requeue,
     }
 }
@@ -390,25 +371,19 @@ fn failed_run(
         _ => format!("{what} failed: {error}; retrying with backoff"),
     };
     let reason = Reason::Failed(failure);
-    plan.condition(Cond::no(c::INSTALLED, reason, text.clone()));
-    let step = Some(Step::new(reason, text));
-    let (reconciling, stalled) = if needs_a_person(failure) {
-        (None, step)
+    let requeue = if backoff {
+        Requeue::Backoff
     } else {
-        (step, None)
+        Requeue::Poll
     };
+    if needs_a_person(failure) {
+        return stalled(plan, reason, text, requeue);
+    }
+    plan.condition(Cond::no(c::INSTALLED, reason, text.clone()));
     Outcome {
         phase: x.phase,
-        kstatus: Kstatus {
-            ready: None,
-            reconciling,
-            stalled,
-        },
-        requeue: if backoff {
-            Requeue::Backoff
-        } else {
-            Requeue::Poll
-        },
+        kstatus: Kstatus::reconciling(reason, text),
+        requeue,
     }
 }
 
