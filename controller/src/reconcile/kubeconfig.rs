@@ -82,11 +82,11 @@ pub fn vet(kubeconfig: &str) -> Result<(), KubeconfigRefused> {
 }
 
 /// `value` as `as_kind` reads it, `None` when absent or null; `Err` saying `what` else.
-fn shaped<'v, T: ?Sized>(
-    value: Option<&'v Value>,
+fn shaped<T: ?Sized>(
+    value: Option<&Value>,
     as_kind: fn(&Value) -> Option<&T>,
     what: impl FnOnce() -> String,
-) -> Result<Option<&'v T>, KubeconfigRefused> {
+) -> Result<Option<&T>, KubeconfigRefused> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(v) => as_kind(v)
