@@ -169,58 +169,47 @@ fn owner_service(o: &Observed, plan: &mut PlanBuilder) -> Option<Plan> {
 /// The `VClusterReady` condition, the helm action it needs, and when to look again.
 fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
     let current = release_current(o);
-    let waiting = |reason, message: &str| {
-        (
-            Cond::no(c::VCLUSTER_READY, reason, message.to_string()),
-            Requeue::Poll,
-        )
+    let install = Action::InstallVCluster {
+        recover: matches!(o.release, Release::Pending(_)),
     };
-    match (&o.task, &o.release) {
-        (TaskState::Queued(position), _) => (
-            Cond::no(
-                c::VCLUSTER_READY,
-                Reason::Queued,
-                format!(
-                    "waiting for an install slot: {} in the queue (--max-concurrent-installs)",
-                    super::model::queue_place(*position)
-                ),
-            ),
-            Requeue::Queued,
-        ),
-        (TaskState::Running, _) => waiting(Reason::Installing, "helm is installing the vCluster"),
+    let (reason, message, requeue) = match (&o.task, &o.release) {
+        (TaskState::Queued(position), _) => {
+            let place = super::model::queue_place(*position);
+            let message = format!(
+                "waiting for an install slot: {place} in the queue (--max-concurrent-installs)"
+            );
+            (Reason::Queued, message, Requeue::Queued)
+        }
+        (TaskState::Running, _) => {
+            let message = "helm is installing the vCluster";
+            (Reason::Installing, message.into(), Requeue::Poll)
+        }
         (TaskState::Failed(e), _) if !current => {
-            plan.act(Action::InstallVCluster {
-                recover: matches!(o.release, Release::Pending(_)),
-            });
+            plan.act(install);
             let message = format!("helm failed: {e}; retrying with backoff");
             let reason = Reason::helm(e, Reason::HelmFailed);
-            (
-                Cond::no(c::VCLUSTER_READY, reason, message),
-                Requeue::Backoff,
-            )
+            (reason, message, Requeue::Backoff)
         }
         (_, Release::Pending(status)) => {
-            plan.act(Action::InstallVCluster { recover: true });
-            waiting(
-                Reason::RecoveringRelease,
-                &format!(
-                    "the vCluster release was left {status} by an interrupted helm; recovering it"
-                ),
-            )
+            plan.act(install);
+            let message = format!(
+                "the vCluster release was left {status} by an interrupted helm; recovering it"
+            );
+            (Reason::RecoveringRelease, message, Requeue::Poll)
         }
-        (_, Release::Missing) | (_, Release::Failed(_)) => {
-            plan.act(Action::InstallVCluster { recover: false });
-            waiting(Reason::Installing, "installing the vCluster")
+        (_, Release::Missing | Release::Failed(_)) => {
+            plan.act(install);
+            let message = "installing the vCluster";
+            (Reason::Installing, message.into(), Requeue::Poll)
         }
         (_, Release::Deployed { .. }) if !current => {
-            plan.act(Action::InstallVCluster { recover: false });
-            waiting(
-                Reason::Upgrading,
-                &format!("upgrading the vCluster to chart {}", o.chart_version),
-            )
+            plan.act(install);
+            let message = format!("upgrading the vCluster to chart {}", o.chart_version);
+            (Reason::Upgrading, message, Requeue::Poll)
         }
-        (_, Release::Deployed { .. }) => serving(o),
-    }
+        (_, Release::Deployed { .. }) => return serving(o),
+    };
+    (Cond::no(c::VCLUSTER_READY, reason, message), requeue)
 }
 
 /// A current release: waiting for the control plane, the exported kubeconfig and the API in turn.
