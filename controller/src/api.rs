@@ -30,33 +30,24 @@ where
     gone_is_done(api.delete(name, &DeleteParams::default()).await)
 }
 
-/// What [`delete_if`] did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Deleted {
-    /// Deleted, or already gone.
-    Gone,
-    /// Left alone: `delete` said no.
-    Kept,
-}
-
 /// Deletes `name` with `params` if `delete` says so of it, checked at the moment of the delete
 /// and not only when the reconcile observed it: the object is read, and deleted with its own UID
 /// as a precondition, so an object created again in between (by someone else) is never the one
-/// deleted. An object already gone is not an error.
+/// deleted. An object already gone is not an error. Returns false when `delete` said no.
 pub async fn delete_if<K>(
     api: &Api<K>,
     name: &str,
     params: DeleteParams,
     delete: impl FnOnce(&ObjectMeta) -> bool,
-) -> Result<Deleted, kube::Error>
+) -> Result<bool, kube::Error>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let Some(object) = api.get_opt(name).await? else {
-        return Ok(Deleted::Gone);
+        return Ok(true);
     };
     if !delete(object.meta()) {
-        return Ok(Deleted::Kept);
+        return Ok(false);
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -65,7 +56,7 @@ where
         }),
         ..params
     };
-    gone_is_done(api.delete(name, &params).await).map(|()| Deleted::Gone)
+    gone_is_done(api.delete(name, &params).await).map(|()| true)
 }
 
 /// Merge patches under the operator's field manager.

@@ -25,7 +25,7 @@ use super::error::{ReconcileError, observing};
 use super::observe::Found;
 use super::{Context, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
-use crate::api::{Deleted, apply, delete_if, delete_ignoring_404, gone_is_done, manager};
+use crate::api::{apply, delete_if, delete_ignoring_404, gone_is_done, manager};
 use crate::decide::Action;
 use crate::decide::model::{Failure, Mode, Plan, Release, TaskError};
 use crate::decide::ownership;
@@ -275,7 +275,7 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let deleted = delete_if(&namespaces, &t.host_ns, DeleteParams::default(), marked)
         .await
         .map_err(ReconcileError::DeleteNamespace)?;
-    if deleted == Deleted::Kept {
+    if !deleted {
         // Not marked with this instance's UID since it was observed: the next reconcile sees
         // the conflict and leaves it alone.
         tracing::warn!(namespace = %t.host_ns, instance = %key(t.pi), "not deleting a host namespace that does not carry this instance's UID mark");
@@ -370,7 +370,7 @@ async fn delete_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
     let deleted = delete_if(&secrets, &name, DeleteParams::default(), ours)
         .await
         .map_err(ReconcileError::DeleteKubeconfig)?;
-    if deleted == Deleted::Kept {
+    if !deleted {
         tracing::warn!(secret = %name, instance = %key(t.pi), "not deleting a kubeconfig Secret that is not this instance's");
     }
     Ok(())
