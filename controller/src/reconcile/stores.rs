@@ -179,19 +179,6 @@ impl Stores {
             && listed(&self.exported)
             && listed(&self.kubeconfigs)
     }
-
-    /// How many objects each store holds, by name (for the cache-size gauge).
-    pub fn sizes(&self) -> [(&'static str, usize); 7] {
-        [
-            ("namespaces", self.namespaces.len()),
-            ("networkpolicies", self.network_policies.len()),
-            ("releases", self.releases.len()),
-            ("services", self.services.len()),
-            ("deployments", self.deployments.len()),
-            ("exported", self.exported.len()),
-            ("kubeconfigs", self.kubeconfigs.len()),
-        ]
-    }
 }
 
 /// `name` in `namespace` (`""` for a cluster-scoped kind) from `store`.
