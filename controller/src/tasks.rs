@@ -22,8 +22,8 @@ use crate::decide::model::{TaskError, TaskState, place_bound};
 const BACKOFF_BASE: Duration = Duration::from_secs(5);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
-/// Which instance a task belongs to: `<namespace>/<name>`.
-pub type Key = String;
+/// A task's work, as submitted.
+type Work = BoxFuture<'static, Result<(), TaskError>>;
 
 struct Failure {
     error: TaskError,
@@ -43,23 +43,23 @@ fn waits() -> ExponentialBackoff {
 }
 
 struct Waiting {
-    key: Key,
-    work: BoxFuture<'static, Result<(), TaskError>>,
+    key: String,
+    work: Work,
     /// The [`place_bound`] of the place its instance was last woken (or submitted) at.
     bound: usize,
 }
 
 #[derive(Default)]
 struct Inner {
-    running: HashMap<Key, AbortHandle>,
+    running: HashMap<String, AbortHandle>,
     queue: VecDeque<Waiting>,
-    failed: HashMap<Key, Failure>,
+    failed: HashMap<String, Failure>,
 }
 
 impl Inner {
     /// The queued keys whose place, as the status words it, changed since they were last woken;
     /// each is marked as told. Integer comparisons over the queue, no allocation but the keys.
-    fn moved(&mut self) -> Vec<Key> {
+    fn moved(&mut self) -> Vec<String> {
         let mut moved = Vec::new();
         for (index, waiting) in self.queue.iter_mut().enumerate() {
             let bound = place_bound(index + 1);
@@ -78,7 +78,7 @@ pub struct Tasks {
     limit: usize,
     running_gauge: prometheus::IntGauge,
     queued_gauge: prometheus::IntGauge,
-    woken: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Key>>>,
+    woken: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
 }
 
 impl Tasks {
@@ -139,7 +139,7 @@ impl Tasks {
     /// or failed; not a cancelled one), a queued task that started, and a queued task whose
     /// place as the status words it ([`queue_place`]) changed. One receiver: a later call
     /// replaces the earlier one.
-    pub fn woken(&self) -> tokio::sync::mpsc::UnboundedReceiver<Key> {
+    pub fn woken(&self) -> tokio::sync::mpsc::UnboundedReceiver<String> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         if let Ok(mut woken) = self.woken.lock() {
             *woken = Some(tx);
@@ -148,7 +148,7 @@ impl Tasks {
     }
 
     /// Sends `keys` to the receiver of [`Tasks::woken`], if there is one.
-    fn wake(&self, keys: impl IntoIterator<Item = Key>) {
+    fn wake(&self, keys: impl IntoIterator<Item = String>) {
         if let Ok(woken) = self.woken.lock()
             && let Some(tx) = woken.as_ref()
         {
@@ -161,12 +161,7 @@ impl Tasks {
     /// Submits `work` for `key`. Returns false (and drops `work`) when the key already has a task
     /// or is still backing off. A `bounded` task waits for a slot; an unbounded one (uninstalls)
     /// starts at once.
-    pub fn submit(
-        self: &Arc<Self>,
-        key: &str,
-        bounded: bool,
-        work: BoxFuture<'static, Result<(), TaskError>>,
-    ) -> bool {
+    pub fn submit(self: &Arc<Self>, key: &str, bounded: bool, work: Work) -> bool {
         {
             let mut inner = self.inner();
             if inner.running.contains_key(key) || inner.queue.iter().any(|w| w.key == key) {
@@ -193,11 +188,7 @@ impl Tasks {
         true
     }
 
-    fn spawn(
-        self: &Arc<Self>,
-        key: Key,
-        work: BoxFuture<'static, Result<(), TaskError>>,
-    ) -> AbortHandle {
+    fn spawn(self: &Arc<Self>, key: String, work: Work) -> AbortHandle {
         let this = self.clone();
         let (handle, registration) = AbortHandle::new_pair();
         let work = Abortable::new(work, registration);
@@ -368,7 +359,7 @@ mod tests {
     }
 
     /// What `woken` has sent so far, sorted.
-    fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Key>) -> Vec<Key> {
+    fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Vec<String> {
         let mut keys = Vec::new();
         while let Ok(key) = rx.try_recv() {
             keys.push(key);
