@@ -205,30 +205,20 @@ fn finish(
         .with_label_values(&["ok", "none"])
         .inc();
     timer.observe_duration();
-    match plan.requeue {
-        decide::Requeue::Poll => Requeue::requeue(ctx.settings.target_poll),
+    let (poll, idle) = (ctx.settings.target_poll, ctx.settings.repair_interval);
+    Requeue::requeue(match plan.requeue {
+        decide::Requeue::Poll => poll,
         decide::Requeue::Backoff => {
-            let wait = task_keys(pi)
-                .iter()
-                .map(|k| ctx.tasks.retry_in(k))
-                .max()
-                .unwrap_or_default();
-            Requeue::requeue(wait.max(Duration::from_secs(1)))
+            let wait = task_keys(pi).iter().map(|k| ctx.tasks.retry_in(k)).max();
+            wait.unwrap_or_default().max(Duration::from_secs(1))
         }
         // What was just done is looked at on the next poll. A queued task is left to the task
         // queue and a wait on a rollout or an exported kubeconfig to their watches: both wake
         // the instance (`Tasks::woken`, the watches in main), so polling them is not needed.
-        decide::Requeue::Queued | decide::Requeue::Watched if !plan.actions.is_empty() => {
-            Requeue::requeue(ctx.settings.target_poll)
-        }
-        decide::Requeue::Queued | decide::Requeue::Idle => {
-            Requeue::requeue(ctx.settings.repair_interval)
-        }
-        decide::Requeue::Watched => Requeue::requeue(watch_fallback(
-            ctx.settings.target_poll,
-            ctx.settings.repair_interval,
-        )),
-    }
+        decide::Requeue::Queued | decide::Requeue::Watched if !plan.actions.is_empty() => poll,
+        decide::Requeue::Queued | decide::Requeue::Idle => idle,
+        decide::Requeue::Watched => watch_fallback(poll, idle),
+    })
 }
 
 /// How many `--target-poll`s an instance waiting on a watch waits at most.
