@@ -111,11 +111,11 @@ pub fn binding() -> ValidatingAdmissionPolicyBinding {
 pub async fn ensure(client: &kube::Client, operator_user: &str) -> Protection {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let applied = match apply(&policies, NAME, &policy(operator_user)).await {
-        Ok(()) => apply(&bindings, NAME, &binding()).await,
-        Err(e) => Err(e),
+    let applied = async {
+        apply(&policies, NAME, &policy(operator_user)).await?;
+        apply(&bindings, NAME, &binding()).await
     };
-    match applied {
+    match applied.await {
         Ok(()) => Protection::Protected,
         Err(e) if not_found(&e) => Protection::Unsupported,
         Err(e) => Protection::Failed(e.to_string()),

@@ -123,7 +123,7 @@ pub(crate) async fn read(
                 "the exported kubeconfig",
             )
             .await?
-            .and_then(|s| exported_kubeconfig(&s));
+            .and_then(|s| secret_text(&s, EXPORTED_KUBECONFIG_KEY));
         let ready = matches!(read.release, Some(Release::Deployed { .. }))
             && (read.deployment.as_deref()).is_some_and(super::control_plane::ready);
         if !ready {
@@ -231,13 +231,10 @@ async fn release(
     Ok(release_from_records(&records))
 }
 
-/// The kubeconfig an exported kubeconfig Secret holds (its `config` key), if any.
-fn exported_kubeconfig(secret: &Secret) -> Option<String> {
-    secret
-        .data
-        .as_ref()?
-        .get(EXPORTED_KUBECONFIG_KEY)
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+/// The text under `key` of `secret`, if it has that key.
+fn secret_text(secret: &Secret, key: &str) -> Option<String> {
+    let value = secret.data.as_ref()?.get(key)?;
+    Some(String::from_utf8_lossy(&value.0).into_owned())
 }
 
 /// The storage cleanup Job (only looked at while deleting with `Delete`).
@@ -290,10 +287,7 @@ async fn client_secret(
         .get_opt(&r.name)
         .await
         .map_err(observing(format!("the tenant auth Secret {}", r.name)))?;
-    let value = secret
-        .as_ref()
-        .and_then(|s| s.data.as_ref()?.get(&r.key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    let value = secret.as_ref().and_then(|s| secret_text(s, &r.key));
     Ok(match (secret.is_some(), value) {
         (_, Some(v)) => Ok(v),
         (false, None) => Err(format!(
