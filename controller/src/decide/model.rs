@@ -345,7 +345,6 @@ impl InstallOutcome {
     /// record (which reads as an interrupted install).
     pub fn fold(task: TaskState, record: &Record, requested: &str) -> Self {
         let last = record.last_install.as_ref();
-        let message = |l: &LastInstall| l.message.clone().unwrap_or_default();
         match task {
             TaskState::Queued(position) => Self::Queued(position),
             TaskState::Running => Self::Running,
@@ -364,27 +363,24 @@ impl InstallOutcome {
                     backoff: true,
                 }
             }
-            TaskState::Idle => match last {
-                None => Self::None,
-                Some(l) => match l.result {
-                    InstallResult::Running => Self::Interrupted {
-                        version: l.version.clone(),
-                    },
-                    InstallResult::Succeeded => Self::Succeeded {
-                        version: l.version.clone(),
-                        message: message(l),
-                    },
+            TaskState::Idle => {
+                let Some(l) = last else { return Self::None };
+                let (version, message) = (l.version.clone(), l.message.clone());
+                let message = message.unwrap_or_default();
+                match l.result {
+                    InstallResult::Running => Self::Interrupted { version },
+                    InstallResult::Succeeded => Self::Succeeded { version, message },
                     InstallResult::Failed | InstallResult::TimedOut => Self::Failed {
-                        version: l.version.clone(),
+                        version,
                         error: TaskError {
                             failure: record.failure,
-                            message: message(l),
+                            message,
                         },
                         timed_out: l.result == InstallResult::TimedOut,
                         backoff: false,
                     },
-                },
-            },
+                }
+            }
         }
     }
 
