@@ -187,15 +187,12 @@ impl Helm {
     /// uninstalled (nothing of it ever served), a pending upgrade or rollback is rolled back to
     /// the last deployed revision.
     pub async fn recover(&self, namespace: &str, status: &str) -> Result<(), HelmError> {
+        if status == "pending-install" {
+            return self.uninstall(namespace).await;
+        }
         let timeout = format!("{}s", self.timeout.as_secs().max(1));
-        let (action, tail) = if status == "pending-install" {
-            ("uninstall", vec!["--wait=false"])
-        } else {
-            ("rollback", vec!["--timeout", &timeout])
-        };
-        let mut args = vec![action, RELEASE, "-n", namespace];
-        args.extend(tail);
-        self.run(action, namespace, &args).await.map(|_| ())
+        let args = ["rollback", RELEASE, "-n", namespace, "--timeout", &timeout];
+        self.run("rollback", namespace, &args).await.map(|_| ())
     }
 
     /// Uninstalls the release (a missing release is fine).
