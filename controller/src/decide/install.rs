@@ -92,7 +92,6 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// `Ready=True` when the phase is `Ready`.
     fn ready(&self) -> Option<Step> {
         (self.phase == Phase::Ready).then(|| self.serving())
     }

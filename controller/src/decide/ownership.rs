@@ -6,7 +6,6 @@ use common::names::{INSTANCE_ANNOTATION, INSTANCE_UID_LABEL};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-/// The UID mark `meta` carries.
 fn uid_mark(meta: &ObjectMeta) -> Option<&String> {
     meta.labels.as_ref()?.get(INSTANCE_UID_LABEL)
 }

@@ -32,7 +32,6 @@ use crate::decide::ownership;
 use crate::helm::{HelmError, RELEASE, release_from_records};
 use crate::installer;
 
-/// One instance being acted on.
 struct Target<'a> {
     ctx: &'a Context,
     pi: &'a PlatformInstance,
