@@ -21,12 +21,12 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::error::{ReconcileError, observing};
-use super::stores::{Stores, get};
+use super::stores::Stores;
 use super::{Context, key, state_path, task_keys};
 use crate::decide::model::{Protection, Release, TaskState};
 use crate::decide::ownership;
@@ -83,7 +83,7 @@ pub(crate) async fn read(
     let host_ns = host_namespace(&ns, &pi.name_any());
     let uid = pi.uid().unwrap_or_default();
     let namespace = match source {
-        Source::Stored(stores) => get(&stores.namespaces, "", &host_ns),
+        Source::Stored(stores) => stores.namespaces.get(&ObjectRef::new(&host_ns)),
         Source::Live => Api::<Namespace>::all(ctx.client.clone())
             .get_opt(&host_ns)
             .await
@@ -198,7 +198,9 @@ impl<'a> In<'a> {
         K: Clone + DeserializeOwned + std::fmt::Debug + 'static,
     {
         match self.source {
-            Source::Stored(stores) => Ok(get(pick(stores), self.namespace, name)),
+            Source::Stored(stores) => {
+                Ok(pick(stores).get(&ObjectRef::new(name).within(self.namespace)))
+            }
             Source::Live => Ok(Api::<K>::namespaced(self.client.clone(), self.namespace)
                 .get_opt(name)
                 .await

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::{Api, PartialObjectMeta};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, reflector::Lookup};
 use serde::de::DeserializeOwned;
@@ -179,17 +179,4 @@ impl Stores {
             && listed(&self.exported)
             && listed(&self.kubeconfigs)
     }
-}
-
-/// `name` in `namespace` (`""` for a cluster-scoped kind) from `store`.
-pub(crate) fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<std::sync::Arc<K>>
-where
-    K: Lookup<DynamicType = ()> + Clone + 'static,
-{
-    let key = ObjectRef::new(name);
-    store.get(&if namespace.is_empty() {
-        key
-    } else {
-        key.within(namespace)
-    })
 }
