@@ -50,8 +50,6 @@ struct Outcome {
 
 struct Ctx<'a> {
     i: &'a InstallObserved,
-    requested: &'a str,
-    installed: Option<&'a str>,
     at_requested: bool,
     phase: Phase,
     /// The mode of an install that is not a repair.
@@ -83,8 +81,6 @@ impl<'a> Ctx<'a> {
         };
         Self {
             i,
-            requested,
-            installed,
             at_requested: installed == Some(requested),
             phase,
             mode,
@@ -99,7 +95,7 @@ impl<'a> Ctx<'a> {
     fn serving(&self) -> Step {
         Step::new(
             Reason::Installed,
-            format!("{} is installed and serving", self.requested),
+            format!("{} is installed and serving", self.i.requested),
         )
     }
 
@@ -136,7 +132,7 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
         return stalled(plan, reason, e.clone(), Requeue::Poll);
     }
     let x = Ctx::new(i);
-    if x.installed.is_some() {
+    if i.installed.is_some() {
         plan.condition(drift_condition(&i.drift));
     }
     if let Some(outcome) = busy(&x, plan) {
@@ -203,7 +199,7 @@ fn drift_condition(drift: &Option<String>) -> Cond {
 
 /// Work in progress: an install or a preview queued or running.
 fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
-    let requested = x.requested;
+    let requested = &x.i.requested;
     let (step, queued) = match (&x.i.outcome, &x.i.preview_task) {
         (InstallOutcome::Queued(position), _) => (
             Step::new(
@@ -270,7 +266,7 @@ fn checking_drift() -> Step {
 /// Whether an install runs now: `Resuming` an interrupted run, `Installing` (not at
 /// `spec.version`, or changed settings) or `Repairing` the installed version; and why in words.
 fn need(x: &Ctx) -> Option<(Reason, String)> {
-    let (i, requested) = (x.i, x.requested);
+    let (i, requested) = (x.i, &x.i.requested);
     // No task runs here: a last run that failed, timed out or was interrupted.
     let unsettled = match &i.outcome {
         InstallOutcome::Interrupted { version } => Some(("interrupted", version)),
@@ -313,7 +309,7 @@ fn need(x: &Ctx) -> Option<(Reason, String)> {
 
 /// The last install, at the version wanted now, was left `Running`.
 fn interrupted(x: &Ctx) -> bool {
-    matches!(&x.i.outcome, InstallOutcome::Interrupted { version } if version == x.requested)
+    matches!(&x.i.outcome, InstallOutcome::Interrupted { version } if *version == x.i.requested)
 }
 
 /// An install runs (or retries after its backoff).
@@ -334,7 +330,7 @@ fn run(x: &Ctx, reason: Reason, message: String, plan: &mut PlanBuilder) -> Outc
         backoff,
         ..
     } = &x.i.outcome
-        && version == x.requested
+        && *version == x.i.requested
     {
         return failed_run(x, *failure, message, *backoff, plan);
     }
@@ -342,7 +338,7 @@ fn run(x: &Ctx, reason: Reason, message: String, plan: &mut PlanBuilder) -> Outc
         plan.condition(Cond::yes(
             c::INSTALLED,
             Reason::Installed,
-            format!("{} is installed; {message}", x.requested),
+            format!("{} is installed; {message}", x.i.requested),
         ));
     } else {
         plan.condition(Cond::no(c::INSTALLED, reason, message.clone()));
@@ -363,8 +359,8 @@ fn failed_run(
     plan: &mut PlanBuilder,
 ) -> Outcome {
     let what = &x.what;
-    let text = match x.installed {
-        Some(v) if v != x.requested => {
+    let text = match &x.i.installed {
+        Some(v) if *v != x.i.requested => {
             format!("{what} failed: {error}; {v} stays installed; retrying with backoff")
         }
         _ => format!("{what} failed: {error}; retrying with backoff"),
@@ -390,7 +386,7 @@ fn failed_run(
 fn settled(x: &Ctx, plan: &mut PlanBuilder) -> Outcome {
     let message = match &x.i.outcome {
         InstallOutcome::Succeeded { message, .. } => message.clone(),
-        _ => format!("{} is installed", x.requested),
+        _ => format!("{} is installed", x.i.requested),
     };
     plan.condition(Cond::yes(c::INSTALLED, Reason::Installed, message));
     let preview = x.i.repair_due;
