@@ -250,9 +250,10 @@ pub enum Protection {
 }
 
 /// The storage cleanup Job of a deleted instance.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Cleanup {
     /// Not created.
+    #[default]
     Missing,
     /// A Job of that name marked with another instance's UID (or with none): left by an earlier
     /// instance of the same name. Its outcome says nothing about this instance's storage; it is

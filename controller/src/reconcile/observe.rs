@@ -99,7 +99,7 @@ pub fn observe(
         },
         kubeconfig,
         protection: read.protection,
-        cleanup: cleanup(read.cleanup, &uid),
+        cleanup: read.cleanup,
         state_exists: read.state_exists,
         owner_service: match ours {
             Some(n) => owner_service(
@@ -169,20 +169,6 @@ fn kubeconfig_state(
         KubeconfigSecret::Current
     } else {
         KubeconfigSecret::Stale
-    }
-}
-
-/// The cleanup Job's state: another instance's (`Stale`), or what its conditions say.
-fn cleanup(job: Option<(Job, Option<String>)>, uid: &str) -> Cleanup {
-    let Some((job, blocked)) = job else {
-        return Cleanup::Missing;
-    };
-    if ownership::marked(&job.metadata, uid) != Some(true) {
-        return Cleanup::Stale;
-    }
-    match (job_outcome(&job), blocked) {
-        (Cleanup::Running, Some(message)) => Cleanup::Blocked(message),
-        (outcome, _) => outcome,
     }
 }
 

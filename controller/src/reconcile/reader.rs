@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 use super::error::{ReconcileError, observing};
 use super::stores::Stores;
 use super::{Context, key, state_path, task_keys};
-use crate::decide::model::{Protection, Release, TaskState};
+use crate::decide::model::{Cleanup, Protection, Release, TaskState};
 use crate::decide::ownership;
 use crate::helm::{RELEASE, release_from_records};
 use crate::installer::record::Record;
@@ -58,9 +58,8 @@ pub(crate) struct Read {
     /// Whether that kubeconfig reached the vCluster's API (`None`: not tried).
     pub serves: Option<bool>,
     pub kubeconfig: Option<Arc<Secret>>,
-    /// The cleanup Job (deleting with `Delete` only), with the message of the Job controller's
-    /// latest `FailedCreate` Event while no pod runs.
-    pub cleanup: Option<(Job, Option<String>)>,
+    /// The cleanup Job (deleting with `Delete` only).
+    pub cleanup: Cleanup,
     /// Tenant auth's client secret, when the program's config is put together.
     pub client_secret: Option<Result<String, String>>,
     /// The helm, install and preview tasks (read before the record).
@@ -239,14 +238,15 @@ fn secret_text(secret: &Secret, key: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&value.0).into_owned())
 }
 
-/// The storage cleanup Job (only looked at while deleting with `Delete`).
+/// The storage cleanup Job (only looked at while deleting with `Delete`): another instance's
+/// (`Stale`), or what its conditions say, and while it runs no pod, why not.
 async fn cleanup(
     ctx: &Context,
     pi: &PlatformInstance,
     host_ns: &str,
-) -> Result<Option<(Job, Option<String>)>, ReconcileError> {
+) -> Result<Cleanup, ReconcileError> {
     if pi.meta().deletion_timestamp.is_none() || pi.spec.deletion_policy != DeletionPolicy::Delete {
-        return Ok(None);
+        return Ok(Cleanup::Missing);
     }
     let namespace = &ctx.settings.cleanup_namespace;
     let Some(job) = Api::<Job>::namespaced(ctx.client.clone(), namespace)
@@ -254,12 +254,14 @@ async fn cleanup(
         .await
         .map_err(observing("the cleanup Job"))?
     else {
-        return Ok(None);
+        return Ok(Cleanup::Missing);
     };
-    let waiting = job.status.as_ref().and_then(|s| s.active).unwrap_or(0) == 0
-        && super::observe::job_outcome(&job) == crate::decide::model::Cleanup::Running;
-    if !waiting || ownership::marked(&job.metadata, &pi.uid().unwrap_or_default()) != Some(true) {
-        return Ok(Some((job, None)));
+    if ownership::marked(&job.metadata, &pi.uid().unwrap_or_default()) != Some(true) {
+        return Ok(Cleanup::Stale);
+    }
+    let outcome = super::observe::job_outcome(&job);
+    if outcome != Cleanup::Running || job.status.as_ref().and_then(|s| s.active).unwrap_or(0) > 0 {
+        return Ok(outcome);
     }
     // No pod runs: say why when the Job controller could not create one.
     let selector = format!(
@@ -275,7 +277,7 @@ async fn cleanup(
         .into_iter()
         .filter_map(|e| e.message)
         .next_back();
-    Ok(Some((job, blocked)))
+    Ok(blocked.map_or(Cleanup::Running, Cleanup::Blocked))
 }
 
 /// Tenant auth's client secret from the Secret `r` names; `Err` says what is missing.
