@@ -23,18 +23,17 @@ pub async fn report(
     retry: Option<String>,
     record: &Record,
 ) -> Result<(), ReconcileError> {
-    let ns = pi.namespace().unwrap_or_default();
-    let name = pi.name_any();
     let old = pi.status.clone().unwrap_or_default();
     let status = status(pi, plan, retry, record, &old);
     if status == old {
         return Ok(());
     }
-    let instances: Api<PlatformInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    let namespace = pi.namespace().unwrap_or_default();
+    let instances: Api<PlatformInstance> = Api::namespaced(ctx.client.clone(), &namespace);
     let patch = json!({"apiVersion": PlatformInstance::api_version(&()), "kind": PlatformInstance::kind(&()), "status": status});
     instances
         .patch_status(
-            &name,
+            &pi.name_any(),
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&patch),
         )
