@@ -163,15 +163,25 @@ mod tests {
     }
 
     #[test]
-    fn the_metric_of_both_binaries_is_documented() {
-        let metrics = describe(&[Box::new(build_info())]);
+    fn the_metrics_of_both_binaries_are_documented() {
+        let metrics = describe(&[
+            Box::new(build_info()),
+            Box::new(crate::secure_metrics::auth_checks()),
+        ]);
         assert_eq!(
             metrics,
-            vec![Described {
-                name: "platform_operator_build_info".into(),
-                kind: "gauge",
-                labels: vec!["binary".into(), "version".into()],
-            }]
+            vec![
+                Described {
+                    name: "platform_operator_build_info".into(),
+                    kind: "gauge",
+                    labels: vec!["binary".into(), "version".into()],
+                },
+                Described {
+                    name: "platform_operator_metrics_auth_checks_total".into(),
+                    kind: "counter",
+                    labels: vec!["answered_by".into()],
+                },
+            ]
         );
         check_doc(&doc(), "Both binaries", &metrics).unwrap_or_else(|e| panic!("{e}"));
     }

@@ -1,9 +1,11 @@
 //! Secure metrics, the kubebuilder way: the operations port served over HTTPS, and `/metrics`
 //! answered only to callers the API server authenticates (a `TokenReview` of their bearer token)
 //! and authorizes for `get` on the non-resource URL `/metrics` (a `SubjectAccessReview`). Both
-//! answers are cached for a short while per token. `/healthz` and `/readyz` stay open, for the
-//! kubelet's probes. `--metrics-secure=false` serves the port over plain HTTP with `/metrics`
-//! open to every caller.
+//! answers are cached for a short while per token, the API server's refusals too (a negative
+//! cache), each cache bounded; TokenReviews of tokens in neither cache are rate-limited, so that
+//! a flood of made-up tokens costs the API server a bounded number of reviews and never pushes
+//! an accepted token out. `/healthz` and `/readyz` stay open, for the kubelet's probes.
+//! `--metrics-secure=false` serves the port over plain HTTP with `/metrics` open to every caller.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+use prometheus::{IntCounterVec, Opts, Registry};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -34,8 +37,14 @@ pub const METRICS_PATH: &str = "/metrics";
 pub const CERT_FILE: &str = "tls.crt";
 /// The private key file in `--metrics-cert-dir`.
 pub const KEY_FILE: &str = "tls.key";
-/// Tokens whose answers are remembered at once.
-const CACHE_ENTRIES: usize = 1024;
+/// Tokens the API server accepted (allowed or forbidden) whose verdicts are remembered at once.
+const ACCEPTED_ENTRIES: usize = 256;
+/// Tokens the API server refused whose refusals are remembered at once (the negative cache).
+const REFUSED_ENTRIES: usize = 1024;
+/// TokenReviews of tokens in neither cache that may be made at once...
+const REVIEW_BURST: f64 = 10.0;
+/// ...and how many more each second adds back, up to the burst.
+const REVIEWS_PER_SECOND: f64 = 1.0;
 /// How often a mounted certificate is looked at for a change.
 const RELOAD_EVERY: Duration = Duration::from_secs(30);
 
@@ -92,6 +101,9 @@ pub enum SecureMetricsError {
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] HttpError),
+    /// The guard's metric could not be registered.
+    #[error("registering the /metrics guard's metric failed: {0}")]
+    Register(#[from] prometheus::Error),
 }
 
 /// Who the API server says the caller is, and whether they may read `/metrics`.
@@ -103,13 +115,114 @@ pub enum Verdict {
     Unauthenticated,
     /// Authenticated but not allowed `get` on `/metrics`: 403.
     Forbidden,
+    /// A token in neither cache while the TokenReview rate limit is spent: 429, nobody asked.
+    Limited,
 }
 
-/// Asks the API server about bearer tokens, remembering each answer for `ttl`.
+/// `platform_operator_metrics_auth_checks_total{answered_by}`: bearer tokens on `/metrics` by
+/// what answered: `cache`, `api_server` (a TokenReview was made) or `rate_limit` (refused
+/// without one).
+pub fn auth_checks() -> IntCounterVec {
+    IntCounterVec::new(
+        Opts::new(
+            "platform_operator_metrics_auth_checks_total",
+            "Bearer tokens presented on /metrics, by what answered: cache, api_server or rate_limit.",
+        ),
+        &["answered_by"],
+    )
+    .expect("static metric definition is valid")
+}
+
+/// A verdict and when the API server gave it.
+type Entry = (Verdict, Instant);
+
+/// What the guard remembers.
+struct Memory {
+    /// Verdicts on tokens the API server authenticated (`Allowed`, `Forbidden`). Only tokens it
+    /// accepts get in, so made-up tokens cannot push the real scraper's out; an entry past the
+    /// TTL is reviewed again without waiting for the rate limit.
+    accepted: HashMap<[u8; 32], Entry>,
+    /// Tokens the API server refused, answered 401 again until the TTL passes.
+    refused: HashMap<[u8; 32], Entry>,
+    /// The TokenReviews tokens in neither cache may still cost now (a token bucket).
+    allowance: f64,
+    /// When `allowance` was last topped up.
+    topped_up: Instant,
+}
+
+/// What a lookup found.
+#[derive(Debug, PartialEq)]
+enum Lookup {
+    /// A fresh verdict.
+    Answer(Verdict),
+    /// A token once accepted, its verdict past the TTL: review it, no limit.
+    Known,
+    /// A token in neither cache: review it, within the limit.
+    Unknown,
+}
+
+impl Memory {
+    fn lookup(&self, key: &[u8; 32], ttl: Duration) -> Lookup {
+        if let Some((verdict, at)) = self.accepted.get(key) {
+            return if at.elapsed() < ttl {
+                Lookup::Answer(*verdict)
+            } else {
+                Lookup::Known
+            };
+        }
+        match self.refused.get(key) {
+            Some((verdict, at)) if at.elapsed() < ttl => Lookup::Answer(*verdict),
+            _ => Lookup::Unknown,
+        }
+    }
+
+    /// Takes one TokenReview from the allowance, if one is left.
+    fn take_review(&mut self, now: Instant) -> bool {
+        let earned = now.duration_since(self.topped_up).as_secs_f64() * REVIEWS_PER_SECOND;
+        self.allowance = (self.allowance + earned).min(REVIEW_BURST);
+        self.topped_up = now;
+        if self.allowance >= 1.0 {
+            self.allowance -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn remember(&mut self, key: [u8; 32], verdict: Verdict) {
+        let now = Instant::now();
+        match verdict {
+            Verdict::Allowed | Verdict::Forbidden => {
+                self.refused.remove(&key);
+                insert_bounded(&mut self.accepted, ACCEPTED_ENTRIES, key, (verdict, now));
+            }
+            Verdict::Unauthenticated => {
+                self.accepted.remove(&key);
+                insert_bounded(&mut self.refused, REFUSED_ENTRIES, key, (verdict, now));
+            }
+            Verdict::Limited => {}
+        }
+    }
+}
+
+/// Inserts into `map`, first dropping its oldest entry when it holds `bound` others.
+fn insert_bounded(map: &mut HashMap<[u8; 32], Entry>, bound: usize, key: [u8; 32], entry: Entry) {
+    if map.len() >= bound && !map.contains_key(&key) {
+        let oldest = map.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| *k);
+        if let Some(oldest) = oldest {
+            map.remove(&oldest);
+        }
+    }
+    map.insert(key, entry);
+}
+
+/// Asks the API server about bearer tokens, remembering each answer for `ttl` and limiting the
+/// TokenReviews of tokens it has not seen.
 pub struct Guard {
     client: kube::Client,
     ttl: Duration,
-    cache: Mutex<HashMap<[u8; 32], (Verdict, Instant)>>,
+    memory: Mutex<Memory>,
+    checks: IntCounterVec,
 }
 
 /// Error from asking the API server about a caller.
@@ -133,15 +246,39 @@ impl Guard {
         Self {
             client,
             ttl,
-            cache: Mutex::new(HashMap::new()),
+            memory: Mutex::new(Memory {
+                accepted: HashMap::new(),
+                refused: HashMap::new(),
+                allowance: REVIEW_BURST,
+                topped_up: Instant::now(),
+            }),
+            checks: auth_checks(),
         }
     }
 
-    /// The verdict on `token`, from the cache or from the API server.
+    /// The verdict on `token`: from a cache, [`Verdict::Limited`] for a token in neither cache
+    /// while the rate limit is spent, else from the API server.
     pub async fn check(&self, token: &str) -> Result<Verdict, ReviewError> {
         let key = token_key(token);
-        if let Some(verdict) = self.cached(&key) {
-            return Ok(verdict);
+        let known = {
+            let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            match memory.lookup(&key, self.ttl) {
+                Lookup::Answer(verdict) => Some(verdict),
+                Lookup::Known => None,
+                Lookup::Unknown if memory.take_review(Instant::now()) => None,
+                Lookup::Unknown => Some(Verdict::Limited),
+            }
+        };
+        match known {
+            Some(Verdict::Limited) => {
+                self.count("rate_limit");
+                return Ok(Verdict::Limited);
+            }
+            Some(verdict) => {
+                self.count("cache");
+                return Ok(verdict);
+            }
+            None => self.count("api_server"),
         }
         let verdict = match self.authenticate(token).await? {
             None => Verdict::Unauthenticated,
@@ -153,30 +290,15 @@ impl Guard {
                 }
             }
         };
-        self.remember(key, verdict);
+        self.memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remember(key, verdict);
         Ok(verdict)
     }
 
-    fn cached(&self, key: &[u8; 32]) -> Option<Verdict> {
-        let cache = self.cache.lock().ok()?;
-        cache
-            .get(key)
-            .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(v, _)| *v)
-    }
-
-    fn remember(&self, key: [u8; 32], verdict: Verdict) {
-        let Ok(mut cache) = self.cache.lock() else {
-            return;
-        };
-        if cache.len() >= CACHE_ENTRIES {
-            let ttl = self.ttl;
-            cache.retain(|_, (_, at)| at.elapsed() < ttl);
-            if cache.len() >= CACHE_ENTRIES {
-                cache.clear();
-            }
-        }
-        cache.insert(key, (verdict, Instant::now()));
+    fn count(&self, answered_by: &str) {
+        self.checks.with_label_values(&[answered_by]).inc();
     }
 
     async fn authenticate(&self, token: &str) -> Result<Option<UserInfo>, ReviewError> {
@@ -267,6 +389,16 @@ async fn guard_metrics(State(guard): State<Arc<Guard>>, request: Request, next: 
             StatusCode::FORBIDDEN,
             "not allowed get on /metrics: bind the ClusterRole platform-operator-metrics-reader\n",
         ),
+        Ok(Verdict::Limited) => {
+            let mut response = refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many unknown bearer tokens; try again in a second\n",
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
         Err(e) => {
             tracing::warn!(error = %e, "checking a /metrics caller failed");
             refuse(
@@ -401,11 +533,13 @@ pub struct Secure {
 }
 
 impl Secure {
-    /// The secure setup `args` ask for (`None` for plain HTTP); a mounted certificate is read
-    /// now, so that a bad one stops the binary at start.
+    /// The secure setup `args` ask for (`None` for plain HTTP), its metric registered in
+    /// `registry`; a mounted certificate is read now, so that a bad one stops the binary at
+    /// start.
     pub fn from_args(
         args: &SecureMetricsArgs,
         client: kube::Client,
+        registry: &Registry,
     ) -> Result<Option<Self>, SecureMetricsError> {
         if !args.metrics_secure {
             return Ok(None);
@@ -428,9 +562,11 @@ impl Secure {
             .with_no_client_auth()
             .with_cert_resolver(certificate.clone());
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let guard = Guard::new(client, args.metrics_auth_cache_ttl);
+        registry.register(Box::new(guard.checks.clone()))?;
         Ok(Some(Self {
             tls: Arc::new(tls),
-            guard: Arc::new(Guard::new(client, args.metrics_auth_cache_ttl)),
+            guard: Arc::new(guard),
             mounted: reload.map(|(dir, pair)| Mounted {
                 certificate,
                 dir,
@@ -535,8 +671,182 @@ mod tests {
                     .0,
                 StatusCode::SERVICE_UNAVAILABLE
             );
-            assert!(guard.cached(&token_key("some-token")).is_none());
+            assert_eq!(
+                guard
+                    .memory
+                    .lock()
+                    .expect("memory")
+                    .lookup(&token_key("some-token"), guard.ttl),
+                Lookup::Unknown
+            );
         }
+    }
+
+    /// The token [`standin_api_server`] authenticates, as a user allowed `get` on `/metrics`.
+    const PROMETHEUS_TOKEN: &str = "prometheus-token";
+
+    /// A stand-in API server for the guard: TokenReviews accept [`PROMETHEUS_TOKEN`] only, and
+    /// every SubjectAccessReview is allowed. It counts the TokenReviews it answered.
+    fn standin_api_server() -> (kube::Client, Arc<std::sync::atomic::AtomicUsize>) {
+        use http_body_util::BodyExt;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let reviews = Arc::new(AtomicUsize::new(0));
+        let counted = reviews.clone();
+        let service = tower::service_fn(move |request: axum::http::Request<kube::client::Body>| {
+            let counted = counted.clone();
+            async move {
+                let path = request.uri().path().to_string();
+                let body = request.into_body().collect().await?.to_bytes();
+                let answer = if path.ends_with("/tokenreviews") {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let review: TokenReview = serde_json::from_slice(&body)?;
+                    let accepted = review.spec.token.as_deref() == Some(PROMETHEUS_TOKEN);
+                    serde_json::json!({
+                        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                        "spec": {},
+                        "status": if accepted {
+                            serde_json::json!({"authenticated": true, "user": {"username": "system:serviceaccount:monitoring:prometheus"}})
+                        } else {
+                            serde_json::json!({"authenticated": false})
+                        }
+                    })
+                } else {
+                    serde_json::json!({
+                        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                        "spec": {}, "status": {"allowed": true}
+                    })
+                };
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(
+                    axum::http::Response::builder()
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(answer.to_string())
+                        .expect("response"),
+                )
+            }
+        });
+        (kube::Client::new(service, "default"), reviews)
+    }
+
+    /// The operations router guarded with answers cached for `ttl`, the guard, and the count of
+    /// TokenReviews [`standin_api_server`] answered.
+    fn guarded(ttl: Duration) -> (Router, Arc<Guard>, Arc<std::sync::atomic::AtomicUsize>) {
+        let (client, reviews) = standin_api_server();
+        let guard = Arc::new(Guard::new(client, ttl));
+        let router = protect(
+            crate::http::ops_router(prometheus::Registry::new(), Default::default()),
+            guard.clone(),
+        );
+        (router, guard, reviews)
+    }
+
+    /// What `/metrics` answers the scraper with [`PROMETHEUS_TOKEN`].
+    async fn scrape(router: &Router) -> StatusCode {
+        let auth = format!("Bearer {PROMETHEUS_TOKEN}");
+        call(router.clone(), "/metrics", Some(&auth)).await.0
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_random_tokens_costs_a_bounded_number_of_token_reviews() {
+        use std::sync::atomic::Ordering;
+        let (router, guard, reviews) = guarded(Duration::from_secs(60));
+        let started = Instant::now();
+        let mut limited = 0;
+        for i in 0..500 {
+            let auth = format!("Bearer random-{i}");
+            match call(router.clone(), "/metrics", Some(&auth)).await.0 {
+                StatusCode::UNAUTHORIZED => {}
+                StatusCode::TOO_MANY_REQUESTS => limited += 1,
+                other => panic!("a random token was answered {other}"),
+            }
+        }
+        let made = reviews.load(Ordering::SeqCst);
+        let bound = REVIEW_BURST + started.elapsed().as_secs_f64() * REVIEWS_PER_SECOND;
+        assert!(
+            made as f64 <= bound,
+            "500 random tokens cost {made} TokenReviews under the operator's identity (bound {bound})"
+        );
+        assert_eq!(
+            made + limited,
+            500,
+            "each one reviewed or refused by the limit"
+        );
+        let checks = |by: &str| guard.checks.with_label_values(&[by]).get() as usize;
+        assert_eq!(
+            (checks("api_server"), checks("rate_limit")),
+            (made, limited)
+        );
+        // A token refused a moment ago is refused again from the negative cache.
+        assert_eq!(
+            call(router.clone(), "/metrics", Some("Bearer random-0"))
+                .await
+                .0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(reviews.load(Ordering::SeqCst), made);
+    }
+
+    #[tokio::test]
+    async fn an_allowed_token_keeps_working_under_a_flood_of_random_ones() {
+        use std::sync::atomic::Ordering;
+        let (router, _, reviews) = guarded(Duration::from_secs(60));
+        assert_eq!(scrape(&router).await, StatusCode::OK);
+        assert_eq!(reviews.load(Ordering::SeqCst), 1);
+        for i in 0..(2 * REFUSED_ENTRIES + 10) {
+            let auth = format!("Bearer random-{i}");
+            let status = call(router.clone(), "/metrics", Some(&auth)).await.0;
+            assert_ne!(status, StatusCode::OK, "random token {i}");
+            // The real scraper is answered from its cached verdict throughout.
+            if i % 100 == 0 {
+                let before = reviews.load(Ordering::SeqCst);
+                assert_eq!(
+                    scrape(&router).await,
+                    StatusCode::OK,
+                    "after {i} random tokens"
+                );
+                assert_eq!(
+                    reviews.load(Ordering::SeqCst),
+                    before,
+                    "the allowed token was reviewed again after {i} random tokens: the flood evicted it"
+                );
+            }
+        }
+        assert_eq!(scrape(&router).await, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn an_accepted_token_past_its_ttl_is_reviewed_again_while_the_limit_is_spent() {
+        use std::sync::atomic::Ordering;
+        let (router, _, reviews) = guarded(Duration::from_millis(300));
+        assert_eq!(scrape(&router).await, StatusCode::OK);
+        let mut i = 0;
+        while call(
+            router.clone(),
+            "/metrics",
+            Some(&format!("Bearer random-{i}")),
+        )
+        .await
+        .0 != StatusCode::TOO_MANY_REQUESTS
+        {
+            i += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        // Spend what the pause earned back, then the scraper's stale verdict is asked about again.
+        for j in 0..3 {
+            call(
+                router.clone(),
+                "/metrics",
+                Some(&format!("Bearer more-{j}")),
+            )
+            .await;
+        }
+        let (status, challenge) = call(router.clone(), "/metrics", Some("Bearer one-more")).await;
+        assert_eq!(
+            (status, challenge.as_deref()),
+            (StatusCode::TOO_MANY_REQUESTS, None)
+        );
+        let before = reviews.load(Ordering::SeqCst);
+        assert_eq!(scrape(&router).await, StatusCode::OK);
+        assert_eq!(reviews.load(Ordering::SeqCst), before + 1, "reviewed again");
     }
 
     #[test]
@@ -547,16 +857,48 @@ mod tests {
             .expect("runtime");
         let _inside = runtime.enter();
         let guard = Guard::new(unreachable_client(), Duration::from_millis(200));
-        let key = token_key("t");
-        guard.remember(key, Verdict::Forbidden);
-        assert_eq!(guard.cached(&key), Some(Verdict::Forbidden));
+        let mut memory = guard.memory.lock().expect("memory");
+        let (accepted, refused) = (token_key("accepted"), token_key("refused"));
+        memory.remember(accepted, Verdict::Forbidden);
+        memory.remember(refused, Verdict::Unauthenticated);
+        assert_eq!(
+            memory.lookup(&accepted, guard.ttl),
+            Lookup::Answer(Verdict::Forbidden)
+        );
+        assert_eq!(
+            memory.lookup(&refused, guard.ttl),
+            Lookup::Answer(Verdict::Unauthenticated)
+        );
         std::thread::sleep(Duration::from_millis(250));
-        assert_eq!(guard.cached(&key), None);
-        // A full cache drops expired answers first, and never grows past its bound.
-        for i in 0..(CACHE_ENTRIES + 10) {
-            guard.remember(token_key(&i.to_string()), Verdict::Allowed);
+        // Past the TTL an accepted token is asked about again, outside the limit; a refused
+        // one is like any unknown token.
+        assert_eq!(memory.lookup(&accepted, guard.ttl), Lookup::Known);
+        assert_eq!(memory.lookup(&refused, guard.ttl), Lookup::Unknown);
+        // Each cache keeps its bound, dropping its oldest entries; refusals never push an
+        // accepted token out.
+        for i in 0..(REFUSED_ENTRIES + 10) {
+            memory.remember(token_key(&format!("r{i}")), Verdict::Unauthenticated);
         }
-        assert!(guard.cache.lock().expect("cache").len() <= CACHE_ENTRIES);
+        for i in 0..(ACCEPTED_ENTRIES + 10) {
+            memory.remember(token_key(&format!("a{i}")), Verdict::Allowed);
+        }
+        assert_eq!(memory.refused.len(), REFUSED_ENTRIES);
+        assert_eq!(memory.accepted.len(), ACCEPTED_ENTRIES);
+        assert!(!memory.refused.contains_key(&token_key("r0")));
+        assert!(
+            memory
+                .refused
+                .contains_key(&token_key(&format!("r{}", REFUSED_ENTRIES + 9)))
+        );
+        assert!(!memory.accepted.contains_key(&token_key("a0")));
+        // A token the API server stops accepting moves to the negative cache.
+        let last = token_key(&format!("a{}", ACCEPTED_ENTRIES + 9));
+        memory.remember(last, Verdict::Unauthenticated);
+        assert!(!memory.accepted.contains_key(&last));
+        assert_eq!(
+            memory.lookup(&last, guard.ttl),
+            Lookup::Answer(Verdict::Unauthenticated)
+        );
     }
 
     #[test]

@@ -438,7 +438,7 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
-    let secure = Secure::from_args(&args.ops.security, client.clone())?;
+    let secure = Secure::from_args(&args.ops.security, client.clone(), &registry)?;
     let ops_task = tokio::spawn(secure_metrics::serve(
         ops,
         ops_router(registry.clone(), readiness.clone()),

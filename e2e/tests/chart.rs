@@ -1,9 +1,10 @@
 //! The Helm chart offline, with the real helm binary: `helm lint --strict`, what `helm template`
 //! renders for the defaults and for every value changed (each seed value reaches its flag), the
-//! Pod Security `restricted` settings, both RBAC modes, the webhook configurations' shape, every
-//! schema and cross-value rule with a wrong value and its message, the offline passphrase rule,
-//! vendoring Headlamp (with a **stand-in** Headlamp chart: the upstream one cannot be fetched
-//! here), and that docs/chart.md lists exactly the values in values.yaml.
+//! Pod Security `restricted` settings, both RBAC modes, the pods' NetworkPolicies, the webhook
+//! configurations' shape, every schema and cross-value rule with a wrong value and its message,
+//! the offline passphrase rule, vendoring Headlamp (with a **stand-in** Headlamp chart: the
+//! upstream one cannot be fetched here), and that docs/chart.md lists exactly the values in
+//! values.yaml.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -557,6 +558,92 @@ fn rbac_binds_cluster_admin_or_the_platform_operator_cluster_role() {
     }
 }
 
+#[test]
+fn each_pod_has_a_network_policy_admitting_only_the_ports_it_serves() {
+    let policy_ports = |r: &Rendered, name: &str| -> Vec<(u64, Value)> {
+        let policy = r.get("NetworkPolicy", name);
+        assert_eq!(
+            policy["spec"]["podSelector"]["matchLabels"],
+            r.get("Deployment", name)["spec"]["selector"]["matchLabels"],
+            "{name}: the policy selects the Deployment's pods"
+        );
+        assert_eq!(
+            policy["spec"]["policyTypes"],
+            json!(["Ingress"]),
+            "{name}: egress is not restricted"
+        );
+        let mut ports = Vec::new();
+        for rule in policy["spec"]["ingress"].as_array().expect("ingress rules") {
+            for port in rule["ports"].as_array().expect("ports") {
+                assert_eq!(port["protocol"], "TCP");
+                ports.push((
+                    port["port"].as_u64().expect("a port number"),
+                    rule["from"].clone(),
+                ));
+            }
+        }
+        ports.sort_by_key(|(p, _)| *p);
+        ports
+    };
+    let served = |r: &Rendered, name: &str| -> Vec<u64> {
+        let mut ports: Vec<u64> = r.container(name)["ports"]
+            .as_array()
+            .expect("container ports")
+            .iter()
+            .filter_map(|p| p["containerPort"].as_u64())
+            .collect();
+        ports.sort();
+        ports
+    };
+    // By default: every port the pods serve, from anywhere (no `from`), so any Prometheus and
+    // the API server (whose address no selector names) still get through; nothing else.
+    let r = render(&[]);
+    assert_eq!(
+        policy_ports(&r, "platform-operator-controller"),
+        vec![(8080, Value::Null)]
+    );
+    assert_eq!(
+        policy_ports(&r, "platform-operator-webhook"),
+        vec![(8080, Value::Null), (9443, Value::Null)]
+    );
+    for name in ["platform-operator-controller", "platform-operator-webhook"] {
+        let admitted: Vec<u64> = policy_ports(&r, name).iter().map(|(p, _)| *p).collect();
+        assert_eq!(
+            admitted,
+            served(&r, name),
+            "{name}: the ports its container serves"
+        );
+    }
+    // metricsFrom narrows the operations port of both pods; the admission port stays open.
+    let r = render(&[
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+        "networkPolicy.metricsFrom[0].podSelector.matchLabels.app=prometheus",
+        "networkPolicy.metricsFrom[1].ipBlock.cidr=10.0.0.0/8",
+    ]);
+    let from = json!([
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app": "prometheus"}}
+        },
+        {"ipBlock": {"cidr": "10.0.0.0/8"}}
+    ]);
+    assert_eq!(
+        policy_ports(&r, "platform-operator-controller"),
+        vec![(8080, from.clone())]
+    );
+    assert_eq!(
+        policy_ports(&r, "platform-operator-webhook"),
+        vec![(8080, from), (9443, Value::Null)]
+    );
+    // Off: no policy at all.
+    let r = render(&["networkPolicy.enabled=false"]);
+    assert!(
+        !r.names().iter().any(|n| n.starts_with("NetworkPolicy/")),
+        "{:?}",
+        r.names()
+    );
+}
+
 /// The configurations the webhook expects (docs/webhook.md; `e2e::webhook::configurations_in` is
 /// the tests' and the demo's copy) without what differs by design: names, clientConfig and, with
 /// `selector: false`, the namespaceSelector of the tests' copy.
@@ -724,6 +811,18 @@ fn the_schema_rejects_wrong_types_and_shapes() {
         (
             "webhook.replica=2",
             "at '/webhook': additional properties 'replica' not allowed",
+        ),
+        (
+            "networkPolicy.enabled=yes",
+            "at '/networkPolicy/enabled': got string, want boolean",
+        ),
+        (
+            "networkPolicy.metricsFrom[0].podSelector.app=prometheus",
+            "at '/networkPolicy/metricsFrom/0/podSelector': additional properties 'app' not allowed",
+        ),
+        (
+            "networkPolicy.metricsFrom[0].ipBlock.except[0]=10.1.0.0/16",
+            "at '/networkPolicy/metricsFrom/0/ipBlock': missing property 'cidr'",
         ),
         (
             "headlamp.enabled=1",

@@ -230,7 +230,7 @@ async fn main() -> anyhow::Result<()> {
             )
         })?;
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
-    let secure = Secure::from_args(&args.ops.security, admission.client.clone())?;
+    let secure = Secure::from_args(&args.ops.security, admission.client.clone(), &registry)?;
     tracing::info!(admission = %listener.local_addr()?, ops = %ops.local_addr(), version = env!("CARGO_PKG_VERSION"), "webhook serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

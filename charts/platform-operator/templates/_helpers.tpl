@@ -92,6 +92,44 @@ seccompProfile:
       fieldPath: metadata.name
 {{- end -}}
 
+{{/*
+The NetworkPolicy of one pod, with networkPolicy.enabled: ingress only to the ports it serves.
+The operations port (/metrics and the probes) admits networkPolicy.metricsFrom, anyone when that
+is empty; the webhook's admission port admits anyone, since the API server's source address
+cannot be selected. Egress is not restricted. Call with
+(dict "root" $ "component" "webhook" "admission" true); it starts with `---` when it renders.
+*/}}
+{{- define "platform-operator.networkPolicy" -}}
+{{- if .root.Values.networkPolicy.enabled }}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: platform-operator-{{ .component }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "platform-operator.labels" . | nindent 4 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include "platform-operator.selectorLabels" . | nindent 6 }}
+  policyTypes: [Ingress]
+  ingress:
+    {{- if .admission }}
+    - ports:
+        - port: {{ include "platform-operator.admissionPort" .root }}
+          protocol: TCP
+    {{- end }}
+    - ports:
+        - port: {{ include "platform-operator.opsPort" .root }}
+          protocol: TCP
+      {{- with .root.Values.networkPolicy.metricsFrom }}
+      from:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* Probes on the operations port (HTTPS with metrics.secure; the kubelet does not verify it). */}}
 {{- define "platform-operator.probes" -}}
 livenessProbe:

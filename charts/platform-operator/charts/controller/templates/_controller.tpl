@@ -129,6 +129,7 @@ spec:
       protocol: TCP
 ---
 {{ include "platform-operator-controller.deployment" . }}
+{{ include "platform-operator.networkPolicy" (dict "root" . "component" "controller" "admission" false) }}
 {{- end -}}
 
 {{/*

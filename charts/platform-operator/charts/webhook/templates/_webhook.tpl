@@ -120,6 +120,7 @@ spec:
 {{ include "platform-operator-webhook.deployment" . }}
 ---
 {{ include "platform-operator-webhook.configurations" . }}
+{{ include "platform-operator.networkPolicy" (dict "root" . "component" "webhook" "admission" true) }}
 {{- end -}}
 
 {{- define "platform-operator-webhook.deployment" -}}
