@@ -157,7 +157,13 @@ async fn main() {
             )
         })
         .collect();
-    let pid = controller.pid();
+    // The binary started is the supervisor; the controller is its child. The figures below are
+    // the controller's own (the supervisor's are printed apart).
+    let supervisor = controller.pid();
+    let pid = controller::reaper::descendants(&controller::reaper::processes(), supervisor as i32)
+        .first()
+        .map(|p| *p as u32)
+        .expect("the supervised controller runs");
     let apiserver = apiserver_pid(cp.dir());
     let api_cpu = || apiserver.map(|p| proc_stat(p).0);
     let (cpu_start, _) = proc_stat(pid);
@@ -333,6 +339,10 @@ async fn main() {
         cpu1 - cpu0
     );
     let (_, anon, file) = memory(pid);
+    println!(
+        "| supervisor resident memory (VmRSS) | {:.1} MiB |",
+        memory(supervisor).0
+    );
     println!(
         "| controller resident memory (VmRSS) / of it anonymous (RssAnon) / file-backed (RssFile) | {rss:.1} MiB / {anon:.1} MiB / {file:.1} MiB |"
     );

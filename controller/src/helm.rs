@@ -104,10 +104,8 @@ impl Helm {
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         let spawn_error = |source| HelmError::Spawn(self.binary.clone(), source);
-        // Registered, so that the controller's reaper leaves helm's exit status to this wait.
-        let (child, _registered) = crate::reaper::spawn(&mut cmd).map_err(spawn_error)?;
-        // Dropping the wait on timeout kills helm (`kill_on_drop`); once it is unregistered, the
-        // reaper reaps it.
+        let child = cmd.spawn().map_err(spawn_error)?;
+        // Dropping the wait on timeout kills helm (`kill_on_drop`), and tokio reaps it.
         let out = tokio::time::timeout(self.timeout, child.wait_with_output())
             .await
             .map_err(|_| HelmError::TimedOut(action, namespace.to_string(), self.timeout))?

@@ -5,6 +5,7 @@
 //! the renew deadline, which is shorter than the lease: it has stopped before anyone else may
 //! take over.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -177,8 +178,15 @@ impl Election {
     /// succeeded within the renew deadline of the last one sent that succeeded (`renewed`, at
     /// first the return of [`Election::acquire`]). Returns at that deadline at the latest, even
     /// when a call hangs, so that the caller stops all work before the lease can expire for
-    /// anyone else.
-    pub async fn hold(&self, client: &kube::Client, mut renewed: Instant) -> Lost {
+    /// anyone else; should this task not run by then (a stalled runtime), `fence` runs at that
+    /// deadline on a thread of its own.
+    pub async fn hold(
+        &self,
+        client: &kube::Client,
+        mut renewed: Instant,
+        fence: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<Lost> {
+        let watchdog = Watchdog::start((renewed + self.leader_renew_deadline).into_std(), fence)?;
         let mut observed = Observed::default();
         loop {
             let give_up = renewed + self.leader_renew_deadline;
@@ -186,16 +194,59 @@ impl Election {
                 .await;
             let sent = Instant::now();
             if sent >= give_up {
-                return Lost::Deadline;
+                return Ok(Lost::Deadline);
             }
             match self.attempt(client, &mut observed, give_up).await {
-                Some(Ok(true)) => renewed = sent,
-                Some(Ok(false)) => return Lost::Taken,
+                Some(Ok(true)) => {
+                    renewed = sent;
+                    watchdog.feed((sent + self.leader_renew_deadline).into_std());
+                }
+                Some(Ok(false)) => return Ok(Lost::Taken),
                 Some(Err(e)) => tracing::warn!(error = %e, "renewing the lease failed"),
-                None => return Lost::Deadline,
+                None => return Ok(Lost::Deadline),
             }
         }
     }
+}
+
+/// A deadline kept on an OS thread of its own: unless fed a later one in time, it runs its
+/// fence at the deadline, whether or not the async runtime is free.
+#[derive(Debug)]
+pub struct Watchdog(Arc<Mutex<std::time::Instant>>);
+
+impl Watchdog {
+    /// Starts the thread that runs `fence` at `deadline` (or at a later one fed meanwhile).
+    pub fn start(
+        deadline: std::time::Instant,
+        fence: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let shared = Arc::new(Mutex::new(deadline));
+        let deadline = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("leader-watchdog".into())
+            .spawn(move || {
+                // Ends quietly once the watchdog is dropped (the lease was given up in time).
+                while let Some(at) = deadline.upgrade().map(|d| *lock(&d)) {
+                    let now = std::time::Instant::now();
+                    if now >= at {
+                        return fence();
+                    }
+                    std::thread::sleep((at - now).min(Duration::from_millis(500)));
+                }
+            })?;
+        Ok(Self(shared))
+    }
+
+    /// Moves the deadline to `deadline`.
+    pub fn feed(&self, deadline: std::time::Instant) {
+        *lock(&self.0) = deadline;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -268,11 +319,48 @@ mod tests {
             leader_renew_interval: Duration::from_millis(200),
         };
         let renewed = Instant::now();
-        let lost = tokio::time::timeout(Duration::from_secs(30), election.hold(&client, renewed))
-            .await
-            .expect("hold returns although every call hangs");
+        let lost = tokio::time::timeout(
+            Duration::from_secs(30),
+            election.hold(&client, renewed, || {}),
+        )
+        .await
+        .expect("hold returns although every call hangs")
+        .expect("watchdog");
         assert_eq!(lost, Lost::Deadline);
         assert!(renewed.elapsed() >= election.leader_renew_deadline);
         hold_open.abort();
+    }
+
+    #[test]
+    fn the_watchdog_fences_at_its_last_deadline_while_the_runtime_is_blocked() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let (fenced, rx) = std::sync::mpsc::channel();
+        let start = std::time::Instant::now();
+        runtime.block_on(async {
+            let fence = move || fenced.send(start.elapsed()).expect("send");
+            let watchdog =
+                Watchdog::start(start + Duration::from_millis(300), fence).expect("start");
+            watchdog.feed(start + Duration::from_millis(700));
+            // The runtime's only thread is stuck (a blocking call) well past the deadline.
+            std::thread::sleep(Duration::from_millis(1500));
+            let at = rx.try_recv().expect("fenced while the runtime was blocked");
+            assert!(
+                at >= Duration::from_millis(700),
+                "not before the fed deadline: {at:?}"
+            );
+            assert!(at < Duration::from_millis(1300), "at the deadline: {at:?}");
+        });
+    }
+
+    #[test]
+    fn a_dropped_watchdog_never_fences() {
+        let (fenced, rx) = std::sync::mpsc::channel();
+        let deadline = std::time::Instant::now() + Duration::from_millis(200);
+        drop(Watchdog::start(deadline, move || fenced.send(()).expect("send")).expect("start"));
+        std::thread::sleep(Duration::from_millis(900));
+        assert!(rx.try_recv().is_err());
     }
 }

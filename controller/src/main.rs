@@ -307,6 +307,16 @@ impl Args {
     }
 }
 
+/// Stops all work at once, before the lease can expire for another replica, without waiting
+/// for tasks or requests in flight: the process exits, and its supervisor kills every tool
+/// (helm, npm, pulumi and what they started).
+fn fence(identity: String) -> impl FnOnce() + Send + 'static {
+    move || {
+        tracing::error!(%identity, "lost the leader lease: it was not renewed within --leader-renew-deadline; exiting so that another replica can take over");
+        std::process::exit(1);
+    }
+}
+
 /// Maps an object of a host namespace to the instance the namespace's annotation names.
 fn by_host<K: Resource>(
     namespaces: Store<Namespace>,
@@ -382,11 +392,11 @@ async fn run(
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     if let Some(Task::Cleanup { root, dir }) = &args.task {
-        return cleanup(root, dir);
+        cleanup(root, dir)?;
+        return Ok(std::process::ExitCode::SUCCESS);
     }
     if let Some(instance) = &args.print_vcluster_values {
         let (namespace, name) = instance
@@ -401,13 +411,22 @@ async fn main() -> anyhow::Result<()> {
                 args.pod_security_standard
             )
         );
-        return Ok(());
+        return Ok(std::process::ExitCode::SUCCESS);
     }
+    // The binary as started supervises the controller: a process of its own that reaps the
+    // tools' orphans and ends whatever is left when the controller ends (controller::reaper).
+    let Ok(supervisor) = std::env::var(controller::reaper::SUPERVISOR) else {
+        return controller::reaper::supervise(std::env::args_os().skip(1))
+            .context("starting the supervised controller");
+    };
+    controller::reaper::follow_supervisor(&supervisor)?;
+    tokio::runtime::Runtime::new()?.block_on(run_controller(args))?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn run_controller(args: Args) -> anyhow::Result<()> {
     common::telemetry::init(&args.log)?;
     args.check()?;
-    // PID 1 in its container: orphans of the tools it runs are re-parented to it, and reaped.
-    controller::reaper::become_subreaper()?;
-    tokio::spawn(controller::reaper::run());
     controller::chart::verify(
         &args.vcluster_chart,
         args.vcluster_chart_sha256.as_deref().unwrap_or_default(),
@@ -484,13 +503,9 @@ async fn main() -> anyhow::Result<()> {
     if args.leader_elect {
         tokio::select! {
             result = controller => result?,
-            lost = election.hold(&client, renewed) => {
+            lost = election.hold(&client, renewed, fence(identity.clone())) => {
                 metrics.leader.set(0);
-                // Stop all work now, before the lease can expire for another replica: every
-                // tool process (helm, npm, pulumi and what they started) is killed, and the
-                // process exits without waiting for tasks or requests in flight.
-                let killed = controller::reaper::kill_descendants();
-                tracing::error!(%identity, reason = %lost, killed, "lost the leader lease; stopped all work and exiting so that another replica can take over");
+                tracing::error!(%identity, reason = %lost?, "lost the leader lease; exiting so that another replica can take over");
                 std::process::exit(1);
             }
         }

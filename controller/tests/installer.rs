@@ -46,6 +46,16 @@ fn apply(cluster: &Shared, yaml: &str) {
         .expect("apply");
 }
 
+/// Merge-patches instance `ns/name` with `patch`.
+fn patch(cluster: &Shared, ns: &str, name: &str, patch: &str) {
+    cluster
+        .kubectl_ok(
+            &["-n", ns, "patch", "pi", name, "--type=merge", "-p", patch],
+            None,
+        )
+        .expect("patch");
+}
+
 fn set_version(cluster: &Shared, ns: &str, name: &str, version: &str) {
     cluster
         .kubectl_ok(
@@ -722,6 +732,63 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
         "{:?}",
         processes_under(&dir)
     );
+    // While the state is held (as by a replica that lost the lease and has not stopped yet),
+    // an install runs nothing in it and clears none of Pulumi's locks; it runs once released.
+    let hash_before = pi["status"]["lastInstall"]["summary"]["configHash"].clone();
+    let held = std::fs::File::options()
+        .write(true)
+        .open(dir.join("install.lock"))
+        .expect("the install held the state lock");
+    held.try_lock().expect("no install runs now");
+    let pulumi_lock = dir.join("platform/state/.pulumi/locks/organization/held/dev/held.json");
+    std::fs::create_dir_all(pulumi_lock.parent().expect("folder")).expect("locks folder");
+    std::fs::write(&pulumi_lock, "{}").expect("a lock of the running Pulumi");
+    patch(
+        &cluster,
+        &team,
+        "three",
+        r#"{"spec":{"platform":{"egressAllowedDestinations":["held.example:443"]}}}"#,
+    );
+    let pi = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "three",
+        "three to wait for its held state",
+        Duration::from_secs(120),
+        |pi| {
+            let installed = pi["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Installed"));
+            installed.is_some_and(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("install.lock is held by another run of Pulumi"))
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        condition(&pi, "Installed").map(|c| c.1),
+        Some("StateUnavailable".into())
+    );
+    assert!(pulumi_lock.exists(), "a held state's Pulumi locks stay");
+    drop(held);
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "three",
+        "three to install once its state is released",
+        Duration::from_secs(300),
+        |pi| {
+            is_ready(pi, "6.0.21")
+                && pi["status"]["lastInstall"]["result"] == "Succeeded"
+                && pi["status"]["lastInstall"]["summary"]["configHash"] != hash_before
+        },
+    )
+    .await;
+    assert!(!pulumi_lock.exists(), "cleared under the state lock");
     drop(controller);
 
     // A wrong passphrase: a clear reason, nothing written; the right one carries on.
@@ -733,21 +800,12 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
     let record_before = std::fs::read(dir.join("install.json")).expect("record");
     let state_before = tree_bytes(&dir.join("platform/state/.pulumi/stacks"));
     assert!(!state_before.is_empty(), "the stack's checkpoint exists");
-    cluster
-        .kubectl_ok(
-            &[
-                "-n",
-                &team,
-                "patch",
-                "pi",
-                "three",
-                "--type=merge",
-                "-p",
-                r#"{"spec":{"platform":{"egressAllowedDestinations":["api.example:443"]}}}"#,
-            ],
-            None,
-        )
-        .expect("patch");
+    patch(
+        &cluster,
+        &team,
+        "three",
+        r#"{"spec":{"platform":{"egressAllowedDestinations":["api.example:443"]}}}"#,
+    );
     let pi = wait_phase(
         &cluster,
         &controller,

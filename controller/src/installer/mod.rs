@@ -171,6 +171,35 @@ fn state_error(doing: &str, path: &Path, e: std::io::Error) -> TaskError {
     TaskError::new(Failure::StateUnavailable, message)
 }
 
+/// The lock file in an instance's state directory that a run of Pulumi holds (`flock`).
+pub const STATE_LOCK: &str = "install.lock";
+
+/// Holds the instance's [`STATE_LOCK`] for a whole install or preview: Pulumi's own lock files
+/// are cleared only under it, never while another process may still run Pulumi in that state
+/// (a replica that lost the lease and has not stopped yet). Released when dropped, or when the
+/// process dies.
+fn hold_state(dir: &Path) -> Result<std::fs::File, TaskError> {
+    let path = dir.join(STATE_LOCK);
+    std::fs::create_dir_all(dir).map_err(|e| state_error("creating", dir, e))?;
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| state_error("opening", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(TaskError::new(
+            Failure::StateUnavailable,
+            format!(
+                "{} is held by another run of Pulumi in this instance's state (a replica that lost the leader lease and has not stopped yet); it retries with backoff",
+                path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(state_error("locking", &path, e)),
+    }
+}
+
 impl Installer {
     /// The registry URL: the file's content (trimmed) when `--npm-registry-file` is set, else
     /// `--npm-registry`.
@@ -268,6 +297,7 @@ impl Installer {
     /// reason the record keeps too (the record outlives the task across a restart).
     pub(crate) async fn install(&self, client: kube::Client, job: Job) -> Result<(), TaskError> {
         let dir = self.instance_dir(&job.namespace, &job.name);
+        let _held = hold_state(&dir)?;
         let mut rec = record::load(&dir).map_err(unreadable)?;
         // A run stopped by a timeout or a controller that died may have left pending creates.
         let interrupted = rec
@@ -510,6 +540,7 @@ impl Installer {
         version: &str,
     ) -> Result<(), TaskError> {
         let dir = self.instance_dir(namespace, name);
+        let _held = hold_state(&dir)?;
         let stack = self.stack(&dir);
         let run = async {
             process::reap(&dir);

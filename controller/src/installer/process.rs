@@ -193,8 +193,7 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    // Registered, so that the controller's reaper leaves this child's exit status to `wait`.
-    let (mut child, _registered) = crate::reaper::spawn(&mut cmd)?;
+    let mut child = cmd.spawn()?;
     let pid = child.id().map(|p| p as i32);
     let pid_file = dir.join(PID_FILE);
     if let Some(pid) = pid

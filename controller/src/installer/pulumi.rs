@@ -291,9 +291,9 @@ impl Stack {
         }
     }
 
-    /// Removes the backend's lock files. Only the leader runs Pulumi and it runs one operation
-    /// per instance at a time, so a lock found before an operation was left by a process that
-    /// is gone. Returns how many were removed.
+    /// Removes the backend's lock files. Called only under the instance's state lock
+    /// (`install.lock`), which every run of Pulumi in that state holds, so a lock found then was
+    /// left by a process that is gone. Returns how many were removed.
     pub fn clear_locks(&self) -> Result<usize, PulumiError> {
         let mut removed = 0;
         let mut stack = vec![self.backend.join(".pulumi").join("locks")];
