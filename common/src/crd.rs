@@ -34,7 +34,15 @@ pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version","description":"The requested @di-framework/platform version."}"#,
     printcolumn = r#"{"name":"Installed","type":"string","jsonPath":".status.installedVersion","description":"The version the last successful install applied."}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the instance is installed and serving."}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("self.metadata.name.size() <= 242").message(
+        "metadata.name must be at most 242 characters: the instance's kubeconfig Secret <name>-kubeconfig must fit in 253"
+    ),
+    validation = Rule::new(
+        "!has(self.spec.platform) || !has(self.spec.platform.users) || self.spec.platform.users.all(u, !has(u.memberships) || u.memberships.all(m, self.metadata.name.size() + m.tenant.size() + u.name.size() <= 240))"
+    ).message(
+        "the membership kubeconfig Secret <name>.<tenant>.<user>.kubeconfig of some membership is longer than 253 characters: shorten metadata.name, the tenant or the user name"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PlatformInstanceSpec {

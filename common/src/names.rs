@@ -109,6 +109,14 @@ pub fn kubeconfig_secret(name: &str) -> String {
     format!("{name}-kubeconfig")
 }
 
+/// The Secret holding the kubeconfig of one membership (`tenant`, `user`) of instance `name`.
+/// Tenant and user are DNS labels (no `.`), so no two memberships of any instances share a
+/// name, and none ends like an admin Secret (`-kubeconfig`). The CRD admits only names for
+/// which it fits in 253 characters.
+pub fn membership_kubeconfig_secret(name: &str, tenant: &str, user: &str) -> String {
+    format!("{name}.{tenant}.{user}.kubeconfig")
+}
+
 /// Whether `s` is a DNS label (RFC 1123), as namespace names are: lower-case letters, digits and
 /// `-`, at most 63 characters, starting and ending with a letter or digit.
 pub fn is_dns_label(s: &str) -> bool {

@@ -218,6 +218,13 @@ pub fn reference_markdown() -> String {
     {
         let _ = writeln!(md, "| {} | `{}` |", col.name, col.json_path);
     }
+    let whole = rules_of(&schema);
+    if !whole.is_empty() {
+        let _ = writeln!(md, "\n## The whole object\n");
+        for rule in whole {
+            let _ = writeln!(md, "- {rule}");
+        }
+    }
     for (top, title) in [("spec", "Spec"), ("status", "Status")] {
         let _ = writeln!(
             md,

@@ -18,6 +18,9 @@ const CLIENT_SECRET: &str = "oauth-client-secret-e2e-7f3a";
 /// How many npm runs the controller made (`_count` of its npm tool time).
 const NPM_RUNS: &str = "platform_operator_controller_tool_duration_seconds_count";
 
+/// The kubeconfig Secret of the membership acme/dev of instance `one`.
+const MEMBERSHIP_SECRET: &str = "one.acme.dev.kubeconfig";
+
 fn instance(ns: &str, name: &str, version: &str, policy: &str, extra: &str) -> String {
     format!(
         r#"apiVersion: platform.di-framework.dev/v1alpha1
@@ -382,12 +385,14 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     assert_eq!(decoded, CLIENT_SECRET.as_bytes(), "the secret arrived");
     assert!(inner_get(&fx, &cluster, &["get", "namespace", "tenant-acme"]).is_some());
 
-    // The membership kubeconfig is passed on as a Secret and works as that user.
-    let secret = get(
-        &cluster,
-        &["-n", &team, "get", "secret", "one-acme-dev-kubeconfig"],
-    )
-    .expect("membership Secret");
+    // The membership kubeconfig is passed on as a Secret, marked with the instance's UID, and
+    // works as that user.
+    let secret = get(&cluster, &["-n", &team, "get", "secret", MEMBERSHIP_SECRET])
+        .expect("membership Secret");
+    assert_eq!(
+        secret["metadata"]["labels"]["platform.di-framework.dev/instance-uid"],
+        pi["metadata"]["uid"]
+    );
     let kubeconfig = base64::Engine::decode(
         &base64::engine::general_purpose::STANDARD,
         secret["data"]["kubeconfig"].as_str().expect("key"),
@@ -556,6 +561,18 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
         |pi| {
             is_ready(pi, "6.0.22") && condition(pi, "DriftDetected").is_some_and(|c| c.0 == "False")
         },
+    )
+    .await;
+
+    // A membership kubeconfig Secret deleted is written again at the repair tick.
+    cluster
+        .kubectl_ok(&["-n", &team, "delete", "secret", MEMBERSHIP_SECRET], None)
+        .expect("delete the membership Secret");
+    wait_for(
+        "the membership Secret to be written again",
+        Duration::from_secs(300),
+        &controller,
+        || get(&cluster, &["-n", &team, "get", "secret", MEMBERSHIP_SECRET]),
     )
     .await;
 

@@ -303,6 +303,40 @@ async fn invalid_instances_are_rejected_naming_the_field() {
 }
 
 #[tokio::test]
+async fn names_too_long_for_their_kubeconfig_secrets_are_rejected() {
+    let cluster = cluster();
+    let ns = namespace(&cluster, "long-names");
+    // `<name>-kubeconfig` is at most 253 characters.
+    let out = apply(
+        &cluster,
+        &instance(&ns, &"n".repeat(243), "  version: 6.0.22\n"),
+    );
+    assert!(!out.success, "a 243-character name was accepted");
+    assert!(
+        out.stderr.contains("metadata.name") && out.stderr.contains("242"),
+        "{}",
+        out.stderr
+    );
+    // `<name>.<tenant>.<user>.kubeconfig` is at most 253 characters.
+    let label = "l".repeat(40);
+    let spec = format!(
+        "  version: 6.0.22\n  platform:\n    tenants: [{{ name: {label} }}]\n    users:\n      - name: {label}\n        memberships: [{{ tenant: {label}, role: developer }}]\n"
+    );
+    let out = apply(&cluster, &instance(&ns, &"m".repeat(161), &spec));
+    assert!(
+        !out.success,
+        "a membership Secret name over 253 was accepted"
+    );
+    assert!(
+        out.stderr.contains("membership kubeconfig Secret"),
+        "{}",
+        out.stderr
+    );
+    let out = apply(&cluster, &instance(&ns, &"m".repeat(160), &spec));
+    assert!(out.success, "the longest names that fit: {}", out.stderr);
+}
+
+#[tokio::test]
 async fn target_type_cannot_change_and_the_stored_object_survives() {
     let cluster = cluster();
     let ns = namespace(&cluster, "immutable");

@@ -296,6 +296,9 @@ fn need(x: &Ctx) -> Option<(Reason, String)> {
         format!("the repair preview found {drift}")
     } else if let Some(e) = &i.preview_failed {
         format!("the repair preview failed ({e})")
+    } else if i.repair_due && !i.missing_memberships.is_empty() {
+        let gone = i.missing_memberships.join(", ");
+        format!("the membership kubeconfig Secrets {gone} are gone")
     } else if i.retry_requested {
         format!("a retry was requested (annotation {RETRY_ANNOTATION})")
     } else {

@@ -417,6 +417,8 @@ pub struct InstallObserved {
     pub preview_failed: Option<String>,
     /// `--repair-interval` has passed since the last install or preview.
     pub repair_due: bool,
+    /// The membership kubeconfig Secrets the last install wrote that are gone.
+    pub missing_memberships: Vec<String>,
     /// The installer is turned off (`--install-platform=false`).
     pub disabled: bool,
     /// The instance carries `platform.di-framework.dev/allow-downgrade: "true"`.

@@ -439,6 +439,26 @@ fn repair_previews_when_due_and_installs_on_drift() {
 }
 
 #[test]
+fn missing_membership_secrets_are_written_again_at_the_repair_tick() {
+    let missing = || vec!["one.acme.dev.kubeconfig".to_string()];
+    let plan = decide(&with_install(|i| i.missing_memberships = missing()));
+    assert!(plan.actions.is_empty(), "not before the repair tick");
+    let plan = decide(&with_install(|i| {
+        i.repair_due = true;
+        i.missing_memberships = missing();
+    }));
+    assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "Repairing"));
+    assert!(
+        plan.conditions
+            .iter()
+            .any(|c| c.message.contains("one.acme.dev.kubeconfig")),
+        "{:?}",
+        plan.conditions
+    );
+}
+
+#[test]
 fn a_failed_run_at_another_version_is_put_back_at_once() {
     // 6.0.22 installed; the upgrade to 6.0.24 timed out; spec.version is set back.
     let plan = decide(&with_install(|i| {

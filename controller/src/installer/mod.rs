@@ -23,12 +23,14 @@ use common::crd::{Endpoints, InstallResult, InstallSummary, LastInstall};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta};
 use serde_json::{Value, json};
 
 use crate::api::{apply, delete_ignoring_404};
 use crate::decide::model::{Mode, TaskError};
-use common::names::{KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL};
+use common::names::membership_kubeconfig_secret as membership_secret_name;
+use common::names::{INSTANCE_UID_LABEL, KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL};
 use config::ProgramConfig;
 use pulumi::ConfigValue;
 use record::{Failure, Preview, Record};
@@ -713,24 +715,27 @@ fn write_project(
     write_files(project, &project_files(backend, version, sdk_version))
 }
 
-/// The Secret name of one membership's kubeconfig.
-fn membership_secret_name(instance: &str, tenant: &str, user: &str) -> String {
-    format!("{instance}-{tenant}-{user}-kubeconfig")
-}
-
-/// Whether Secret `name` is free or a membership kubeconfig of `instance` (never overwrite or
-/// delete another's Secret, such as an instance's admin kubeconfig of the same name).
-async fn owned_by(secrets: &Api<Secret>, name: &str, instance: &str) -> Result<bool, String> {
+/// Whether Secret `name` is free or a membership kubeconfig of the job's instance: its
+/// membership label, and its UID label (or, written by an earlier release, an owner reference
+/// to the instance). Another's Secret is never overwritten or deleted.
+async fn owned_by(secrets: &Api<Secret>, name: &str, job: &Job) -> Result<bool, String> {
     let existing = secrets
         .get_opt(name)
         .await
         .map_err(|e| format!("reading the Secret {name} failed: {e}"))?;
+    let uid = job.owner.as_ref().map(|o| o.uid.as_str());
     Ok(existing.is_none_or(|s| {
-        s.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(MEMBERSHIP_LABEL))
-            .is_some_and(|owner| owner == instance)
+        let label = |key| s.labels().get(key).map(String::as_str);
+        let owned = || {
+            s.owner_references()
+                .iter()
+                .any(|o| Some(o.uid.as_str()) == uid)
+        };
+        label(MEMBERSHIP_LABEL) == Some(job.name.as_str())
+            && match label(INSTANCE_UID_LABEL) {
+                Some(marked) => Some(marked) == uid,
+                None => owned(),
+            }
     }))
 }
 
@@ -742,8 +747,10 @@ fn membership_secret(
     (tenant, user, role): (&str, &str, &str),
     kubeconfig: &str,
 ) -> Secret {
+    let uid = job.owner.as_ref().map_or("", |o| o.uid.as_str());
     let labels = [
         (MANAGED_BY_LABEL, MANAGED_BY),
+        (INSTANCE_UID_LABEL, uid),
         (MEMBERSHIP_LABEL, job.name.as_str()),
         ("platform.di-framework.dev/tenant", tenant),
         ("platform.di-framework.dev/user", user),
@@ -788,10 +795,10 @@ async fn write_membership_secrets(
         let name = membership_secret_name(&job.name, tenant, user);
         if written.contains(&name) {
             return Err(format!(
-                "two memberships map onto one Secret name {name} (tenant and user names joined by '-'); rename a tenant or user"
+                "the program's kubeconfigs output names the membership {tenant}/{user} twice; the platform version may not match this operator"
             ));
         }
-        if !owned_by(&secrets, &name, &job.name).await? {
+        if !owned_by(&secrets, &name, job).await? {
             return Err(format!(
                 "the Secret {name} exists and is not a membership kubeconfig of {}; rename it, or the tenant or user",
                 job.name
@@ -804,7 +811,7 @@ async fn write_membership_secrets(
         written.push(name);
     }
     for stale in previous.iter().filter(|p| !written.contains(p)) {
-        if owned_by(&secrets, stale, &job.name).await? {
+        if owned_by(&secrets, stale, job).await? {
             delete_ignoring_404(&secrets, stale)
                 .await
                 .map_err(|e| format!("deleting the stale membership Secret {stale} failed: {e}"))?;
@@ -975,11 +982,18 @@ mod tests {
     }
 
     #[test]
-    fn membership_secret_names() {
-        assert_eq!(
-            membership_secret_name("one", "acme", "dev"),
-            "one-acme-dev-kubeconfig"
+    fn membership_secret_names_never_collide_and_are_bounded() {
+        let name = membership_secret_name;
+        assert_eq!(name("one", "acme", "dev"), "one.acme.dev.kubeconfig");
+        assert_ne!(name("x", "a-b", "c"), name("x", "a", "b-c"));
+        assert_ne!(
+            name("x", "y", "z"),
+            common::names::kubeconfig_secret("x-y-z")
         );
+        assert_ne!(name("x", "y", "z"), name("x.y", "z", "w"));
+        // The longest names the CRD admits.
+        let (instance, label) = ("i".repeat(160), "l".repeat(40));
+        assert_eq!(name(&instance, &label, &label).len(), 253);
     }
 
     #[test]
@@ -994,11 +1008,14 @@ mod tests {
                 secrets: Vec::new(),
                 hash: "sha256:0".into(),
             },
-            owner: None,
+            owner: Some(OwnerReference {
+                uid: "u-1".into(),
+                ..OwnerReference::default()
+            }),
         };
         let secret = membership_secret(
             &job,
-            "one-acme-dev-kubeconfig",
+            "one.acme.dev.kubeconfig",
             ("acme", "dev", "admin"),
             "kc",
         );
@@ -1008,11 +1025,12 @@ mod tests {
                 "apiVersion": "v1",
                 "kind": "Secret",
                 "metadata": {
-                    "name": "one-acme-dev-kubeconfig",
+                    "name": "one.acme.dev.kubeconfig",
                     "namespace": "team-a",
-                    "ownerReferences": [],
+                    "ownerReferences": [{"apiVersion": "", "kind": "", "name": "", "uid": "u-1"}],
                     "labels": {
                         "app.kubernetes.io/managed-by": "platform-operator",
+                        "platform.di-framework.dev/instance-uid": "u-1",
                         MEMBERSHIP_LABEL: "one",
                         "platform.di-framework.dev/tenant": "acme",
                         "platform.di-framework.dev/user": "dev",

@@ -108,14 +108,17 @@ pub fn observe(
             ),
             None => OwnerService::Unrecorded,
         },
-        install: install_observed(
-            pi,
-            settings,
-            (install, preview),
-            (&read.record, read.record_error.clone()),
-            config.as_ref(),
-            now,
-        ),
+        install: InstallObserved {
+            missing_memberships: read.missing_memberships,
+            ..install_observed(
+                pi,
+                settings,
+                (install, preview),
+                (&read.record, read.record_error.clone()),
+                config.as_ref(),
+                now,
+            )
+        },
         host_namespace: host_ns,
     };
     let found = Found {
@@ -254,6 +257,8 @@ fn install_observed(
             .map(|p| p.message.clone()),
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
+        // From the Secrets read, by the caller.
+        missing_memberships: Vec::new(),
         disabled: !settings.install_platform,
         downgrade_allowed: pi
             .annotations()

@@ -67,6 +67,8 @@ pub(crate) struct Read {
     pub record: Record,
     /// Why the installer's record, which exists, cannot be read.
     pub record_error: Option<String>,
+    /// The membership kubeconfig Secrets the record names that are gone.
+    pub missing_memberships: Vec<String>,
     pub protection: Protection,
     /// The instance's state directory exists.
     pub state_exists: bool,
@@ -158,6 +160,16 @@ pub(crate) async fn read(
     match ctx.installer.record(&ns, &pi.name_any()) {
         Ok(record) => read.record = record,
         Err(e) => read.record_error = Some(e.to_string()),
+    }
+    for name in &read.record.membership_secrets {
+        let what = "a membership kubeconfig Secret";
+        if In::new(ctx, source, &ns)
+            .get(|s| &s.kubeconfigs, name, what)
+            .await?
+            .is_none()
+        {
+            read.missing_memberships.push(name.clone());
+        }
     }
     read.protection = ctx
         .protection
