@@ -21,6 +21,123 @@ fn instance(ns: &str, name: &str, policy: &str) -> String {
     )
 }
 
+/// A PersistentVolumeClaim in `host` bound to a static hostPath PersistentVolume `pv`
+/// (`reclaimPolicy: Delete`), as the vCluster's syncer and a provisioner would leave them.
+fn bound_volume(cluster: &Shared, host: &str, pv: &str) {
+    let yaml = format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{ name: {pv} }}\nspec:\n  capacity: {{ storage: 1Mi }}\n  accessModes: [ReadWriteOnce]\n  persistentVolumeReclaimPolicy: Delete\n  storageClassName: \"\"\n  hostPath: {{ path: /tmp/{pv} }}\n  claimRef: {{ namespace: {host}, name: data }}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{ name: data, namespace: {host} }}\nspec:\n  accessModes: [ReadWriteOnce]\n  storageClassName: \"\"\n  volumeName: {pv}\n  resources: {{ requests: {{ storage: 1Mi }} }}\n"
+    );
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&yaml))
+        .expect("volume");
+}
+
+/// Issue 30, item 6: with `Retain`, every PersistentVolume bound to a claim in the host
+/// namespace is set to `Retain` before the namespace goes, and named in the instance's
+/// `retained-volumes.json`; with `Delete`, and for volumes bound elsewhere, nothing changes.
+#[tokio::test]
+async fn retain_keeps_the_volumes_bound_in_the_host_namespace() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "volumes").await;
+    let team = cluster.create_namespace("vols", &[]).expect("namespace");
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &["--leader-elect=false", "--watch-namespace", &team],
+    );
+    let mut volumes = Vec::new();
+    for (name, policy) in [("keep", "Retain"), ("drop", "Delete")] {
+        cluster
+            .kubectl_ok(
+                &["apply", "--server-side", "-f", "-"],
+                Some(&instance(&team, name, policy)),
+            )
+            .expect("apply");
+        let host = wait_for(
+            &format!("{name} to reach Installing"),
+            Duration::from_secs(120),
+            &controller,
+            || {
+                let pi = get(&cluster, &["-n", &team, "get", "pi", name])?;
+                (pi["status"]["phase"] == "Installing")
+                    .then(|| pi["status"]["hostNamespace"].as_str().map(String::from))?
+            },
+        )
+        .await;
+        let pv = format!("{team}-{name}");
+        bound_volume(&cluster, &host, &pv);
+        volumes.push(pv);
+    }
+    // A volume bound to a claim outside the host namespaces is never touched.
+    let other = format!("{team}-other");
+    bound_volume(&cluster, &team, &other);
+    volumes.push(other.clone());
+    for pv in &volumes {
+        wait_for(
+            &format!("{pv} to be bound"),
+            Duration::from_secs(60),
+            &controller,
+            || {
+                let v = get(&cluster, &["get", "pv", pv])?;
+                (v["status"]["phase"] == "Bound").then_some(())
+            },
+        )
+        .await;
+    }
+    cluster
+        .kubectl_ok(
+            &["-n", &team, "delete", "pi", "keep", "drop", "--wait=false"],
+            None,
+        )
+        .expect("delete");
+    for name in ["keep", "drop"] {
+        wait_for(
+            &format!("{name} to be deleted"),
+            Duration::from_secs(120),
+            &controller,
+            || {
+                get(&cluster, &["-n", &team, "get", "pi", name])
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    let policy = |pv: &str| {
+        get(&cluster, &["get", "pv", pv])
+            .map(|v| v["spec"]["persistentVolumeReclaimPolicy"].clone())
+    };
+    assert_eq!(
+        policy(&volumes[0]),
+        Some("Retain".into()),
+        "Retain keeps the volume its host namespace's claim was bound to"
+    );
+    let record = fx
+        .dir
+        .join("state")
+        .join(&team)
+        .join("keep")
+        .join("retained-volumes.json");
+    let record = std::fs::read_to_string(&record).unwrap_or_default();
+    assert!(
+        record.contains(&volumes[0]),
+        "the record names it: {record:?}"
+    );
+    // The PV controller cannot delete a hostPath volume here: it is Failed, still Delete.
+    assert_ne!(
+        policy(&volumes[1]),
+        Some("Retain".into()),
+        "Delete changes nothing"
+    );
+    assert_eq!(
+        policy(&other),
+        Some("Delete".into()),
+        "a volume bound elsewhere is left alone"
+    );
+    drop(controller);
+}
+
 #[tokio::test]
 async fn instances_provision_and_delete_as_their_policy_says() {
     let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));

@@ -489,6 +489,12 @@ fn rbac_binds_cluster_admin_or_the_platform_operator_cluster_role() {
             .iter()
             .any(|r| strings(&r["resources"]).contains(&"*".to_string()))
     );
+    assert!(
+        rules.contains(
+            &json!({"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list", "patch"]})
+        ),
+        "Retain sets the host namespace's volumes to Retain"
+    );
     assert_eq!(
         rules.last(),
         Some(

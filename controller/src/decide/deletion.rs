@@ -1,5 +1,5 @@
 //! Deletion, honouring `deletionPolicy`: stop the installer's tasks, uninstall the vCluster,
-//! delete the host namespace, then with `Delete` run the storage cleanup Job and remove the state
+//! delete the host namespace (with `Retain`, its bound volumes set to `Retain` first), then with `Delete` run the storage cleanup Job and remove the state
 //! and the kubeconfig Secret, and only then let the finalizer go. A failed step never drops it.
 //! Nothing whose ownership marks name someone else is ever uninstalled, deleted or cleaned: a
 //! host namespace of another instance, a kubeconfig Secret that is not this instance's, a cleanup
@@ -37,6 +37,10 @@ pub fn decide(o: &Observed) -> Plan {
     };
     if o.host != HostNamespace::Missing {
         if o.host != HostNamespace::Terminating {
+            // Retain keeps the volumes bound in it: set to Retain and recorded first.
+            if o.deletion_policy == DeletionPolicy::Retain && !o.volumes.is_empty() {
+                plan.act(Action::RetainVolumes(o.volumes.clone()));
+            }
             plan.act(Action::DeleteNamespace);
         }
         return step(

@@ -462,6 +462,9 @@ pub struct Observed {
     pub cleanup: Cleanup,
     /// The instance's state directory exists.
     pub state_exists: bool,
+    /// The PersistentVolumes bound to claims in the host namespace (read while deleting with
+    /// `Retain`): each name, and whether it is `Retain` already.
+    pub volumes: Vec<(String, bool)>,
     /// `service/vcluster` against the record.
     pub owner_service: OwnerService,
     /// The installer's view.
@@ -505,6 +508,9 @@ pub enum Action {
     CancelHelm,
     /// Start (or queue) a helm task that uninstalls the vCluster.
     UninstallVCluster,
+    /// Set these volumes (bound in the host namespace; `true`: `Retain` already) to `Retain`
+    /// and record them all in the instance's state directory.
+    RetainVolumes(Vec<(String, bool)>),
     /// Delete the host namespace.
     DeleteNamespace,
     /// Create the storage cleanup Job.

@@ -28,6 +28,7 @@ fn base() -> Observed {
         protection: Protection::Protected,
         cleanup: Cleanup::Missing,
         state_exists: true,
+        volumes: Vec::new(),
         owner_service: OwnerService::Matches,
         install: InstallObserved {
             requested: "6.0.22".into(),
@@ -641,6 +642,33 @@ fn deleting(policy: DeletionPolicy) -> Observed {
         deletion_policy: policy,
         ..base()
     }
+}
+
+/// Issue 30, item 6: with `Retain`, the volumes bound in the host namespace are set to `Retain`
+/// and recorded before the namespace is deleted (in that order, so a failed patch keeps it);
+/// `Delete` and a namespace already going leave them.
+#[test]
+fn retain_keeps_the_volumes_before_the_namespace_goes() {
+    let volumes = vec![("pv-a".to_string(), false), ("pv-b".to_string(), true)];
+    let gone = |policy, host| Observed {
+        release: Release::Missing,
+        volumes: volumes.clone(),
+        host,
+        ..deleting(policy)
+    };
+    let ours = HostNamespace::Ours { current: true };
+    let plan = decide(&gone(DeletionPolicy::Retain, ours.clone()));
+    assert_eq!(
+        plan.actions,
+        [
+            Action::RetainVolumes(volumes.clone()),
+            Action::DeleteNamespace
+        ]
+    );
+    let plan = decide(&gone(DeletionPolicy::Delete, ours));
+    assert_eq!(plan.actions, [Action::DeleteNamespace]);
+    let plan = decide(&gone(DeletionPolicy::Retain, HostNamespace::Terminating));
+    assert!(plan.actions.is_empty());
 }
 
 #[test]

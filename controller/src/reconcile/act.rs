@@ -13,7 +13,7 @@ use common::names::{
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolume, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -83,6 +83,7 @@ pub async fn act(
                 record_storage_node(&t).await;
                 uninstall_vcluster(&t)
             }
+            Action::RetainVolumes(volumes) => retain_volumes(&t, volumes).await?,
             Action::DeleteNamespace => delete_namespace(&t).await?,
             Action::StartCleanup => start_cleanup(&t).await?,
             Action::ReplaceCleanup => replace_cleanup(&t).await?,
@@ -282,6 +283,33 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     }
     wrote(t.ctx, "namespace");
     Ok(())
+}
+
+/// The file in the instance's state directory naming (a JSON list) the volumes `Retain` kept.
+const RETAINED_VOLUMES_FILE: &str = "retained-volumes.json";
+
+/// Sets the volumes not yet `Retain` to `Retain` (a merge patch), then records them all, with
+/// those an earlier instance of the same name recorded, durably.
+async fn retain_volumes(t: &Target<'_>, volumes: &[(String, bool)]) -> Result<(), ReconcileError> {
+    let pvs = Api::<PersistentVolume>::all(t.ctx.client.clone());
+    let patch = json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
+    for (name, _) in volumes.iter().filter(|(_, retained)| !retained) {
+        (pvs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await)
+            .map_err(|e| ReconcileError::RetainVolumes(format!("persistentvolume/{name}: {e}")))?;
+        wrote(t.ctx, "persistentvolume");
+        tracing::info!(volume = %name, instance = %key(t.pi), "set to Retain: deleting with Retain");
+    }
+    let dir = state_path(&t.ctx.settings, t.pi);
+    let file = dir.join(RETAINED_VOLUMES_FILE);
+    let mut names: std::collections::BTreeSet<String> = std::fs::read(&file)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    names.extend(volumes.iter().map(|(name, _)| name.clone()));
+    let bytes = serde_json::to_vec_pretty(&names).unwrap_or_default();
+    installer::record::write_durably(&dir, RETAINED_VOLUMES_FILE, &bytes)
+        .map_err(|e| ReconcileError::RetainVolumes(format!("{}: {e}", file.display())))
 }
 
 /// The file in the instance's state directory naming the node that holds its storage.

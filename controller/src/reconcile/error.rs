@@ -27,6 +27,11 @@ pub enum ReconcileError {
     /// Pointing owner references of host objects (kind `.0`) at the recreated Service failed.
     #[error("relinking the owner references of host {0} failed: {1}")]
     RelinkOwnerService(&'static str, #[source] kube::Error),
+    /// Setting a volume bound in the host namespace to `Retain`, or recording it, failed.
+    #[error(
+        "keeping the volumes of the host namespace failed: {0}; the namespace is not deleted until they are kept; check the controller's RBAC for PersistentVolumes and the state volume"
+    )]
+    RetainVolumes(String),
     /// Deleting the host namespace failed.
     #[error("deleting the host namespace failed: {0}; the controller retries")]
     DeleteNamespace(#[source] kube::Error),
@@ -92,6 +97,7 @@ mod tests {
             ReconcileError::RecordOwnerService(api(500)),
             ReconcileError::RelinkOwnerService("secret", api(500)),
             ReconcileError::DeleteNamespace(api(500)),
+            ReconcileError::RetainVolumes("pv/a: denied".into()),
             ReconcileError::StartCleanup(api(403)),
             ReconcileError::ReplaceCleanup(api(409)),
             ReconcileError::RemoveState(
@@ -119,7 +125,7 @@ mod tests {
                 ),
             "{message}"
         );
-        assert!(errors[7].to_string().contains("--cleanup-namespace"));
-        assert!(errors[9].to_string().contains("/state/a/b"));
+        assert!(errors[8].to_string().contains("--cleanup-namespace"));
+        assert!(errors[10].to_string().contains("/state/a/b"));
     }
 }

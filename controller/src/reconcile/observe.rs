@@ -101,6 +101,7 @@ pub fn observe(
         protection: read.protection,
         cleanup: read.cleanup,
         state_exists: read.state_exists,
+        volumes: read.volumes,
         owner_service: match ours {
             Some(n) => owner_service(
                 n.annotations().get(OWNER_SERVICE_ANNOTATION),

@@ -1,6 +1,7 @@
 //! The reader: the only code of the reconciler that reads. It gathers one instance's world (host
 //! namespace, NetworkPolicy, Helm release records, `service/vcluster`, the control plane
-//! Deployment, exported and written kubeconfigs, cleanup Job, tasks, the installer's record) into
+//! Deployment, exported and written kubeconfigs, cleanup Job, the PersistentVolumes bound in the
+//! host namespace, tasks, the installer's record) into
 //! [`Read`], from the reflector stores ([`Source::Stored`]) or from the API server
 //! ([`Source::Live`], before anything is written). [`super::observe`] turns that into the
 //! decision's input without reading anything more.
@@ -17,7 +18,7 @@ use common::names::{
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -72,6 +73,8 @@ pub(crate) struct Read {
     pub protection: Protection,
     /// The instance's state directory exists.
     pub state_exists: bool,
+    /// The PersistentVolumes bound in the host namespace (see [`volumes`]).
+    pub volumes: Vec<(String, bool)>,
 }
 
 /// Reads one instance's world from `source`.
@@ -144,6 +147,9 @@ pub(crate) async fn read(
         .await?;
     read.cleanup = cleanup(ctx, pi, &host_ns).await?;
     let deleting = pi.meta().deletion_timestamp.is_some();
+    if ours && deleting && pi.spec.deletion_policy == DeletionPolicy::Retain {
+        read.volumes = volumes(ctx, &host_ns).await?;
+    }
     if read.serves == Some(true)
         && !deleting
         && ctx.settings.install_platform
@@ -242,6 +248,24 @@ async fn release(
             .collect(),
     };
     Ok(release_from_records(&records))
+}
+
+/// The PersistentVolumes whose claim is in `host_ns`, from the API server: each name, and whether
+/// it is `Retain` already. No other volume is ever named.
+async fn volumes(ctx: &Context, host_ns: &str) -> Result<Vec<(String, bool)>, ReconcileError> {
+    let list = Api::<PersistentVolume>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(observing("the PersistentVolumes"))?;
+    Ok((list.items.into_iter())
+        .filter_map(|pv| {
+            let spec = pv.spec?;
+            (spec.claim_ref?.namespace.as_deref() == Some(host_ns)).then(|| {
+                let retained = spec.persistent_volume_reclaim_policy.as_deref() == Some("Retain");
+                (pv.metadata.name.unwrap_or_default(), retained)
+            })
+        })
+        .collect())
 }
 
 /// The text under `key` of `secret`, if it has that key.

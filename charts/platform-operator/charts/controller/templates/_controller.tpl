@@ -185,6 +185,11 @@ rules:
   - apiGroups: [apps]
     resources: [deployments, statefulsets, replicasets]
     verbs: [get, list, watch, create, update, patch, delete]
+  # Deleting with Retain: the PersistentVolumes bound to claims in the host namespace are read
+  # and set to Retain (a merge patch) before the namespace goes.
+  - apiGroups: [""]
+    resources: [persistentvolumes]
+    verbs: [get, list, patch]
   # Events about instances.
   - apiGroups: [events.k8s.io]
     resources: [events]
