@@ -398,7 +398,8 @@ async fn main() -> anyhow::Result<()> {
             controller::reconcile::vcluster_values(
                 &args.storage_root_base,
                 &host,
-                args.pod_security_standard
+                args.pod_security_standard,
+                None
             )
         );
         return Ok(());

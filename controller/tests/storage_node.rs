@@ -44,10 +44,13 @@ async fn add_node(cluster: &e2e::shared::Shared, controller: &Controller, name: 
         controller,
         || {
             let node = get(cluster, &["get", "node", name])?;
-            let ready = node["status"]["conditions"].as_array()?.iter().any(|c| {
-                c["type"] == "Ready" && c["status"] == "True"
-            });
-            let tainted = node["spec"]["taints"].as_array().is_some_and(|t| !t.is_empty());
+            let ready = node["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            let tainted = node["spec"]["taints"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty());
             (ready && !tainted).then_some(())
         },
     )
@@ -57,7 +60,9 @@ async fn add_node(cluster: &e2e::shared::Shared, controller: &Controller, name: 
 /// Cordons every node but `keep` (nodes an earlier test left too), or uncordons the shared one.
 fn cordon(cluster: &e2e::shared::Shared, keep: Option<&str>) {
     let Some(keep) = keep else {
-        cluster.kubectl_ok(&["uncordon", NODE_NAME], None).expect("uncordon");
+        cluster
+            .kubectl_ok(&["uncordon", NODE_NAME], None)
+            .expect("uncordon");
         return;
     };
     let nodes = get(cluster, &["get", "nodes"]).expect("nodes");
@@ -78,8 +83,14 @@ fn control_plane_pods(cluster: &e2e::shared::Shared, host: &str) -> Vec<(String,
         .flatten()
         .map(|p| {
             (
-                p["spec"]["nodeName"].as_str().unwrap_or_default().to_string(),
-                p["status"]["phase"].as_str().unwrap_or_default().to_string(),
+                p["spec"]["nodeName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                p["status"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
             )
         })
         .collect()
@@ -228,7 +239,10 @@ async fn a_delete_whose_storage_node_is_gone_is_blocked_naming_it() {
     )
     .await;
     cluster
-        .kubectl_ok(&["-n", &team, "delete", "pi", "doomed", "--wait=false"], None)
+        .kubectl_ok(
+            &["-n", &team, "delete", "pi", "doomed", "--wait=false"],
+            None,
+        )
         .expect("delete instance");
     let pi = reaches(
         (&cluster, &controller),

@@ -185,6 +185,10 @@ rules:
   - apiGroups: [apps]
     resources: [deployments, statefulsets, replicasets]
     verbs: [get, list, watch, create, update, patch, delete]
+  # The node that holds an instance's storage: whether it still exists (get only).
+  - apiGroups: [""]
+    resources: [nodes]
+    verbs: [get]
   # Events about instances.
   - apiGroups: [events.k8s.io]
     resources: [events]
