@@ -220,6 +220,7 @@ async fn main() {
                 "/var/lib/platform-operator/storage",
                 &ns,
                 controller::pod_security::Level::Restricted,
+                None,
             );
             std::fs::write(&values, vals).expect("values");
             let home: PathBuf = dir.join(format!("home-{i}"));

@@ -408,7 +408,8 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             controller::reconcile::vcluster_values(
                 &args.storage_root_base,
                 &host,
-                args.pod_security_standard
+                args.pod_security_standard,
+                None
             )
         );
         return Ok(std::process::ExitCode::SUCCESS);

@@ -6,10 +6,11 @@
 //! Job of another UID (replaced, never believed).
 
 use common::crd::{DeletionPolicy, Phase};
+use common::names::FINALIZER;
 
 use super::model::{
     Action, Cleanup, Exported, HostNamespace, KubeconfigSecret, Observed, Plan, PlanBuilder,
-    Release, Requeue, TaskState,
+    Release, Requeue, StorageNode, TaskState,
 };
 use super::status::{self, Kstatus, Reason};
 
@@ -29,6 +30,9 @@ pub fn decide(o: &Observed) -> Plan {
     }
     if let HostNamespace::Foreign(other) = &o.host {
         return left_alone(o, plan, other);
+    }
+    if let StorageNode::Scheduled(node) = &o.storage_node {
+        plan.act(Action::RecordStorageNode(node.clone()));
     }
     // 1. Stop what runs: the vCluster release, then the host namespace.
     let mut plan = match uninstall(o, plan) {
@@ -142,12 +146,28 @@ fn uninstall(o: &Observed, mut plan: PlanBuilder) -> Result<PlanBuilder, Plan> {
     Err(step(plan, requeue, reason, message))
 }
 
-/// The storage cleanup Job, until it completes: what to report (looked at again on the poll
-/// cadence; a failed or timed-out Job waits for a person, who deletes it).
+/// The storage cleanup Job, pinned to the node that holds the storage, until it completes there:
+/// what to report (looked at again on the poll cadence; a failed or timed-out Job waits for a
+/// person, who deletes it). No Job runs while that node is gone, and none when no control plane
+/// pod was ever scheduled (no node holds a storage directory of the instance).
 fn cleanup(o: &Observed, plan: &mut PlanBuilder) -> Option<Kstatus> {
+    if let StorageNode::Recorded { node, gone: true } = &o.storage_node
+        && o.cleanup != Cleanup::Complete
+    {
+        return Some(Kstatus::reconciling(
+            Reason::CleanupBlocked,
+            format!(
+                "node {node}, which holds the instance's storage directory {}, is gone: no cleanup Job can run there; the cleanup runs when the node is back; if it never will, its disk and the data went with it: remove the finalizer {FINALIZER} by hand",
+                o.host_namespace
+            ),
+        ));
+    }
     match &o.cleanup {
         Cleanup::Missing => {
-            plan.act(Action::StartCleanup);
+            let StorageNode::Recorded { node, .. } = &o.storage_node else {
+                return None;
+            };
+            plan.act(Action::StartCleanup(node.clone()));
             Some(Kstatus::reconciling(
                 Reason::CleaningStorage,
                 "running the storage cleanup Job",

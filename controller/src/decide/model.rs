@@ -460,6 +460,11 @@ pub struct Observed {
     pub protection: Protection,
     /// The cleanup Job (deletion with `Delete` only).
     pub cleanup: Cleanup,
+    /// The node that holds the instance's hostPath storage.
+    pub storage_node: StorageNode,
+    /// The control plane's pod template requires the recorded storage node (true while none is
+    /// recorded, or no Deployment is there).
+    pub pinned: bool,
     /// The instance's state directory exists.
     pub state_exists: bool,
     /// The PersistentVolumes bound to claims in the host namespace (read while deleting with
@@ -469,6 +474,24 @@ pub struct Observed {
     pub owner_service: OwnerService,
     /// The installer's view.
     pub install: InstallObserved,
+}
+
+/// The node that holds the instance's hostPath storage, recorded (in its state directory) when
+/// its control plane is first seen scheduled.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StorageNode {
+    /// None recorded and no control plane pod scheduled: no node holds storage of the instance.
+    #[default]
+    Unknown,
+    /// None recorded yet; the control plane is scheduled on this node: record it.
+    Scheduled(String),
+    /// Recorded; `gone`: the node no longer exists (looked up only while it matters).
+    Recorded {
+        /// The node's name.
+        node: String,
+        /// The node object is gone.
+        gone: bool,
+    },
 }
 
 /// One thing to do, in order.
@@ -513,8 +536,10 @@ pub enum Action {
     RetainVolumes(Vec<(String, bool)>),
     /// Delete the host namespace.
     DeleteNamespace,
-    /// Create the storage cleanup Job.
-    StartCleanup,
+    /// Record the node that holds the instance's storage.
+    RecordStorageNode(String),
+    /// Create the storage cleanup Job, pinned to the node that holds the storage.
+    StartCleanup(String),
     /// Delete a cleanup Job of that name left by another instance (checked by its UID first).
     ReplaceCleanup,
     /// Remove the instance's state directory.

@@ -9,7 +9,7 @@ use common::crd::Phase;
 use super::install;
 use super::model::{
     Action, Exported, HostNamespace, KubeconfigSecret, Observed, OwnerService, Plan, PlanBuilder,
-    Release, Requeue, TaskState,
+    Release, Requeue, StorageNode, TaskState,
 };
 use super::status::{self, Cond, Kstatus, Reason};
 
@@ -38,6 +38,9 @@ pub fn decide(o: &Observed) -> Plan {
     if o.host != (HostNamespace::Ours { current: true }) {
         plan.act(Action::ApplyNamespace);
     }
+    if let StorageNode::Scheduled(node) = &o.storage_node {
+        plan.act(Action::RecordStorageNode(node.clone()));
+    }
     plan.condition(Cond::yes(
         c::HOST_NAMESPACE_READY,
         Reason::HostNamespaceApplied,
@@ -48,6 +51,7 @@ pub fn decide(o: &Observed) -> Plan {
     }
     let (vcluster, requeue) = vcluster(o, &mut plan);
     let vcluster_ready = vcluster.status;
+    let node_gone = (vcluster.reason == Reason::StorageNodeGone).then(|| vcluster.message.clone());
     plan.condition(vcluster);
     if vcluster_ready {
         if let KubeconfigSecret::Foreign(secret) = &o.kubeconfig {
@@ -57,6 +61,10 @@ pub fn decide(o: &Observed) -> Plan {
         return install::decide(&o.install, plan, requeue);
     }
     waiting_for_vcluster(o, &mut plan);
+    if let Some(message) = node_gone {
+        let stalled = Kstatus::stalled(Reason::StorageNodeGone, message);
+        return plan.finish(Phase::Failed, requeue, stalled);
+    }
     let (phase, reconciling) = match &o.task {
         TaskState::Idle if matches!(o.exported, Exported::Refused(_)) && release_current(o) => (
             Phase::Failed,
@@ -126,9 +134,10 @@ fn waiting_for_vcluster(o: &Observed, plan: &mut PlanBuilder) {
     plan.condition(install::installed_while_waiting(&o.install));
 }
 
-/// The chart's release is deployed from the shipped chart.
+/// The chart's release is deployed from the shipped chart, pinned to the storage node.
 fn release_current(o: &Observed) -> bool {
-    matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
+    o.pinned
+        && matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
 }
 
 /// `service/vcluster` against the record, once the release is current and no helm task runs:
@@ -204,7 +213,12 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
         }
         (_, Release::Deployed { .. }) if !current => {
             plan.act(install);
-            let message = format!("upgrading the vCluster to chart {}", o.chart_version);
+            let message = match &o.storage_node {
+                StorageNode::Recorded { node, .. } if !o.pinned => format!(
+                    "pinning the vCluster's control plane to node {node}, which holds its storage"
+                ),
+                _ => format!("upgrading the vCluster to chart {}", o.chart_version),
+            };
             (Reason::Upgrading, message, Requeue::Poll)
         }
         (_, Release::Deployed { .. }) => return serving(o),
@@ -217,7 +231,15 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
 /// (main.rs): polling the ~50 instances that wait for them at a time while a thousand provision
 /// made most of the reconciles. No watch sees the vCluster's API: it is probed at each poll.
 fn serving(o: &Observed) -> (Cond, Requeue) {
-    let (reason, message, requeue) = if !o.statefulset_ready {
+    let (reason, message, requeue) = if let (false, StorageNode::Recorded { node, gone: true }) =
+        (o.statefulset_ready, &o.storage_node)
+    {
+        let message = format!(
+            "the control plane is pinned to node {node}, which holds its storage (the directory {}) and is gone: bring the node back and the instance resumes; if its disk is lost, so is the vCluster's data: delete the instance",
+            o.host_namespace
+        );
+        (Reason::StorageNodeGone, message, Requeue::Poll)
+    } else if !o.statefulset_ready {
         let message = "waiting for the vCluster control plane (deployment/vcluster) to be ready";
         (
             Reason::WaitingForControlPlane,

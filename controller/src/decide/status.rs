@@ -57,6 +57,7 @@ pub enum Reason {
     DowngradeRefused,
     CleanupBlocked,
     CleanupTimedOut,
+    StorageNodeGone,
     HelmTimedOut,
     ReconcileFailed,
     Idle,
@@ -96,6 +97,7 @@ impl Reason {
             | DowngradeRefused
             | CleanupBlocked
             | CleanupTimedOut
+            | StorageNodeGone
             | HelmTimedOut
             | ReconcileFailed
             | DriftDetected
@@ -332,6 +334,7 @@ mod tests {
             DowngradeRefused,
             CleanupBlocked,
             CleanupTimedOut,
+            StorageNodeGone,
             HelmTimedOut,
             ReconcileFailed,
             Idle,
@@ -361,12 +364,13 @@ mod tests {
 
     /// The rule Events followed when severity was read from reason strings.
     fn string_rule(type_: &str, status: bool, reason: &str) -> EventType {
-        const WARNINGS: [&str; 16] = [
+        const WARNINGS: [&str; 17] = [
             "LeftAlone",
             "KubeconfigRefused",
             "DowngradeRefused",
             "CleanupBlocked",
             "CleanupTimedOut",
+            "StorageNodeGone",
             "HelmTimedOut",
             "DriftDetected",
             "ProgramOutOfMemory",

@@ -27,6 +27,11 @@ fn base() -> Observed {
         kubeconfig: KubeconfigSecret::Current,
         protection: Protection::Protected,
         cleanup: Cleanup::Missing,
+        storage_node: StorageNode::Recorded {
+            node: "node-1".into(),
+            gone: false,
+        },
+        pinned: true,
         state_exists: true,
         volumes: Vec::new(),
         owner_service: OwnerService::Matches,
@@ -720,7 +725,10 @@ fn delete_cleans_storage_then_state_then_lets_go() {
         host: HostNamespace::Missing,
         ..deleting(DeletionPolicy::Delete)
     };
-    assert_eq!(decide(&gone).actions, [Action::StartCleanup]);
+    assert_eq!(
+        decide(&gone).actions,
+        [Action::StartCleanup("node-1".into())]
+    );
     assert!(
         decide(&Observed {
             cleanup: Cleanup::Running,
@@ -803,7 +811,7 @@ fn destructive(plan: &Plan) -> Vec<&Action> {
                 a,
                 Action::UninstallVCluster
                     | Action::DeleteNamespace
-                    | Action::StartCleanup
+                    | Action::StartCleanup(_)
                     | Action::ReplaceCleanup
                     | Action::RemoveState
                     | Action::DeleteKubeconfig
@@ -1049,4 +1057,83 @@ fn a_failed_action_reaches_status() {
     let ready = want(&plan, c::READY);
     assert!(ready.message.contains("forbidden"), "{}", ready.message);
     assert_eq!(ready.severity(), kube::runtime::events::EventType::Warning);
+}
+
+#[test]
+fn the_control_plane_is_recorded_pinned_and_stalls_when_its_node_is_gone() {
+    let first = decide(&Observed {
+        storage_node: StorageNode::Scheduled("node-2".into()),
+        ..base()
+    });
+    assert!(
+        first
+            .actions
+            .contains(&Action::RecordStorageNode("node-2".into()))
+    );
+    let unpinned = decide(&Observed {
+        pinned: false,
+        ..base()
+    });
+    assert!(
+        unpinned
+            .actions
+            .contains(&Action::InstallVCluster { recover: false })
+    );
+    assert_eq!(cond(&unpinned, c::VCLUSTER_READY), (false, "Upgrading"));
+    assert!(
+        want(&unpinned, c::VCLUSTER_READY)
+            .message
+            .contains("node-1")
+    );
+    let gone = decide(&Observed {
+        statefulset_ready: false,
+        storage_node: StorageNode::Recorded {
+            node: "node-1".into(),
+            gone: true,
+        },
+        ..base()
+    });
+    assert!(gone.actions.is_empty(), "{:?}", gone.actions);
+    assert_eq!(gone.phase, Phase::Failed);
+    assert_eq!(cond(&gone, c::STALLED), (true, "StorageNodeGone"));
+    assert_eq!(cond(&gone, c::VCLUSTER_READY), (false, "StorageNodeGone"));
+    assert!(want(&gone, c::STALLED).message.contains("node-1"));
+}
+
+#[test]
+fn a_cleanup_runs_only_on_its_storage_node_and_waits_while_it_is_gone() {
+    let gone = Observed {
+        storage_node: StorageNode::Recorded {
+            node: "node-1".into(),
+            gone: true,
+        },
+        ..cleaning()
+    };
+    for cleanup in [Cleanup::Missing, Cleanup::Running] {
+        let plan = decide(&Observed {
+            cleanup: cleanup.clone(),
+            ..gone.clone()
+        });
+        assert!(plan.actions.is_empty(), "{cleanup:?}: {:?}", plan.actions);
+        assert_eq!(cond(&plan, c::READY), (false, "CleanupBlocked"));
+        assert!(want(&plan, c::READY).message.contains("node-1"));
+    }
+    // Completed there before the node went: done.
+    let done = decide(&Observed {
+        cleanup: Cleanup::Complete,
+        ..gone
+    });
+    assert!(done.actions.contains(&Action::RemoveFinalizer));
+    // No control plane pod was ever scheduled: no node holds storage, no Job runs anywhere.
+    let never = decide(&Observed {
+        storage_node: StorageNode::Unknown,
+        ..cleaning()
+    });
+    assert!(
+        !never
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::StartCleanup(_)))
+    );
+    assert!(never.actions.contains(&Action::RemoveFinalizer));
 }

@@ -31,18 +31,17 @@ pub fn load(dir: &Path) -> Result<Record, Unreadable> {
     }
 }
 
-/// Writes the record into `dir` durably: a temporary file, synced, renamed over the old one,
-/// and the folder synced, so a crash leaves the old record or the new one, never neither.
+/// Writes the record into `dir` durably ([`write_durably`]).
 pub fn store(dir: &Path, record: &Record) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
     write_durably(dir, FILE, &bytes)
 }
 
-/// Writes `bytes` as the file `name` in `dir` durably (as [`store`] does).
+/// Writes `bytes` to `dir/name` durably: a temporary file, synced, renamed over the old one, and
+/// the folder synced, so a crash leaves the old content or the new one, never neither.
 pub fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let file = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
+    let (file, tmp) = (dir.join(name), dir.join(format!(".{name}.tmp")));
     let mut out = std::fs::File::create(&tmp)?;
     std::io::Write::write_all(&mut out, bytes)?;
     out.sync_all()?;

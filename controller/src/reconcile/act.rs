@@ -11,7 +11,6 @@ use common::names::{
     VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
 };
 use futures::FutureExt;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolume, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -23,7 +22,7 @@ use serde_json::json;
 
 use super::error::{ReconcileError, observing};
 use super::observe::Found;
-use super::{Context, install_key, key, preview_key, state_path, task_keys};
+use super::{Context, STORAGE_NODE_FILE, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
 use crate::api::{apply, delete_if, delete_ignoring_404, gone_is_done, manager};
 use crate::decide::Action;
@@ -79,13 +78,11 @@ pub async fn act(
                     tracing::info!(instance = %key(pi), "cancelled a queued helm install: the instance is being deleted");
                 }
             }
-            Action::UninstallVCluster => {
-                record_storage_node(&t).await;
-                uninstall_vcluster(&t)
-            }
+            Action::RecordStorageNode(node) => record_storage_node(&t, node)?,
+            Action::UninstallVCluster => uninstall_vcluster(&t),
             Action::RetainVolumes(volumes) => retain_volumes(&t, volumes).await?,
             Action::DeleteNamespace => delete_namespace(&t).await?,
-            Action::StartCleanup => start_cleanup(&t).await?,
+            Action::StartCleanup(node) => start_cleanup(&t, node).await?,
             Action::ReplaceCleanup => replace_cleanup(&t).await?,
             Action::RemoveState => remove_state(&t)?,
             Action::DeleteKubeconfig => delete_kubeconfig(&t).await?,
@@ -312,44 +309,17 @@ async fn retain_volumes(t: &Target<'_>, volumes: &[(String, bool)]) -> Result<()
         .map_err(|e| ReconcileError::RetainVolumes(format!("{}: {e}", file.display())))
 }
 
-/// The file in the instance's state directory naming the node that holds its storage.
-const STORAGE_NODE_FILE: &str = "storage-node";
-
-/// Records the node the vCluster's pod runs on, where the cleanup Job must run. Best effort.
-async fn record_storage_node(t: &Target<'_>) {
-    let listed = match Api::<Deployment>::namespaced(t.ctx.client.clone(), &t.host_ns)
-        .get_opt(VCLUSTER)
-        .await
-    {
-        Ok(Some(d)) => {
-            control_plane::pods(&t.ctx.client, &t.host_ns, &d.uid().unwrap_or_default()).await
-        }
-        Ok(None) => Ok(Vec::new()),
-        Err(e) => Err(e),
-    };
-    let node = match listed {
-        Ok(pods) => pods
-            .into_iter()
-            .find_map(|p| p.spec.and_then(|s| s.node_name)),
-        Err(e) => {
-            tracing::warn!(host = %t.host_ns, error = %e, "listing the vCluster's pods failed; the cleanup Job will not be pinned to their node");
-            None
-        }
-    };
-    let Some(node) = node else { return };
+/// Records, durably, the node the control plane was first scheduled on: it holds the storage.
+fn record_storage_node(t: &Target<'_>, node: &str) -> Result<(), ReconcileError> {
     let dir = state_path(&t.ctx.settings, t.pi);
-    if let Err(e) = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(dir.join(STORAGE_NODE_FILE), &node))
-    {
-        tracing::warn!(dir = %dir.display(), error = %e, "recording the storage node failed");
-    }
+    installer::record::write_durably(&dir, STORAGE_NODE_FILE, node.as_bytes())
+        .map_err(|e| ReconcileError::StorageNode(dir.join(STORAGE_NODE_FILE), e))?;
+    tracing::info!(instance = %key(t.pi), %node, "recorded the node that holds the storage");
+    Ok(())
 }
 
-async fn start_cleanup(t: &Target<'_>) -> Result<(), ReconcileError> {
+async fn start_cleanup(t: &Target<'_>, node: &str) -> Result<(), ReconcileError> {
     let settings = &t.ctx.settings;
-    // Pinned to the node the vCluster ran on (see `record_storage_node`), where its storage is.
-    let node = std::fs::read_to_string(state_path(settings, t.pi).join(STORAGE_NODE_FILE)).ok();
-    let node = node.as_deref().map(str::trim).filter(|n| !n.is_empty());
     let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), &t.uid, node);
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &settings.cleanup_namespace);
     apply(&jobs, &t.host_ns, &job)
@@ -434,7 +404,7 @@ fn chart_install(t: &Target<'_>) -> impl Future<Output = Result<(), TaskError>> 
         t.ctx.settings.clone(),
         t.host_ns.clone(),
     );
-    let client = t.ctx.client.clone();
+    let (client, node) = (t.ctx.client.clone(), t.found.storage_node.clone());
     let guard = owner_check(t);
     async move {
         guard.await?;
@@ -445,6 +415,7 @@ fn chart_install(t: &Target<'_>) -> impl Future<Output = Result<(), TaskError>> 
             &settings.storage_root_base,
             &namespace,
             settings.pod_security,
+            node.as_deref(),
         );
         helm.upgrade_install(
             &namespace,

@@ -45,6 +45,9 @@ pub enum ReconcileError {
         "replacing the cleanup Job another instance left failed: {0}; check the controller's RBAC for Jobs in --cleanup-namespace"
     )]
     ReplaceCleanup(#[source] kube::Error),
+    /// Reading or writing the record `.0` of the node that holds the storage failed.
+    #[error("reading or writing {0} failed: {1}; check the state volume")]
+    StorageNode(PathBuf, #[source] std::io::Error),
     /// Removing the state directory `.0` failed.
     #[error("removing the state directory {0} failed: {1}; check the state volume")]
     RemoveState(PathBuf, #[source] std::io::Error),

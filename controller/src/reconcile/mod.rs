@@ -127,6 +127,9 @@ fn task_keys(pi: &PlatformInstance) -> [String; 3] {
 }
 
 /// The instance's state directory under `--state-dir`.
+/// The file in the instance's state directory naming the node that holds its storage.
+const STORAGE_NODE_FILE: &str = "storage-node";
+
 fn state_path(settings: &Settings, pi: &PlatformInstance) -> PathBuf {
     settings
         .state_dir

@@ -132,7 +132,7 @@ pub fn cleanup_job(
     host_ns: &str,
     instance: &str,
     uid: &str,
-    node: Option<&str>,
+    node: &str,
 ) -> Job {
     let container = Container {
         name: "cleanup".to_string(),
@@ -199,7 +199,7 @@ pub fn cleanup_job(
                 metadata: None,
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".to_string()),
-                    node_name: node.map(str::to_string),
+                    node_name: Some(node.to_string()),
                     automount_service_account_token: Some(false),
                     containers: vec![container],
                     volumes: Some(vec![volume]),
@@ -212,10 +212,23 @@ pub fn cleanup_job(
     }
 }
 
+/// The control plane's affinity to `node`, which holds its hostPath storage: the node by name
+/// (`metadata.name`, as the DaemonSet controller pins its pods), not by a label that may differ.
+pub fn pin(node: &str) -> serde_json::Value {
+    let by_name = json!({"key": "metadata.name", "operator": "In", "values": [node]});
+    let terms = json!({"nodeSelectorTerms": [{"matchFields": [by_name]}]});
+    json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}})
+}
+
 /// The vCluster chart's values for one instance (only keys of the chart's `values.schema.json`,
-/// which refuses any other).
-pub fn vcluster_values(storage_root_base: &str, host_ns: &str, pod_security: Level) -> String {
-    let values = json!({
+/// which refuses any other), its control plane pinned to `node` once one holds its storage.
+pub fn vcluster_values(
+    storage_root_base: &str,
+    host_ns: &str,
+    pod_security: Level,
+    node: Option<&str>,
+) -> String {
+    let mut values = json!({
         "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
         "controlPlane": {
             // vCluster's serving certificate names `vcluster`, `vcluster.<namespace>`, its IPs,
@@ -232,6 +245,9 @@ pub fn vcluster_values(storage_root_base: &str, host_ns: &str, pod_security: Lev
         // host's CNI enforces only what vCluster syncs to the host namespace (off by default).
         "sync": {"toHost": {"networkPolicies": {"enabled": true}}}
     });
+    if let Some(node) = node {
+        values["controlPlane"]["statefulSet"]["scheduling"] = json!({"affinity": pin(node)});
+    }
     serde_saphyr::to_string(&values).unwrap_or_default()
 }
 
@@ -323,7 +339,13 @@ mod tests {
         );
         let settings = settings();
         assert_eq!(
-            value(cleanup_job(&settings, host_ns, "team-a/one", "u-1", None)),
+            value(cleanup_job(
+                &settings,
+                host_ns,
+                "team-a/one",
+                "u-1",
+                "node-1"
+            )),
             json!({
                 "apiVersion": "batch/v1",
                 "kind": "Job",
@@ -336,6 +358,7 @@ mod tests {
                     "ttlSecondsAfterFinished": 86400,
                     "template": {"spec": {
                         "restartPolicy": "Never",
+                        "nodeName": "node-1",
                         "automountServiceAccountToken": false,
                         "containers": [{
                             "name": "cleanup",
@@ -377,6 +400,7 @@ mod tests {
             "/srv/instances/",
             "pi-a-b-1234",
             Level::Restricted,
+            Some("node-7"),
         ))
         .expect("yaml");
         let mut roots: Vec<&str> = values
@@ -406,6 +430,12 @@ mod tests {
             persistence["dataVolume"][0]["hostPath"]["path"],
             "/srv/instances/pi-a-b-1234"
         );
+        let term = &values["controlPlane"]["statefulSet"]["scheduling"]["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
+        assert_eq!(
+            term["matchFields"],
+            json!([{"key": "metadata.name", "operator": "In", "values": ["node-7"]}])
+        );
     }
 
     #[test]
@@ -415,7 +445,7 @@ mod tests {
             cleanup_ttl: Duration::from_secs(600),
             ..settings()
         };
-        let job = value(cleanup_job(&settings, "pi-x", "a/b", "u-2", Some("node-7")));
+        let job = value(cleanup_job(&settings, "pi-x", "a/b", "u-2", "node-7"));
         assert_eq!(job["spec"]["backoffLimit"], 0);
         assert_eq!(job["spec"]["ttlSecondsAfterFinished"], 600);
         assert_eq!(job["spec"]["activeDeadlineSeconds"], 1800);

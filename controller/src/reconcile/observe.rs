@@ -15,7 +15,7 @@ use super::reader::Read;
 use super::{Settings, key, objects};
 use crate::decide::model::{
     Cleanup, Exported, HostNamespace, InstallObserved, InstallOutcome, KubeconfigSecret, Observed,
-    OwnerService, Release, TaskState,
+    OwnerService, Release, StorageNode, TaskState,
 };
 use crate::decide::ownership;
 use crate::installer::config::{self as program, ProgramConfig};
@@ -29,6 +29,8 @@ pub struct Found {
     pub config: Option<ProgramConfig>,
     /// The installer's record.
     pub record: Record,
+    /// The node that holds the storage (recorded, or to be recorded), to pin the control plane to.
+    pub storage_node: Option<String>,
 }
 
 /// Observes one instance from what was `read`, at `now`.
@@ -100,6 +102,22 @@ pub fn observe(
         kubeconfig,
         protection: read.protection,
         cleanup: read.cleanup,
+        pinned: match (&read.storage_node, read.deployment.as_deref()) {
+            (Some(node), Some(d)) => {
+                let template = d.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+                let affinity = template.and_then(|t| serde_json::to_value(&t.affinity).ok());
+                affinity == Some(objects::pin(node))
+            }
+            _ => true,
+        },
+        storage_node: match (read.storage_node.clone(), read.scheduled_on.clone()) {
+            (Some(node), _) => StorageNode::Recorded {
+                node,
+                gone: read.storage_node_gone,
+            },
+            (None, Some(node)) => StorageNode::Scheduled(node),
+            (None, None) => StorageNode::Unknown,
+        },
         state_exists: read.state_exists,
         volumes: read.volumes,
         owner_service: match ours {
@@ -126,6 +144,7 @@ pub fn observe(
         exported,
         config: config.and_then(Result::ok),
         record: read.record,
+        storage_node: read.storage_node.or(read.scheduled_on),
     };
     (observed, found)
 }

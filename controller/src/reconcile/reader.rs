@@ -18,7 +18,7 @@ use common::names::{
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, Secret};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::{ReconcileError, observing};
 use super::stores::Stores;
-use super::{Context, key, state_path, task_keys};
+use super::{Context, STORAGE_NODE_FILE, key, state_path, task_keys};
 use crate::decide::model::{Cleanup, Protection, Release, TaskState};
 use crate::decide::ownership;
 use crate::helm::{RELEASE, release_from_records};
@@ -61,6 +61,13 @@ pub(crate) struct Read {
     pub kubeconfig: Option<Arc<Secret>>,
     /// The cleanup Job (deleting with `Delete` only).
     pub cleanup: Cleanup,
+    /// The node recorded as holding the storage.
+    pub storage_node: Option<String>,
+    /// With none recorded, the node the control plane's pod is scheduled on.
+    pub scheduled_on: Option<String>,
+    /// The recorded node is gone (looked up only while the control plane is not ready, or the
+    /// storage is to be cleaned).
+    pub storage_node_gone: bool,
     /// Tenant auth's client secret, when the program's config is put together.
     pub client_secret: Option<Result<String, String>>,
     /// The helm, install and preview tasks (read before the record).
@@ -94,10 +101,19 @@ pub(crate) async fn read(
             .map_err(observing(format!("namespace {host_ns}")))?
             .map(Arc::new),
     };
+    let record = state_path(&ctx.settings, pi).join(STORAGE_NODE_FILE);
+    let storage_node = match std::fs::read_to_string(&record) {
+        Ok(node) => Some(node.trim().to_string()).filter(|n| !n.is_empty()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(ReconcileError::StorageNode(record, e)),
+    };
     let mut read = Read {
         namespace,
+        storage_node,
         ..Read::default()
     };
+    let deleting = pi.meta().deletion_timestamp.is_some();
+    let mut look_at_node = deleting && pi.spec.deletion_policy == DeletionPolicy::Delete;
     let ours = read
         .namespace
         .as_deref()
@@ -128,8 +144,15 @@ pub(crate) async fn read(
             )
             .await?
             .and_then(|s| secret_text(&s, EXPORTED_KUBECONFIG_KEY));
+        if let (None, Some(d)) = (&read.storage_node, &read.deployment) {
+            let uid = d.uid().unwrap_or_default();
+            let pods = super::control_plane::pods(&ctx.client, &host_ns, &uid).await;
+            let pods = pods.map_err(observing("the control plane's pods"))?;
+            read.scheduled_on = pods.into_iter().find_map(|p| p.spec?.node_name);
+        }
         let ready = matches!(read.release, Some(Release::Deployed { .. }))
             && (read.deployment.as_deref()).is_some_and(super::control_plane::ready);
+        look_at_node |= !ready;
         if !ready {
             ctx.probes.forget(&host_ns);
         } else if let Some(kubeconfig) = &read.exported
@@ -145,8 +168,12 @@ pub(crate) async fn read(
             "the kubeconfig Secret",
         )
         .await?;
+    if let Some(node) = read.storage_node.as_deref().filter(|_| look_at_node) {
+        let nodes = Api::<Node>::all(ctx.client.clone());
+        let found = nodes.get_metadata_opt(node).await;
+        read.storage_node_gone = found.map_err(observing(format!("node {node}")))?.is_none();
+    }
     read.cleanup = cleanup(ctx, pi, &host_ns).await?;
-    let deleting = pi.meta().deletion_timestamp.is_some();
     if ours && deleting && pi.spec.deletion_policy == DeletionPolicy::Retain {
         read.volumes = volumes(ctx, &host_ns).await?;
     }

@@ -14,7 +14,7 @@ use futures::future::FutureExt;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, PodSpec, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::{Api, PartialObjectMeta};
@@ -39,7 +39,7 @@ pub struct Stores {
     pub releases: Store<PartialObjectMeta<Secret>>,
     /// `service/vcluster` of each host namespace (metadata).
     pub services: Store<PartialObjectMeta<Service>>,
-    /// `deployment/vcluster` of each host namespace, without its pod template.
+    /// `deployment/vcluster` of each host namespace, of its pod template only the affinity.
     pub deployments: Store<Deployment>,
     /// The kubeconfig each vCluster exports (`secret/vc-vcluster`, its `config` key only).
     pub exported: Store<Secret>,
@@ -129,8 +129,14 @@ impl Stores {
             Api::<Deployment>::all(client.clone()),
             by_name(VCLUSTER),
             |d: &mut Deployment| {
+                // Of the pod template only the affinity (the pin to the storage node) is kept.
                 if let Some(spec) = d.spec.as_mut() {
+                    let affinity = spec.template.spec.take().and_then(|s| s.affinity);
                     spec.template = Default::default();
+                    spec.template.spec = affinity.map(|a| PodSpec {
+                        affinity: Some(a),
+                        ..PodSpec::default()
+                    });
                 }
             },
         );

@@ -190,6 +190,10 @@ rules:
   - apiGroups: [""]
     resources: [persistentvolumes]
     verbs: [get, list, patch]
+  # The node that holds an instance's storage: whether it still exists (get only).
+  - apiGroups: [""]
+    resources: [nodes]
+    verbs: [get]
   # Events about instances.
   - apiGroups: [events.k8s.io]
     resources: [events]
