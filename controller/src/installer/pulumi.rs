@@ -215,9 +215,11 @@ impl std::fmt::Debug for ConfigValue {
     }
 }
 
-/// The backend URL of a backend folder.
+/// The backend URL of a backend folder. `metadata=skip`: the file backend writes no metadata
+/// sidecar (`<file>.attrs`) beside each file; it writes those in place, not atomically, so a run
+/// killed while writing one left it empty, and every later run failed to load the checkpoint.
 pub fn backend_url(backend: &Path) -> String {
-    format!("file://{}", backend.display())
+    format!("file://{}?metadata=skip", backend.display())
 }
 
 impl Stack {
