@@ -225,6 +225,20 @@ impl Args {
                 "--watch-namespace {namespace:?} is not a namespace name: use lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit"
             );
         }
+        if let Some(path) = &self.vcluster_extra_values {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --vcluster-extra-values {}", path.display()))?;
+            let values: serde_json::Value = serde_saphyr::from_str(&text).with_context(|| {
+                format!("--vcluster-extra-values {} is not YAML", path.display())
+            })?;
+            anyhow::ensure!(
+                values
+                    .pointer("/controlPlane/statefulSet/scheduling/affinity")
+                    .is_none(),
+                "--vcluster-extra-values {} sets controlPlane.statefulSet.scheduling.affinity, which the controller sets itself to keep each control plane on the node that holds its storage: remove it (nodeSelector and tolerations may be set)",
+                path.display()
+            );
+        }
         anyhow::ensure!(
             !has_credentials(&self.installer.npm_registry),
             "--npm-registry carries credentials, which would be visible in the process list: put the URL in a Secret and pass its file with --npm-registry-file (the chart's npmRegistrySecret)"
@@ -663,5 +677,31 @@ mod tests {
                 .is_err_and(|e| e.to_string().contains("--cleanup-backoff-limit")),
             "a negative backoff limit is refused"
         );
+    }
+
+    #[test]
+    fn extra_values_may_not_replace_the_storage_node_pin() {
+        let dir = std::env::temp_dir().join(format!("extra-values-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (pinned, other) = (dir.join("pinned.yaml"), dir.join("other.yaml"));
+        let affinity = "controlPlane:\n  statefulSet:\n    scheduling:\n      affinity: {}\n";
+        std::fs::write(&pinned, affinity).expect("write");
+        std::fs::write(
+            &other,
+            "controlPlane:\n  statefulSet:\n    scheduling:\n      nodeSelector: {a: b}\n",
+        )
+        .expect("write");
+        let with = |file: &std::path::Path| {
+            parse_with(&["--vcluster-extra-values", file.to_str().expect("path")])
+                .expect("flags")
+                .check()
+        };
+        let refused = with(&pinned).expect_err("an affinity is refused");
+        assert!(
+            refused.to_string().contains("scheduling.affinity"),
+            "{refused}"
+        );
+        with(&other).expect("a nodeSelector is fine");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
