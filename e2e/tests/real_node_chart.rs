@@ -337,11 +337,12 @@ spec:
         install.elapsed().as_secs_f64()
     );
 
-    // Each pod: the built image by digest, on the real node, uid 1000 on a read-only root.
+    // Each pod: the built image by digest, on the real node, uid 1000 on a read-only root (the
+    // controller's container runs its supervisor and the controller, two processes).
     let mut addresses = Vec::new();
-    for (component, program) in [
-        ("controller", "/usr/local/bin/controller"),
-        ("webhook", "/usr/local/bin/webhook"),
+    for (component, program, processes) in [
+        ("controller", "/usr/local/bin/controller", 2),
+        ("webhook", "/usr/local/bin/webhook", 1),
     ] {
         let pod = pods(&cluster, component).remove(0);
         assert_eq!(pod["spec"]["nodeName"], e2e::real_node::NODE_NAME);
@@ -358,19 +359,21 @@ spec:
         let pids = container_processes(&cgroup, program);
         assert_eq!(
             pids.len(),
-            1,
-            "one {program} in the node's containers: {pids:?}"
+            processes,
+            "{program} in the node's containers: {pids:?}"
         );
-        assert!(
-            uids(pids[0]).iter().all(|u| *u == 1000),
-            "{program} runs as {:?}",
-            uids(pids[0])
-        );
-        let options = root_mount_options(pids[0]);
-        assert!(
-            options.split(',').any(|o| o == "ro"),
-            "{program}'s root is mounted {options}"
-        );
+        for pid in pids {
+            assert!(
+                uids(pid).iter().all(|u| *u == 1000),
+                "{program} runs as {:?}",
+                uids(pid)
+            );
+            let options = root_mount_options(pid);
+            assert!(
+                options.split(',').any(|o| o == "ro"),
+                "{program}'s root is mounted {options}"
+            );
+        }
         addresses.push((
             component,
             format!("{}:8080", pod["status"]["podIP"].as_str().expect("pod IP")),
