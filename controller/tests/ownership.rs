@@ -21,7 +21,7 @@ use common::names::{INSTANCE_UID_LABEL, host_namespace};
 use serde_json::Value;
 
 mod support;
-use support::{Controller, condition, fixture, get, wait_for};
+use support::{Controller, condition, fixture, get, reaches, wait_for};
 
 fn instance(ns: &str, name: &str, policy: &str) -> String {
     format!(
@@ -75,25 +75,6 @@ async fn gone(cluster: &e2e::shared::Shared, controller: &Controller, ns: &str, 
         },
     )
     .await;
-}
-
-/// Waits until instance `name` has condition `type_` at `status` with `reason`; the instance.
-async fn reaches(
-    (cluster, controller): (&e2e::shared::Shared, &Controller),
-    (ns, name): (&str, &str),
-    (type_, status, reason): (&str, &str, &str),
-    limit: Duration,
-) -> Value {
-    wait_for(
-        &format!("{name}: {type_}={status} {reason}"),
-        limit,
-        controller,
-        || {
-            let pi = get(cluster, &["-n", ns, "get", "pi", name])?;
-            (condition(&pi, type_) == Some((status.into(), reason.into()))).then_some(pi)
-        },
-    )
-    .await
 }
 
 /// Waits until instance `name` has its kubeconfig written; its UID.

@@ -20,7 +20,7 @@ use e2e::control_plane::NODE_NAME;
 use serde_json::Value;
 
 mod support;
-use support::{Controller, condition, fixture, get, wait_for};
+use support::{Controller, condition, fixture, get, reaches, wait_for};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -94,27 +94,6 @@ fn control_plane_pods(cluster: &e2e::shared::Shared, host: &str) -> Vec<(String,
             )
         })
         .collect()
-}
-
-/// Waits until instance `name` has condition `type_` at `status` with `reason`; the instance.
-async fn reaches(
-    (cluster, controller): (&e2e::shared::Shared, &Controller),
-    (ns, name): (&str, &str),
-    (type_, status, reason): (&str, &str, &str),
-    limit: Duration,
-) -> Value {
-    wait_for(
-        &format!("{name}: {type_}={status} {reason}"),
-        limit,
-        controller,
-        || {
-            let pi = get(cluster, &["-n", ns, "get", "pi", name]);
-            assert!(pi.is_some(), "{name} is gone");
-            let pi = pi?;
-            (condition(&pi, type_) == Some((status.into(), reason.into()))).then_some(pi)
-        },
-    )
-    .await
 }
 
 fn message(pi: &Value, type_: &str) -> String {

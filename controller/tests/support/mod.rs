@@ -405,3 +405,26 @@ pub fn gate(name: &str, figure: f64, limit: f64, unit: &str) {
     let verdict = if figure <= limit { "ok" } else { "over" };
     println!("gate {name}: {figure:.2}{unit} <= {limit}{unit}: {verdict}");
 }
+
+/// Waits until instance `name` has condition `type_` at `status` with `reason`; the instance.
+/// Fails at once if the instance is gone (the condition can no longer come).
+#[allow(dead_code)]
+pub async fn reaches(
+    (cluster, controller): (&Shared, &Controller),
+    (ns, name): (&str, &str),
+    (type_, status, reason): (&str, &str, &str),
+    limit: Duration,
+) -> Value {
+    wait_for(
+        &format!("{name}: {type_}={status} {reason}"),
+        limit,
+        controller,
+        || {
+            let pi = get(cluster, &["-n", ns, "get", "pi", name]);
+            assert!(pi.is_some(), "{name} is gone");
+            let pi = pi?;
+            (condition(&pi, type_) == Some((status.into(), reason.into()))).then_some(pi)
+        },
+    )
+    .await
+}
