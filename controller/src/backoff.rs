@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
+use crate::lock;
+
 /// The wait after the first failure.
 pub const BASE: Duration = Duration::from_secs(2);
 /// The longest wait.
@@ -36,7 +38,7 @@ pub struct Backoff {
 impl Backoff {
     /// Counts one more failure of `key` and returns how long to wait before the next try.
     pub fn failed(&self, key: &str) -> Duration {
-        let mut map = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = lock(&self.failures);
         let (failures, waits) = map.entry(key.to_string()).or_insert_with(|| (0, waits()));
         *failures = failures.saturating_add(1);
         waits.next().unwrap_or(CAP)
@@ -44,10 +46,7 @@ impl Backoff {
 
     /// A reconcile of `key` succeeded: the next failure waits about [`BASE`] again.
     pub fn succeeded(&self, key: &str) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+        lock(&self.failures).remove(key);
     }
 }
 

@@ -14,6 +14,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::time::Instant;
 
+use crate::lock;
+
 /// Lease settings: the flags, and the Lease and identity the binary fills in.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Election {
@@ -241,12 +243,6 @@ impl Watchdog {
     pub fn feed(&self, deadline: std::time::Instant) {
         *lock(&self.0) = deadline;
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

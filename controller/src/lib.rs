@@ -17,3 +17,10 @@ pub mod policy;
 pub mod reaper;
 pub mod reconcile;
 pub mod tasks;
+
+/// Locks `mutex`; a panic while it was held left nothing half-done worth refusing.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -17,6 +17,7 @@ use futures::future::{AbortHandle, Abortable, BoxFuture};
 #[cfg(doc)]
 use crate::decide::model::queue_place;
 use crate::decide::model::{TaskError, TaskState, place_bound};
+use crate::lock;
 
 /// The first retry delay; it doubles per consecutive failure.
 const BACKOFF_BASE: Duration = Duration::from_secs(5);
@@ -56,22 +57,6 @@ struct Inner {
     failed: HashMap<String, Failure>,
 }
 
-impl Inner {
-    /// The queued keys whose place, as the status words it, changed since they were last woken;
-    /// each is marked as told. Integer comparisons over the queue, no allocation but the keys.
-    fn moved(&mut self) -> Vec<String> {
-        let mut moved = Vec::new();
-        for (index, waiting) in self.queue.iter_mut().enumerate() {
-            let bound = place_bound(index + 1);
-            if waiting.bound != bound {
-                waiting.bound = bound;
-                moved.push(waiting.key.clone());
-            }
-        }
-        moved
-    }
-}
-
 /// The task registry.
 pub struct Tasks {
     inner: Mutex<Inner>,
@@ -82,13 +67,6 @@ pub struct Tasks {
 }
 
 impl Tasks {
-    /// The registry's state; a panic while it was held left nothing half-done worth refusing.
-    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// A registry running at most `limit` bounded tasks at once.
     pub fn new(
         limit: usize,
@@ -106,7 +84,7 @@ impl Tasks {
 
     /// What the task of `key` is doing.
     pub fn state(&self, key: &str) -> TaskState {
-        let inner = self.inner();
+        let inner = lock(&self.inner);
         if inner.running.contains_key(key) {
             return TaskState::Running;
         }
@@ -121,16 +99,17 @@ impl Tasks {
 
     /// How long until `key` may retry after a failure (zero when it may now).
     pub fn retry_in(&self, key: &str) -> Duration {
-        self.inner()
+        lock(&self.inner)
             .failed
             .get(key)
-            .map(|f| f.until.saturating_duration_since(Instant::now()))
-            .unwrap_or(Duration::ZERO)
+            .map_or(Duration::ZERO, |f| {
+                f.until.saturating_duration_since(Instant::now())
+            })
     }
 
     /// Forgets the backoff of `key` (a person asked for an immediate retry).
     pub fn clear_backoff(&self, key: &str) {
-        if let Some(f) = self.inner().failed.get_mut(key) {
+        if let Some(f) = lock(&self.inner).failed.get_mut(key) {
             f.until = Instant::now();
         }
     }
@@ -163,7 +142,7 @@ impl Tasks {
     /// starts at once.
     pub fn submit(self: &Arc<Self>, key: &str, bounded: bool, work: Work) -> bool {
         {
-            let mut inner = self.inner();
+            let mut inner = lock(&self.inner);
             if inner.running.contains_key(key) || inner.queue.iter().any(|w| w.key == key) {
                 return false;
             }
@@ -193,13 +172,10 @@ impl Tasks {
         let (handle, registration) = AbortHandle::new_pair();
         let work = Abortable::new(work, registration);
         tokio::spawn(async move {
-            let result = work.await;
             // Cancelled: `cancel` already forgot it (and the key may run a new task now).
-            let Ok(result) = result else {
-                return;
-            };
+            let Ok(result) = work.await else { return };
             {
-                let mut inner = this.inner();
+                let mut inner = lock(&this.inner);
                 inner.running.remove(&key);
                 let failed = inner.failed.remove(&key);
                 if let Err(error) = result {
@@ -224,7 +200,7 @@ impl Tasks {
     fn dispatch(self: &Arc<Self>) {
         let mut woken = Vec::new();
         {
-            let mut inner = self.inner();
+            let mut inner = lock(&self.inner);
             while inner.running.len() < self.limit {
                 let Some(Waiting { key, work, .. }) = inner.queue.pop_front() else {
                     break;
@@ -235,7 +211,14 @@ impl Tasks {
                 inner.running.insert(key.clone(), handle);
                 woken.push(key);
             }
-            woken.extend(inner.moved());
+            // The queued whose place, as the status words it, changed since they were last woken.
+            for (index, waiting) in inner.queue.iter_mut().enumerate() {
+                let bound = place_bound(index + 1);
+                if waiting.bound != bound {
+                    waiting.bound = bound;
+                    woken.push(waiting.key.clone());
+                }
+            }
             self.running_gauge.set(inner.running.len() as i64);
             self.queued_gauge.set(inner.queue.len() as i64);
         }
@@ -246,7 +229,7 @@ impl Tasks {
     /// starts what may start now. Returns whether it was queued or `also` found something.
     fn drop_task(self: &Arc<Self>, key: &str, also: impl FnOnce(&mut Inner) -> bool) -> bool {
         let found = {
-            let mut inner = self.inner();
+            let mut inner = lock(&self.inner);
             let queued = inner.queue.len();
             inner.queue.retain(|w| w.key != key);
             let dequeued = inner.queue.len() != queued;
