@@ -33,18 +33,14 @@ pub enum Level {
 /// The host's Pod Security admission label prefix.
 pub const LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
 
-/// The level the vCluster control plane needs in its host namespace: it mounts the instance's
-/// storage as a hostPath volume, which only `privileged` allows.
-pub const CONTROL_PLANE_LEVEL: Level = Level::Privileged;
-
 /// The Pod Security labels of a host namespace whose vCluster enforces `inside`: `enforce` at
-/// what the control plane needs, `warn` and `audit` at `inside` (a pod the syncer copies is
-/// already checked against it; the host's warnings and audit annotations show anything else
-/// that breaks it), each pinned to `latest`.
+/// `privileged` (the control plane mounts the instance's storage as a hostPath volume), `warn`
+/// and `audit` at `inside` (the syncer already checks the pods it copies; these show anything
+/// else that breaks it), each pinned to `latest`.
 pub fn host_namespace_labels(inside: Level) -> [(String, String); 6] {
     let label = |mode: &str, value: &str| (format!("{LABEL_PREFIX}{mode}"), value.to_string());
     [
-        label("enforce", CONTROL_PLANE_LEVEL.into()),
+        label("enforce", Level::Privileged.into()),
         label("enforce-version", "latest"),
         label("warn", inside.into()),
         label("warn-version", "latest"),

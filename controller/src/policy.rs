@@ -47,11 +47,7 @@ fn strings<const N: usize>(items: [&str; N]) -> Option<Vec<String>> {
 
 /// The policy object for an operator running as `operator_user`.
 pub fn policy(operator_user: &str) -> ValidatingAdmissionPolicy {
-    let system = SYSTEM_USERS
-        .iter()
-        .map(|u| format!("'{u}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let system = SYSTEM_USERS.map(|u| format!("'{u}'")).join(", ");
     let condition = |name: &str, expression: String| MatchCondition {
         name: name.to_string(),
         expression,
@@ -107,29 +103,25 @@ pub fn binding() -> ValidatingAdmissionPolicyBinding {
     }
 }
 
-/// Applies the policy and its binding; reports whether the API server has admission policies.
-pub async fn ensure(client: &kube::Client, operator_user: &str) -> Protection {
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    let applied = async {
-        apply(&policies, NAME, &policy(operator_user)).await?;
-        apply(&bindings, NAME, &binding()).await
-    };
-    match applied.await {
-        Ok(()) => Protection::Protected,
-        Err(e) if not_found(&e) => Protection::Unsupported,
-        Err(e) => Protection::Failed(e.to_string()),
-    }
-}
-
-/// Keeps the admission policy in place, checking every `interval` (`--policy-interval`), and
-/// keeps its state in the context for the decision.
+/// Keeps the policy and its binding applied, every `interval` (`--policy-interval`), and records
+/// in the context whether the API server has admission policies, for the decision.
 pub async fn keep(ctx: Arc<Context>, interval: Duration) {
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(ctx.client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
+    let policy = policy(&ctx.settings.operator_user);
     loop {
-        let state = ensure(&ctx.client, &ctx.settings.operator_user).await;
-        if let Protection::Failed(e) = &state {
-            tracing::warn!(error = %e, "keeping the admission policy failed");
-        }
+        let applied = async {
+            apply(&policies, NAME, &policy).await?;
+            apply(&bindings, NAME, &binding()).await
+        };
+        let state = match applied.await {
+            Ok(()) => Protection::Protected,
+            Err(e) if not_found(&e) => Protection::Unsupported,
+            Err(e) => {
+                tracing::warn!(error = %e, "keeping the admission policy failed");
+                Protection::Failed(e.to_string())
+            }
+        };
         if let Ok(mut p) = ctx.protection.write() {
             *p = state;
         }

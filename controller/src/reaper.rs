@@ -63,15 +63,14 @@ pub fn descendants(table: &[Proc], root: i32) -> Vec<i32> {
     tree.split_off(1)
 }
 
-/// Kills every live descendant of this process at once, without waiting; returns how many.
-fn kill_descendants() -> usize {
+/// Kills every live descendant of this process at once, without waiting.
+fn kill_descendants() {
     let table = processes();
-    let live = |pid: &&i32| table.iter().any(|p| p.pid == **pid && p.state != 'Z');
-    let tree = descendants(&table, std::process::id() as i32);
-    let killed = tree.iter().filter(live);
-    killed
-        .filter(|pid| kill(Pid::from_raw(**pid), Signal::SIGKILL).is_ok())
-        .count()
+    for pid in descendants(&table, std::process::id() as i32) {
+        if table.iter().any(|p| p.pid == pid && p.state != 'Z') {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
 }
 
 /// In the controller started by [`supervise`], before any other thread starts: takes the
@@ -90,17 +89,15 @@ pub fn follow_supervisor(supervisor: &str) -> std::io::Result<()> {
 /// exits; returns its exit status (128 + the signal that killed it).
 pub fn supervise(args: impl IntoIterator<Item = OsString>) -> std::io::Result<ExitCode> {
     nix::sys::prctl::set_child_subreaper(true)?;
-    let signals = [
+    let mask: SigSet = [
         Signal::SIGTERM,
         Signal::SIGINT,
         Signal::SIGHUP,
         Signal::SIGQUIT,
-    ];
-    let mut mask = SigSet::empty();
-    signals
-        .iter()
-        .chain([&Signal::SIGCHLD])
-        .for_each(|s| mask.add(*s));
+        Signal::SIGCHLD,
+    ]
+    .into_iter()
+    .collect();
     mask.thread_block()?;
     let controller = std::process::Command::new(std::env::current_exe()?)
         .args(args)
