@@ -197,25 +197,6 @@ enum Task {
     },
 }
 
-/// Runs `controller cleanup`, printing what it removed.
-fn cleanup(root: &std::path::Path, dir: &str) -> anyhow::Result<()> {
-    let removed = controller::cleanup::remove_instance_dir(root, dir)?;
-    if removed.absent {
-        println!(
-            "{} does not exist; nothing to remove",
-            root.join(dir).display()
-        );
-    } else {
-        println!(
-            "removed {}: {} directories, {} other entries",
-            root.join(dir).display(),
-            removed.directories,
-            removed.entries
-        );
-    }
-    Ok(())
-}
-
 impl Args {
     /// Flags that only make sense together.
     fn check(&self) -> anyhow::Result<()> {
@@ -286,49 +267,6 @@ impl Args {
             pod_security: self.pod_security_standard,
         }
     }
-
-    fn context(
-        &self,
-        client: kube::Client,
-        settings: Settings,
-        metrics: &Metrics,
-        identity: String,
-        stores: controller::reconcile::stores::Stores,
-    ) -> Context {
-        Context {
-            client,
-            installer: Installer {
-                tool_seconds: Some(metrics.tool_seconds.clone()),
-                ..self.installer.clone()
-            },
-            helm: self.helm.clone(),
-            settings,
-            tasks: Tasks::new(
-                self.max_concurrent_installs.into(),
-                metrics.tasks_running.clone(),
-                metrics.tasks_queued.clone(),
-            ),
-            protection: RwLock::new(Protection::Unknown),
-            metrics: metrics.clone(),
-            reporter: kube::runtime::events::Reporter {
-                controller: "platform-operator".into(),
-                instance: Some(identity),
-            },
-            backoff: Default::default(),
-            stores,
-            probes: controller::reconcile::reader::Probes::counted(metrics.probes.clone()),
-        }
-    }
-}
-
-/// Stops all work at once, before the lease can expire for another replica, without waiting
-/// for tasks or requests in flight: the process exits, and its supervisor kills every tool
-/// (helm, npm, pulumi and what they started).
-fn fence(identity: String) -> impl FnOnce() + Send + 'static {
-    move || {
-        tracing::error!(%identity, "lost the leader lease: it was not renewed within --leader-renew-deadline; exiting so that another replica can take over");
-        std::process::exit(1);
-    }
 }
 
 /// Maps an object of a host namespace to the instance the namespace's annotation names.
@@ -349,18 +287,16 @@ fn by_host<K: Resource>(
 /// by the vCluster's rollout (its Deployment, Helm release and exported kubeconfig); each of those
 /// watches feeds the controller's caches before it wakes an instance.
 async fn run(
-    client: kube::Client,
+    args: &Args,
     ctx: Arc<Context>,
     triggers: Triggers,
-    watch_namespace: Option<&str>,
-    concurrency: u16,
     registry: &prometheus::Registry,
 ) -> anyhow::Result<()> {
     // Objects of other namespaces that map to an instance are dropped by the controller: it
     // reconciles only what its own instance cache holds.
-    let instances: Api<PlatformInstance> = match watch_namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
+    let instances: Api<PlatformInstance> = match &args.watch_namespace {
+        Some(namespace) => Api::namespaced(ctx.client.clone(), namespace),
+        None => Api::all(ctx.client.clone()),
     };
     // The instances' cache keeps no managed fields: nothing reads them, and with server-side
     // apply they are the largest part of each object.
@@ -369,23 +305,21 @@ async fn run(
         .modify(|pi| pi.metadata.managed_fields = None)
         .reflect(writer)
         .applied_objects();
-    // Bounded: kube's HTTP/1.1 client opens a connection per request in flight and keeps every
-    // one of them idle in its pool (it has no idle timer), so unbounded reconciles, hundreds at
-    // once while a thousand instances provision, left hundreds of idle TLS connections (each
-    // with its request channel, buffers, TLS state and task) for the life of the process.
+    // Bounded: kube's HTTP/1.1 client opens a connection per request in flight and keeps each
+    // idle in its pool for ever, so unbounded reconciles (hundreds at once while a thousand
+    // instances provision) left hundreds of idle TLS connections for the life of the process.
+    let config = kube::runtime::controller::Config::default();
     let controller = Controller::for_stream(stream, reader)
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
+        .with_config(config.concurrency(args.max_concurrent_reconciles));
     // The task queue wakes an instance when its tracked task (Helm, an install, a preview)
     // ends, so its next step does not wait for the next --target-poll, and when a queued task
     // starts or its place in the status changes: queued instances are not polled.
-    let woken = futures::stream::unfold(ctx.tasks.woken(), |mut rx| async move {
-        let key = rx.recv().await?;
-        Some((key, rx))
-    })
-    .filter_map(|key| async move {
-        let (namespace, name) = instance_of(&key)?;
-        Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
-    });
+    let mut woken = ctx.tasks.woken();
+    let woken =
+        futures::stream::poll_fn(move |cx| woken.poll_recv(cx)).filter_map(|key| async move {
+            let (namespace, name) = instance_of(&key)?;
+            Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
+        });
     // The instances' conditions, read from the controller's own cache at each scrape.
     registry
         .register(Box::new(InstanceConditions::new(controller.store())?))
@@ -409,7 +343,18 @@ async fn run(
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     if let Some(Task::Cleanup { root, dir }) = &args.task {
-        cleanup(root, dir)?;
+        let removed = controller::cleanup::remove_instance_dir(root, dir)?;
+        let path = root.join(dir);
+        if removed.absent {
+            println!("{} does not exist; nothing to remove", path.display());
+        } else {
+            println!(
+                "removed {}: {} directories, {} other entries",
+                path.display(),
+                removed.directories,
+                removed.entries
+            );
+        }
         return Ok(std::process::ExitCode::SUCCESS);
     }
     if let Some(instance) = &args.print_vcluster_values {
@@ -455,18 +400,16 @@ async fn run_controller(args: Args) -> anyhow::Result<()> {
         .install_timeout
         .set(args.installer.install_timeout.as_secs_f64());
     // The state volume's usage, now and every 30 s (docs/operations.md: what to do near full).
-    {
-        let (metrics, dir) = (metrics.clone(), args.installer.state_dir.clone());
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(30));
-            loop {
-                every.tick().await;
-                if let Err(e) = metrics.observe_state_volume(&dir) {
-                    tracing::warn!(dir = %dir.display(), error = %e, "measuring the state volume failed");
-                }
+    let (volume, dir) = (metrics.clone(), args.installer.state_dir.clone());
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(30));
+        loop {
+            every.tick().await;
+            if let Err(e) = volume.observe_state_volume(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "measuring the state volume failed");
             }
-        });
-    }
+        }
+    });
     let readiness = Readiness::default();
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
     let client = kube::Client::try_default()
@@ -501,24 +444,48 @@ async fn run_controller(args: Args) -> anyhow::Result<()> {
     }
     metrics.leader.set(1);
 
-    let settings = args.settings(chart_version);
     let (stores, triggers) =
         controller::reconcile::stores::Stores::start(&client, args.watch_namespace.as_deref());
-    let ctx = Arc::new(args.context(client.clone(), settings, &metrics, identity.clone(), stores));
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        installer: Installer {
+            tool_seconds: Some(metrics.tool_seconds.clone()),
+            ..args.installer.clone()
+        },
+        helm: args.helm.clone(),
+        settings: args.settings(chart_version),
+        tasks: Tasks::new(
+            args.max_concurrent_installs.into(),
+            metrics.tasks_running.clone(),
+            metrics.tasks_queued.clone(),
+        ),
+        protection: RwLock::new(Protection::Unknown),
+        metrics: metrics.clone(),
+        reporter: kube::runtime::events::Reporter {
+            controller: "platform-operator".into(),
+            instance: Some(identity.clone()),
+        },
+        backoff: Default::default(),
+        stores,
+        probes: controller::reconcile::reader::Probes::counted(metrics.probes.clone()),
+    });
     tokio::spawn(controller::policy::keep(ctx.clone(), args.policy_interval));
-    let controller = run(
-        client.clone(),
-        ctx,
-        triggers,
-        args.watch_namespace.as_deref(),
-        args.max_concurrent_reconciles,
-        &registry,
-    );
+    let controller = run(&args, ctx, triggers, &registry);
 
     if args.leader_elect {
+        // The fence stops all work at once, before the lease can expire for another replica,
+        // without waiting for tasks or requests in flight: the process exits, and its supervisor
+        // kills every tool (helm, npm, pulumi and what they started).
+        let fence = {
+            let identity = identity.clone();
+            move || {
+                tracing::error!(%identity, "lost the leader lease: it was not renewed within --leader-renew-deadline; exiting so that another replica can take over");
+                std::process::exit(1);
+            }
+        };
         tokio::select! {
             result = controller => result?,
-            lost = election.hold(&client, renewed, fence(identity.clone())) => {
+            lost = election.hold(&client, renewed, fence) => {
                 metrics.leader.set(0);
                 tracing::error!(%identity, reason = %lost?, "lost the leader lease; exiting so that another replica can take over");
                 std::process::exit(1);
