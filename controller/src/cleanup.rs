@@ -9,9 +9,7 @@ use std::ffi::{CStr, CString};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{
-    AtFlags, CWD, Dir, FileType, Mode, OFlags, Stat, fstat, openat, statat, unlinkat,
-};
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, fstat, openat, statat, unlinkat};
 use rustix::io::Errno;
 
 /// How deep the walk descends; instance data (vCluster's database, logs) is far shallower.
@@ -107,18 +105,6 @@ pub fn remove_instance_dir(root: &Path, name: &str) -> Result<Removed, CleanupEr
     }
 }
 
-/// Fails unless the opened directory is the object `stat` described (nothing was swapped in
-/// between the look and the open).
-fn same_object(dir: &OwnedFd, stat: &Stat, path: &Path) -> Result<(), CleanupError> {
-    let opened = fstat(dir).map_err(io(path))?;
-    if opened.st_dev == stat.st_dev && opened.st_ino == stat.st_ino {
-        Ok(())
-    } else {
-        let replaced = std::io::Error::other("it was replaced while being removed");
-        Err(CleanupError::Remove(path.to_path_buf(), replaced))
-    }
-}
-
 /// Removes the entry `name` of `parent` (at `path`): unlinks a non-directory, empties and removes
 /// a directory on device `dev`, and records a directory on another device in `crossed` (it and
 /// the directories holding it stay). False when there was no such entry.
@@ -151,7 +137,12 @@ fn remove(
     // Never following a symbolic link swapped in since the look.
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let dir = openat(parent, name, flags, Mode::empty()).map_err(io(path))?;
-    same_object(&dir, &stat, path)?;
+    // Nothing was swapped in between the look and the open.
+    let opened = fstat(&dir).map_err(io(path))?;
+    if (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino) {
+        let replaced = std::io::Error::other("it was replaced while being removed");
+        return Err(CleanupError::Remove(path.to_path_buf(), replaced));
+    }
     // The names first, then the removals: the listing is not changed while it is read.
     let mut names = Vec::new();
     for entry in Dir::read_from(&dir).map_err(io(path))? {

@@ -36,8 +36,7 @@ pub fn release_from_records<'a>(records: impl IntoIterator<Item = &'a ObjectMeta
         "deployed" => Release::Deployed {
             chart_version: labels.get(CHART_VERSION_LABEL).cloned().unwrap_or_default(),
         },
-        s if s.starts_with("pending-") => Release::Pending(status),
-        "uninstalling" => Release::Pending(status),
+        s if s.starts_with("pending-") || s == "uninstalling" => Release::Pending(status),
         _ => Release::Failed(status),
     }
 }

@@ -145,42 +145,27 @@ impl Election {
         }
     }
 
-    /// One attempt, abandoned at `deadline` (a call that hangs counts as failed then).
-    async fn attempt(
-        &self,
-        client: &kube::Client,
-        observed: &mut Observed,
-        deadline: Instant,
-    ) -> Option<Result<bool, kube::Error>> {
-        tokio::time::timeout_at(deadline, self.try_hold(client, observed))
-            .await
-            .ok()
-    }
-
     /// Waits until this replica holds the lease; returns when the winning attempt was sent
     /// (the start of the first term, for [`Election::hold`]).
     pub async fn acquire(&self, client: &kube::Client) -> Instant {
         let mut observed = Observed::default();
         loop {
             let sent = Instant::now();
-            match self
-                .attempt(client, &mut observed, sent + self.leader_renew_deadline)
-                .await
-            {
-                Some(Ok(true)) => return sent,
-                Some(Ok(false)) => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "leader election failed; retrying"),
-                None => tracing::warn!("a leader election call timed out; retrying"),
+            let attempt = self.try_hold(client, &mut observed);
+            match tokio::time::timeout_at(sent + self.leader_renew_deadline, attempt).await {
+                Ok(Ok(true)) => return sent,
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "leader election failed; retrying"),
+                Err(_) => tracing::warn!("a leader election call timed out; retrying"),
             }
             tokio::time::sleep(self.leader_renew_interval).await;
         }
     }
 
     /// Renews until the lease is lost, and says why: another replica took it, or no renewal
-    /// succeeded within the renew deadline of the last one sent that succeeded (`renewed`, at
-    /// first the return of [`Election::acquire`]). Returns at that deadline at the latest, even
-    /// when a call hangs, so that the caller stops all work before the lease can expire for
-    /// anyone else; should this task not run by then (a stalled runtime), `fence` runs at that
+    /// succeeded within the renew deadline of the last successful one sent (`renewed`, at first
+    /// what [`Election::acquire`] returned). Returns at that deadline at the latest, even when a
+    /// call hangs; should this task not run by then (a stalled runtime), `fence` runs at that
     /// deadline on a thread of its own.
     pub async fn hold(
         &self,
@@ -198,14 +183,15 @@ impl Election {
             if sent >= give_up {
                 return Ok(Lost::Deadline);
             }
-            match self.attempt(client, &mut observed, give_up).await {
-                Some(Ok(true)) => {
+            // A call that hangs is abandoned at the deadline.
+            match tokio::time::timeout_at(give_up, self.try_hold(client, &mut observed)).await {
+                Ok(Ok(true)) => {
                     renewed = sent;
                     watchdog.feed((sent + self.leader_renew_deadline).into_std());
                 }
-                Some(Ok(false)) => return Ok(Lost::Taken),
-                Some(Err(e)) => tracing::warn!(error = %e, "renewing the lease failed"),
-                None => return Ok(Lost::Deadline),
+                Ok(Ok(false)) => return Ok(Lost::Taken),
+                Ok(Err(e)) => tracing::warn!(error = %e, "renewing the lease failed"),
+                Err(_) => return Ok(Lost::Deadline),
             }
         }
     }

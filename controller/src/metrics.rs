@@ -17,8 +17,7 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     /// Reconcile duration in seconds.
     pub reconcile_duration: Histogram,
-    /// Observations by source: `cache` (a reconcile that ended on the watch caches, nothing to
-    /// do) or `api` (read from the API server, to act or write the status).
+    /// Observations by source: `cache` (nothing to do) or `api` (read to act or write status).
     pub observed: IntCounterVec,
     /// Helm tasks running.
     pub tasks_running: IntGauge,
@@ -26,8 +25,7 @@ pub struct Metrics {
     pub tasks_queued: IntGauge,
     /// Helm operation durations in seconds, by operation and result.
     pub helm_duration: HistogramVec,
-    /// Installer task durations in seconds (install, upgrade, reapply, repair, preview), by
-    /// result.
+    /// Installer task durations in seconds (install, upgrade, reapply, repair, preview), by result.
     pub install_duration: HistogramVec,
     /// Seconds spent inside npm and pulumi, by tool and result (the operator's own overhead is
     /// an install's duration minus these).
@@ -260,9 +258,8 @@ impl Collector for InstanceConditions {
         families
     }
 }
-/// Bytes used and bytes in all on the filesystem holding `dir`, or that will hold it (its
-/// nearest existing ancestor) (`statvfs`; used counts what even root can no longer have, as `df`
-/// does).
+/// Bytes used and in all on the filesystem holding `dir` or its nearest existing ancestor
+/// (`statvfs`; used counts what even root can no longer have, as `df` does).
 pub fn volume_usage(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
     let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
     let v = rustix::fs::statvfs(existing)?;

@@ -1,12 +1,10 @@
 //! Tracked long-running work (Helm), so a reconcile never holds a worker for minutes: one task per
-//! instance at most, installs bounded by `--max-concurrent-installs` and queued in order (with
-//! their position reported), and failures remembered with a capped backoff (`backon`'s,
-//! without jitter: one retry per failed task, held back here). Reconciles poll a
-//! running task every `--target-poll`; the registry wakes an instance itself ([`Tasks::woken`])
-//! when its task ends (so the next step does not wait for the poll), when a queued task starts,
-//! and when a queued task's place, as the status words it ([`queue_place`]), changes: a queued
+//! instance at most, installs bounded by `--max-concurrent-installs` and queued in order, and
+//! failures remembered with a capped backoff (`backon`'s, without jitter: one retry per failed
+//! task, held back here). Reconciles poll a running task every `--target-poll`; the registry
+//! wakes an instance itself ([`Tasks::woken`]) when its task ends, when a queued task starts, and
+//! when a queued task's place, as the status words it ([`queue_place`]), changes: a queued
 //! instance is not polled, so n queued instances cost O(n log n) reconciles, not n² per queue.
-
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -114,23 +112,17 @@ impl Tasks {
         }
     }
 
-    /// The keys whose instances the reconcile loop must look at again: a task that ended (done
-    /// or failed; not a cancelled one), a queued task that started, and a queued task whose
-    /// place as the status words it ([`queue_place`]) changed. One receiver: a later call
-    /// replaces the earlier one.
+    /// The keys whose instances the reconcile loop must look at again (a cancelled task's is not
+    /// sent). One receiver: a later call replaces the earlier one.
     pub fn woken(&self) -> tokio::sync::mpsc::UnboundedReceiver<String> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        if let Ok(mut woken) = self.woken.lock() {
-            *woken = Some(tx);
-        }
+        *lock(&self.woken) = Some(tx);
         rx
     }
 
     /// Sends `keys` to the receiver of [`Tasks::woken`], if there is one.
     fn wake(&self, keys: impl IntoIterator<Item = String>) {
-        if let Ok(woken) = self.woken.lock()
-            && let Some(tx) = woken.as_ref()
-        {
+        if let Some(tx) = lock(&self.woken).as_ref() {
             for key in keys {
                 let _ = tx.send(key);
             }
