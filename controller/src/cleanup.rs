@@ -67,9 +67,8 @@ fn io(path: &Path) -> impl Fn(Errno) -> CleanupError + '_ {
     move |e| CleanupError::Remove(path.to_path_buf(), e.into())
 }
 
-/// Removes `<root>/<name>` and everything in it, without following symbolic links or crossing
-/// into another filesystem. An absent directory is success (`absent`); a name that is a symbolic
-/// link or a file is removed itself.
+/// Removes `<root>/<name>` and everything in it. An absent directory is success (`absent`); a
+/// name that is a symbolic link or a file is removed itself.
 pub fn remove_instance_dir(root: &Path, name: &str) -> Result<Removed, CleanupError> {
     if !root.is_absolute() {
         return Err(CleanupError::RelativeRoot(root.to_path_buf()));

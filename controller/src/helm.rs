@@ -160,8 +160,7 @@ impl Helm {
     }
 
     /// Installs or upgrades the release from `chart` with `values` (YAML), waiting for nothing:
-    /// the controller watches the workloads itself. The release Secret is labelled with the
-    /// chart version, so the controller reads the release state from the API, not from helm.
+    /// the controller watches the workloads itself.
     pub async fn upgrade_install(
         &self,
         namespace: &str,

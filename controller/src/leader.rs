@@ -58,19 +58,15 @@ pub enum Lost {
 /// The lease record as this replica last saw it, and when it first saw that record (its own
 /// monotonic clock).
 #[derive(Clone, Debug, Default)]
-pub struct Observed {
-    record: Option<LeaseSpec>,
-    since: Option<Instant>,
-}
+pub struct Observed(Option<(LeaseSpec, Instant)>);
 
 impl Observed {
     /// Notes that `record` was read at `now`; returns when this record was first seen.
     pub fn see(&mut self, record: &LeaseSpec, now: Instant) -> Instant {
-        if self.record.as_ref() != Some(record) || self.since.is_none() {
-            self.record = Some(record.clone());
-            self.since = Some(now);
+        match &self.0 {
+            Some((seen, since)) if seen == record => *since,
+            _ => self.0.insert((record.clone(), now)).1,
         }
-        self.since.unwrap_or(now)
     }
 }
 

@@ -181,9 +181,8 @@ impl Metrics {
     }
 }
 
-/// The instances by phase and condition and the age of work in progress, read from the
-/// controller's cache of `PlatformInstance`s when Prometheus scrapes (registered by the leader
-/// only, which alone holds that cache).
+/// The instances by phase and condition and the age of work in progress, read at each scrape
+/// from the cache of `PlatformInstance`s that only the leader holds (and registers this).
 pub struct InstanceConditions {
     store: Store<PlatformInstance>,
     phases: IntGaugeVec,

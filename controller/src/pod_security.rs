@@ -1,9 +1,7 @@
-//! Pod Security, on two layers: what an instance's users create **inside** the vCluster is held
-//! to the level of `--pod-security-standard` by vCluster itself (its `policies.podSecurityStandard`:
-//! the syncer refuses to copy a pod that breaks the level to the host), and each host namespace
-//! is labelled for the host's Pod Security admission with what vCluster's own control plane
-//! needs (it runs as root with a hostPath volume, which `baseline` forbids) while warning and
-//! auditing at the chosen level.
+//! Pod Security, on two layers: what users create **inside** a vCluster is held to
+//! `--pod-security-standard` by vCluster itself (its `policies.podSecurityStandard`: the syncer
+//! refuses to copy a pod that breaks it to the host), and each host namespace is labelled for the
+//! host's Pod Security admission ([`host_namespace_labels`]).
 
 /// A Pod Security Standards level, named as Kubernetes and vCluster spell it.
 #[derive(
