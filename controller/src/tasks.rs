@@ -17,11 +17,9 @@ use crate::decide::model::queue_place;
 use crate::decide::model::{TaskError, TaskState, place_bound};
 use crate::lock;
 
-/// The first retry delay; it doubles per consecutive failure.
 const BACKOFF_BASE: Duration = Duration::from_secs(5);
 const BACKOFF_CAP: Duration = Duration::from_secs(300);
 
-/// A task's work, as submitted.
 type Work = BoxFuture<'static, Result<(), TaskError>>;
 
 struct Failure {
