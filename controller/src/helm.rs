@@ -4,6 +4,7 @@
 //! Helm's release Secrets through the API, and only Helm's last error line is passed on to status.
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -97,18 +98,13 @@ impl Helm {
         args: &[impl AsRef<std::ffi::OsStr>],
     ) -> Result<String, HelmError> {
         let mut cmd = Command::new(&self.binary);
-        cmd.args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let spawn_error = |source| HelmError::Spawn(self.binary.clone(), source);
-        let child = cmd.spawn().map_err(spawn_error)?;
-        // Dropping the wait on timeout kills helm (`kill_on_drop`), and tokio reaps it.
-        let out = tokio::time::timeout(self.timeout, child.wait_with_output())
+        cmd.args(args).stdin(Stdio::null()).kill_on_drop(true);
+        // `output` pipes stdout and stderr; dropping it on timeout kills helm (`kill_on_drop`),
+        // and tokio reaps it.
+        let out = tokio::time::timeout(self.timeout, cmd.output())
             .await
             .map_err(|_| HelmError::TimedOut(action, namespace.to_string(), self.timeout))?
-            .map_err(spawn_error)?;
+            .map_err(|source| HelmError::Spawn(self.binary.clone(), source))?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {

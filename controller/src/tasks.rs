@@ -133,12 +133,9 @@ impl Tasks {
     pub fn submit(self: &Arc<Self>, key: &str, bounded: bool, work: Work) -> bool {
         {
             let mut inner = lock(&self.inner);
-            if inner.running.contains_key(key) || inner.queue.iter().any(|w| w.key == key) {
-                return false;
-            }
-            if let Some(f) = inner.failed.get(key)
-                && Instant::now() < f.until
-            {
+            let busy = inner.running.contains_key(key) || inner.queue.iter().any(|w| w.key == key);
+            let until = inner.failed.get(key).map(|f| f.until);
+            if busy || until.is_some_and(|until| Instant::now() < until) {
                 return false;
             }
             if bounded {
