@@ -39,13 +39,9 @@ pub fn parse_stat(pid: i32, stat: &str) -> Option<Proc> {
 pub fn processes() -> Vec<Proc> {
     let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
     let pids = entries.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok());
-    let stat = |pid| {
-        parse_stat(
-            pid,
-            &std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
-        )
-    };
-    pids.filter_map(stat).collect()
+    let stat = |pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    pids.filter_map(|pid| parse_stat(pid, &stat(pid)?))
+        .collect()
 }
 
 /// Every descendant of `root` in `table`, parents before their children.
