@@ -311,20 +311,16 @@ async fn run(
     let config = kube::runtime::controller::Config::default();
     let controller = Controller::for_stream(stream, reader)
         .with_config(config.concurrency(args.max_concurrent_reconciles));
-    // The task queue wakes an instance when its tracked task (Helm, an install, a preview)
-    // ends, so its next step does not wait for the next --target-poll, and when a queued task
-    // starts or its place in the status changes: queued instances are not polled.
+    // Tracked tasks wake their instances when they end, start, or move in the queue (tasks.rs).
     let mut woken = ctx.tasks.woken();
     let woken =
         futures::stream::poll_fn(move |cx| woken.poll_recv(cx)).filter_map(|key| async move {
             let (namespace, name) = instance_of(&key)?;
             Some(ObjectRef::<PlatformInstance>::new(name).within(namespace))
         });
-    // The instances' conditions, read from the controller's own cache at each scrape.
     registry
         .register(Box::new(InstanceConditions::new(controller.store())?))
         .context("registering the instance condition metrics")?;
-    // A change in a host namespace wakes the instance its annotation names.
     let namespaces = &ctx.stores.namespaces;
     controller
         .owns_stream(triggers.kubeconfigs)
