@@ -161,7 +161,8 @@ pub(crate) async fn read(
             read.serves = Some(ctx.probes.serves(&host_ns, kubeconfig, &ctx.settings).await);
         }
     }
-    read.kubeconfig = In::new(ctx, source, &ns)
+    let own = In::new(ctx, source, &ns);
+    read.kubeconfig = own
         .get(
             |s| &s.kubeconfigs,
             &kubeconfig_secret(&pi.name_any()),
@@ -196,19 +197,11 @@ pub(crate) async fn read(
     }
     for name in &read.record.membership_secrets {
         let what = "a membership kubeconfig Secret";
-        if In::new(ctx, source, &ns)
-            .get(|s| &s.kubeconfigs, name, what)
-            .await?
-            .is_none()
-        {
+        if own.get(|s| &s.kubeconfigs, name, what).await?.is_none() {
             read.missing_memberships.push(name.clone());
         }
     }
-    read.protection = ctx
-        .protection
-        .read()
-        .map(|p| p.clone())
-        .unwrap_or(Protection::Unknown);
+    read.protection = ctx.protection.read().map(|p| p.clone()).unwrap_or_default();
     read.state_exists = state_path(&ctx.settings, pi).exists();
     Ok(read)
 }
@@ -442,9 +435,8 @@ impl Probes {
 }
 
 fn sha256(text: &str) -> [u8; 32] {
-    let mut out = [0; 32];
-    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, text.as_bytes()).as_ref());
-    out
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    digest.as_ref().try_into().unwrap_or_default()
 }
 
 async fn client_for(kubeconfig: &str) -> Option<kube::Client> {
