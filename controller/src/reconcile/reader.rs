@@ -113,7 +113,8 @@ pub(crate) async fn read(
         ..Read::default()
     };
     let deleting = pi.meta().deletion_timestamp.is_some();
-    let mut look_at_node = deleting && pi.spec.deletion_policy == DeletionPolicy::Delete;
+    let cleaning = deleting && pi.spec.deletion_policy == DeletionPolicy::Delete;
+    let mut look_at_node = cleaning;
     let ours = read
         .namespace
         .as_deref()
@@ -174,7 +175,9 @@ pub(crate) async fn read(
         let found = nodes.get_metadata_opt(node).await;
         read.storage_node_gone = found.map_err(observing(format!("node {node}")))?.is_none();
     }
-    read.cleanup = cleanup(ctx, pi, &host_ns).await?;
+    if cleaning {
+        read.cleanup = cleanup(ctx, &uid, &host_ns).await?;
+    }
     if ours && deleting && pi.spec.deletion_policy == DeletionPolicy::Retain {
         read.volumes = volumes(ctx, &host_ns).await?;
     }
@@ -296,14 +299,7 @@ fn secret_text(secret: &Secret, key: &str) -> Option<String> {
 
 /// The storage cleanup Job (only looked at while deleting with `Delete`): another instance's
 /// (`Stale`), or what its conditions say, and while it runs no pod, why not.
-async fn cleanup(
-    ctx: &Context,
-    pi: &PlatformInstance,
-    host_ns: &str,
-) -> Result<Cleanup, ReconcileError> {
-    if pi.meta().deletion_timestamp.is_none() || pi.spec.deletion_policy != DeletionPolicy::Delete {
-        return Ok(Cleanup::Missing);
-    }
+async fn cleanup(ctx: &Context, uid: &str, host_ns: &str) -> Result<Cleanup, ReconcileError> {
     let namespace = &ctx.settings.cleanup_namespace;
     let Some(job) = Api::<Job>::namespaced(ctx.client.clone(), namespace)
         .get_opt(host_ns)
@@ -312,7 +308,7 @@ async fn cleanup(
     else {
         return Ok(Cleanup::Missing);
     };
-    if ownership::marked(&job.metadata, &pi.uid().unwrap_or_default()) != Some(true) {
+    if ownership::marked(&job.metadata, uid) != Some(true) {
         return Ok(Cleanup::Stale);
     }
     let outcome = super::observe::job_outcome(&job);
