@@ -108,12 +108,6 @@ impl Reason {
     }
 }
 
-impl PartialEq<&str> for Reason {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
 /// A condition a plan wants: type, status, typed reason and message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cond {
@@ -269,6 +263,13 @@ pub fn protection(p: &Protection) -> Cond {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tests compare a reason with the word status shows.
+    impl PartialEq<&str> for Reason {
+        fn eq(&self, other: &&str) -> bool {
+            self.as_str() == *other
+        }
+    }
 
     /// Every reason, each failure among them.
     fn all() -> Vec<Reason> {

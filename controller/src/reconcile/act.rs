@@ -271,13 +271,13 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let deleted = delete_if(&namespaces, &t.host_ns, DeleteParams::default(), marked)
         .await
         .map_err(ReconcileError::DeleteNamespace)?;
-    if !deleted {
+    if deleted {
+        wrote(t.ctx, "namespace");
+    } else {
         // Not marked with this instance's UID since it was observed: the next reconcile sees
         // the conflict and leaves it alone.
         tracing::warn!(namespace = %t.host_ns, instance = %key(t.pi), "not deleting a host namespace that does not carry this instance's UID mark");
-        return Ok(());
     }
-    wrote(t.ctx, "namespace");
     Ok(())
 }
 

@@ -1,7 +1,4 @@
-//! The reader: the only code of the reconciler that reads. It gathers one instance's world (host
-//! namespace, NetworkPolicy, Helm release records, `service/vcluster`, the control plane
-//! Deployment, exported and written kubeconfigs, cleanup Job, the PersistentVolumes bound in the
-//! host namespace, tasks, the installer's record) into
+//! The reader: the only code of the reconciler that reads. It gathers one instance's world into
 //! [`Read`], from the reflector stores ([`Source::Stored`]) or from the API server
 //! ([`Source::Live`], before anything is written). [`super::observe`] turns that into the
 //! decision's input without reading anything more.
