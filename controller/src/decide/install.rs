@@ -201,20 +201,12 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
         }
         _ => return None,
     };
-    plan.condition(if !x.i.outcome.busy() {
-        Cond::yes(
-            c::INSTALLED,
-            Reason::Installed,
-            format!("{requested} is installed"),
-        )
-    } else if x.at_requested && x.i.applied_hash.is_some() {
-        Cond::yes(
-            c::INSTALLED,
-            Reason::Installed,
-            format!("{requested} is installed; {}", step.1),
-        )
+    plan.condition(if x.i.outcome.busy() {
+        let kept = x.at_requested && x.i.applied_hash.is_some();
+        installed_during(x, kept, step.0, &step.1)
     } else {
-        Cond::no(c::INSTALLED, step.0, step.1.clone())
+        let message = format!("{requested} is installed");
+        Cond::yes(c::INSTALLED, Reason::Installed, message)
     });
     let kstatus = Kstatus {
         ready: (x.phase == Phase::Ready).then(|| x.serving()),
@@ -229,6 +221,17 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
         Requeue::Poll
     };
     Some((x.phase, kstatus, requeue))
+}
+
+/// `Installed` while an install goes on (`reason`, `message`): `True`, saying so too, when `kept`
+/// (the requested version is installed and serves meanwhile), else `False` with its words.
+fn installed_during(x: &Ctx, kept: bool, reason: Reason, message: &str) -> Cond {
+    if kept {
+        let message = format!("{} is installed; {message}", x.i.requested);
+        Cond::yes(c::INSTALLED, Reason::Installed, message)
+    } else {
+        Cond::no(c::INSTALLED, reason, message)
+    }
 }
 
 fn checking_drift() -> Step {
@@ -310,15 +313,8 @@ fn run(x: &Ctx, reason: Reason, message: String, plan: &mut PlanBuilder) -> Outc
     {
         return failed_run(x, *failure, message, *backoff, plan);
     }
-    if x.at_requested && !x.hash_differs() {
-        plan.condition(Cond::yes(
-            c::INSTALLED,
-            Reason::Installed,
-            format!("{} is installed; {message}", x.i.requested),
-        ));
-    } else {
-        plan.condition(Cond::no(c::INSTALLED, reason, message.clone()));
-    }
+    let kept = x.at_requested && !x.hash_differs();
+    plan.condition(installed_during(x, kept, reason, &message));
     (
         x.phase,
         Kstatus::reconciling(reason, message),
