@@ -42,11 +42,7 @@ fn needs_a_person(f: Failure) -> bool {
 }
 
 /// What the installer step decided besides actions and its detail conditions.
-struct Outcome {
-    phase: Phase,
-    kstatus: Kstatus,
-    requeue: Requeue,
-}
+type Outcome = (Phase, Kstatus, Requeue);
 
 struct Ctx<'a> {
     i: &'a InstallObserved,
@@ -88,15 +84,9 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn ready(&self) -> Option<Step> {
-        (self.phase == Phase::Ready).then(|| self.serving())
-    }
-
     fn serving(&self) -> Step {
-        Step::new(
-            Reason::Installed,
-            format!("{} is installed and serving", self.i.requested),
-        )
+        let message = format!("{} is installed and serving", self.i.requested);
+        (Reason::Installed, message)
     }
 
     fn hash_differs(&self) -> bool {
@@ -106,14 +96,14 @@ impl<'a> Ctx<'a> {
 
 /// The installer's part of the plan; `vcluster` is when the vCluster part wanted to look again.
 pub fn decide(i: &InstallObserved, mut plan: PlanBuilder, vcluster: Requeue) -> Plan {
-    let outcome = outcome(i, &mut plan);
+    let (phase, kstatus, requeue) = outcome(i, &mut plan);
     // A failed install waits out its backoff (its retry is held back by the task registry
     // until then); other work is looked at on the next poll.
-    let requeue = match outcome.requeue {
+    let requeue = match requeue {
         Requeue::Idle if vcluster != Requeue::Idle || !plan.actions.is_empty() => Requeue::Poll,
         requeue => requeue,
     };
-    plan.finish(outcome.phase, requeue, outcome.kstatus)
+    plan.finish(phase, requeue, kstatus)
 }
 
 fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
@@ -121,11 +111,8 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
         let message =
             "the platform program is not run: the controller runs with --install-platform=false";
         plan.condition(Cond::no(c::INSTALLED, Reason::InstallerDisabled, message));
-        return Outcome {
-            phase: Phase::Installing,
-            kstatus: Kstatus::reconciling(Reason::InstallerDisabled, message),
-            requeue: Requeue::Idle,
-        };
+        let kstatus = Kstatus::reconciling(Reason::InstallerDisabled, message);
+        return (Phase::Installing, kstatus, Requeue::Idle);
     }
     if let Some(e) = &i.record_error {
         let reason = Reason::Failed(Failure::StateUnavailable);
@@ -158,11 +145,7 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
 /// `Installed=False` and `Stalled=True`, both with `reason` and `message` (and so `Failed`).
 fn stalled(plan: &mut PlanBuilder, reason: Reason, message: String, requeue: Requeue) -> Outcome {
     plan.condition(Cond::no(c::INSTALLED, reason, message.clone()));
-    Outcome {
-        phase: Phase::Failed,
-        kstatus: Kstatus::stalled(reason, message),
-        requeue,
-    }
+    (Phase::Failed, Kstatus::stalled(reason, message), requeue)
 }
 
 /// The installed version when it is newer than `spec.version` and no downgrade is allowed (the
@@ -201,66 +184,59 @@ fn drift_condition(drift: &Option<String>) -> Cond {
 fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
     let requested = &x.i.requested;
     let (step, queued) = match (&x.i.outcome, &x.i.preview_task) {
-        (InstallOutcome::Queued(position), _) => (
-            Step::new(
-                Reason::Queued,
-                format!(
-                    "{}: waiting for an install slot, {} in the queue (--max-concurrent-installs)",
-                    x.what,
-                    super::model::queue_place(*position)
-                ),
-            ),
-            true,
-        ),
-        (InstallOutcome::Running, _) => (
-            Step::new(
-                Reason::Installing,
-                format!("{}: npm and pulumi are running", x.what),
-            ),
-            false,
-        ),
+        (InstallOutcome::Queued(position), _) => {
+            let message = format!(
+                "{}: waiting for an install slot, {} in the queue (--max-concurrent-installs)",
+                x.what,
+                super::model::queue_place(*position)
+            );
+            ((Reason::Queued, message), true)
+        }
+        (InstallOutcome::Running, _) => {
+            let message = format!("{}: npm and pulumi are running", x.what);
+            ((Reason::Installing, message), false)
+        }
         (_, preview) if preview.busy() => {
             (checking_drift(), matches!(preview, TaskState::Queued(_)))
         }
         _ => return None,
     };
-    plan.condition(if !x.i.outcome.busy() {
-        Cond::yes(
-            c::INSTALLED,
-            Reason::Installed,
-            format!("{requested} is installed"),
-        )
-    } else if x.at_requested && x.i.applied_hash.is_some() {
-        Cond::yes(
-            c::INSTALLED,
-            Reason::Installed,
-            format!("{requested} is installed; {}", step.message),
-        )
+    plan.condition(if x.i.outcome.busy() {
+        let kept = x.at_requested && x.i.applied_hash.is_some();
+        installed_during(x, kept, step.0, &step.1)
     } else {
-        Cond::no(c::INSTALLED, step.reason, step.message.clone())
+        let message = format!("{requested} is installed");
+        Cond::yes(c::INSTALLED, Reason::Installed, message)
     });
-    Some(Outcome {
-        phase: x.phase,
-        kstatus: Kstatus {
-            ready: x.ready(),
-            reconciling: Some(step),
-            stalled: None,
-        },
-        // A queued install or preview is woken by the task queue when it starts or its place
-        // changes.
-        requeue: if queued {
-            Requeue::Queued
-        } else {
-            Requeue::Poll
-        },
-    })
+    let kstatus = Kstatus {
+        ready: (x.phase == Phase::Ready).then(|| x.serving()),
+        reconciling: Some(step),
+        stalled: None,
+    };
+    // A queued install or preview is woken by the task queue when it starts or its place
+    // changes.
+    let requeue = if queued {
+        Requeue::Queued
+    } else {
+        Requeue::Poll
+    };
+    Some((x.phase, kstatus, requeue))
+}
+
+/// `Installed` while an install goes on (`reason`, `message`): `True`, saying so too, when `kept`
+/// (the requested version is installed and serves meanwhile), else `False` with its words.
+fn installed_during(x: &Ctx, kept: bool, reason: Reason, message: &str) -> Cond {
+    if kept {
+        let message = format!("{} is installed; {message}", x.i.requested);
+        Cond::yes(c::INSTALLED, Reason::Installed, message)
+    } else {
+        Cond::no(c::INSTALLED, reason, message)
+    }
 }
 
 fn checking_drift() -> Step {
-    Step::new(
-        Reason::CheckingDrift,
-        "a refreshing preview looks for drift",
-    )
+    let message = "a refreshing preview looks for drift";
+    (Reason::CheckingDrift, message.into())
 }
 
 /// Whether an install runs now: `Resuming` an interrupted run, `Installing` (not at
@@ -337,20 +313,13 @@ fn run(x: &Ctx, reason: Reason, message: String, plan: &mut PlanBuilder) -> Outc
     {
         return failed_run(x, *failure, message, *backoff, plan);
     }
-    if x.at_requested && !x.hash_differs() {
-        plan.condition(Cond::yes(
-            c::INSTALLED,
-            Reason::Installed,
-            format!("{} is installed; {message}", x.i.requested),
-        ));
-    } else {
-        plan.condition(Cond::no(c::INSTALLED, reason, message.clone()));
-    }
-    Outcome {
-        phase: x.phase,
-        kstatus: Kstatus::reconciling(reason, message),
-        requeue: Requeue::Poll,
-    }
+    let kept = x.at_requested && !x.hash_differs();
+    plan.condition(installed_during(x, kept, reason, &message));
+    (
+        x.phase,
+        Kstatus::reconciling(reason, message),
+        Requeue::Poll,
+    )
 }
 
 /// The last install failed: say why, stall when a person must act, and back off.
@@ -378,11 +347,7 @@ fn failed_run(
         return stalled(plan, reason, text, requeue);
     }
     plan.condition(Cond::no(c::INSTALLED, reason, text.clone()));
-    Outcome {
-        phase: x.phase,
-        kstatus: Kstatus::reconciling(reason, text),
-        requeue,
-    }
+    (x.phase, Kstatus::reconciling(reason, text), requeue)
 }
 
 /// Installed as wanted: `Ready`, with a repair preview when one is due.
@@ -396,17 +361,15 @@ fn settled(x: &Ctx, plan: &mut PlanBuilder) -> Outcome {
     if preview {
         plan.act(Action::Preview);
     }
-    Outcome {
-        phase: Phase::Ready,
-        kstatus: Kstatus {
-            ready: Some(x.serving()),
-            reconciling: preview.then(checking_drift),
-            stalled: None,
-        },
-        requeue: if preview {
-            Requeue::Poll
-        } else {
-            Requeue::Idle
-        },
-    }
+    let kstatus = Kstatus {
+        ready: Some(x.serving()),
+        reconciling: preview.then(checking_drift),
+        stalled: None,
+    };
+    let requeue = if preview {
+        Requeue::Poll
+    } else {
+        Requeue::Idle
+    };
+    (Phase::Ready, kstatus, requeue)
 }

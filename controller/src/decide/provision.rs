@@ -15,25 +15,38 @@ use super::status::{self, Cond, Kstatus, Reason};
 
 /// Decides what to do for an instance that is not being deleted.
 pub fn decide(o: &Observed) -> Plan {
-    if let Some(plan) = stopped(o) {
-        return plan;
-    }
     let mut plan = PlanBuilder::with([status::protection(&o.protection)]);
+    // Nothing may be created yet: no finalizer, an invalid spec, or a host namespace that
+    // belongs to another instance.
+    if !o.has_finalizer {
+        plan.act(Action::AddFinalizer);
+        let adding = Kstatus::reconciling(Reason::AddingFinalizer, "adding the finalizer");
+        return plan.finish(Phase::Pending, Requeue::Poll, adding);
+    }
+    if let Some(reason) = &o.invalid_spec {
+        let message = format!("{reason}; the controller waits for a change");
+        let invalid = Kstatus::stalled(Reason::InvalidSpec, message);
+        return plan.finish(Phase::Failed, Requeue::Idle, invalid);
+    }
+    if let HostNamespace::Foreign(other) = &o.host {
+        let message = format!(
+            "host namespace {} belongs to {other}; delete it or rename this instance",
+            o.host_namespace
+        );
+        let reason = Reason::HostNamespaceConflict;
+        plan.condition(Cond::no(c::HOST_NAMESPACE_READY, reason, message.clone()));
+        let conflict = Kstatus::stalled(reason, message);
+        return plan.finish(Phase::Failed, Requeue::Idle, conflict);
+    }
     if o.host == HostNamespace::Terminating {
         let message = format!(
             "host namespace {} is still being deleted; waiting for it to go",
             o.host_namespace
         );
-        plan.condition(Cond::no(
-            c::HOST_NAMESPACE_READY,
-            Reason::HostNamespaceTerminating,
-            message.clone(),
-        ));
-        return plan.finish(
-            Phase::Provisioning,
-            Requeue::Poll,
-            Kstatus::reconciling(Reason::HostNamespaceTerminating, message),
-        );
+        let reason = Reason::HostNamespaceTerminating;
+        plan.condition(Cond::no(c::HOST_NAMESPACE_READY, reason, message.clone()));
+        let waiting = Kstatus::reconciling(reason, message);
+        return plan.finish(Phase::Provisioning, Requeue::Poll, waiting);
     }
     if o.host != (HostNamespace::Ours { current: true }) {
         plan.act(Action::ApplyNamespace);
@@ -80,48 +93,6 @@ pub fn decide(o: &Observed) -> Plan {
         ),
     };
     plan.finish(phase, requeue, reconciling)
-}
-
-/// The plan when nothing may be created yet: no finalizer, an invalid spec, or a host namespace
-/// that belongs to another instance.
-fn stopped(o: &Observed) -> Option<Plan> {
-    let protection = status::protection(&o.protection);
-    if !o.has_finalizer {
-        let mut plan = PlanBuilder::with([protection]);
-        plan.act(Action::AddFinalizer);
-        return Some(plan.finish(
-            Phase::Pending,
-            Requeue::Poll,
-            Kstatus::reconciling(Reason::AddingFinalizer, "adding the finalizer"),
-        ));
-    }
-    if let Some(reason) = &o.invalid_spec {
-        return Some(PlanBuilder::with([protection]).finish(
-            Phase::Failed,
-            Requeue::Idle,
-            Kstatus::stalled(
-                Reason::InvalidSpec,
-                format!("{reason}; the controller waits for a change"),
-            ),
-        ));
-    }
-    let HostNamespace::Foreign(other) = &o.host else {
-        return None;
-    };
-    let message = format!(
-        "host namespace {} belongs to {other}; delete it or rename this instance",
-        o.host_namespace
-    );
-    let conflict = Cond::no(
-        c::HOST_NAMESPACE_READY,
-        Reason::HostNamespaceConflict,
-        message.clone(),
-    );
-    Some(PlanBuilder::with([protection, conflict]).finish(
-        Phase::Failed,
-        Requeue::Idle,
-        Kstatus::stalled(Reason::HostNamespaceConflict, message),
-    ))
 }
 
 /// `KubeconfigReady` and `Installed` while the vCluster does not serve.

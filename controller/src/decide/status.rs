@@ -108,12 +108,6 @@ impl Reason {
     }
 }
 
-impl PartialEq<&str> for Reason {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
 /// A condition a plan wants: type, status, typed reason and message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cond {
@@ -169,23 +163,7 @@ impl Cond {
 }
 
 /// A reason with its message: one of the kstatus conditions.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Step {
-    /// The reason.
-    pub reason: Reason,
-    /// The message.
-    pub message: String,
-}
-
-impl Step {
-    /// A step.
-    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
-        Self {
-            reason,
-            message: message.into(),
-        }
-    }
-}
+pub type Step = (Reason, String);
 
 /// The kstatus triple: `Ready` when ready is set, else `Ready=False` with the stalled or
 /// reconciling reason; `Reconciling` and `Stalled` when set.
@@ -203,7 +181,7 @@ impl Kstatus {
     /// Reconciling, not ready, not stalled.
     pub fn reconciling(reason: Reason, message: impl Into<String>) -> Self {
         Self {
-            reconciling: Some(Step::new(reason, message)),
+            reconciling: Some((reason, message.into())),
             ..Self::default()
         }
     }
@@ -211,7 +189,7 @@ impl Kstatus {
     /// Stalled, not ready, not reconciling.
     pub fn stalled(reason: Reason, message: impl Into<String>) -> Self {
         Self {
-            stalled: Some(Step::new(reason, message)),
+            stalled: Some((reason, message.into())),
             ..Self::default()
         }
     }
@@ -219,24 +197,22 @@ impl Kstatus {
     /// The three conditions.
     pub fn conditions(self) -> [Cond; 3] {
         let ready = match self.ready {
-            Some(s) => Cond::yes(c::READY, s.reason, s.message),
+            Some((reason, message)) => Cond::yes(c::READY, reason, message),
             None => {
-                let s = self.stalled.clone().or_else(|| self.reconciling.clone());
-                let s = s.unwrap_or_else(|| {
-                    Step::new(
-                        Reason::Progressing,
-                        "the controller is working on the instance",
-                    )
-                });
-                Cond::no(c::READY, s.reason, s.message)
+                let (reason, message) = (self.stalled.clone().or(self.reconciling.clone()))
+                    .unwrap_or_else(|| {
+                        let working = "the controller is working on the instance";
+                        (Reason::Progressing, working.into())
+                    });
+                Cond::no(c::READY, reason, message)
             }
         };
         let reconciling = match self.reconciling {
-            Some(s) => Cond::yes(c::RECONCILING, s.reason, s.message),
+            Some((reason, message)) => Cond::yes(c::RECONCILING, reason, message),
             None => Cond::no(c::RECONCILING, Reason::Idle, "nothing to do"),
         };
         let stalled = match self.stalled {
-            Some(s) => Cond::yes(c::STALLED, s.reason, s.message),
+            Some((reason, message)) => Cond::yes(c::STALLED, reason, message),
             None => Cond::no(c::STALLED, Reason::Progressing, "not stalled"),
         };
         [ready, reconciling, stalled]
@@ -287,6 +263,13 @@ pub fn protection(p: &Protection) -> Cond {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tests compare a reason with the word status shows.
+    impl PartialEq<&str> for Reason {
+        fn eq(&self, other: &&str) -> bool {
+            self.as_str() == *other
+        }
+    }
 
     /// Every reason, each failure among them.
     fn all() -> Vec<Reason> {
@@ -432,8 +415,8 @@ mod tests {
     fn ready_takes_the_stalled_reason_before_the_reconciling_one() {
         let [ready, reconciling, stalled] = Kstatus {
             ready: None,
-            reconciling: Some(Step::new(Reason::Installing, "a")),
-            stalled: Some(Step::new(Reason::ConfigUnavailable, "b")),
+            reconciling: Some((Reason::Installing, "a".into())),
+            stalled: Some((Reason::ConfigUnavailable, "b".into())),
         }
         .conditions();
         assert_eq!(

@@ -64,11 +64,10 @@ pub async fn act(
             Action::ApplyNamespace => apply_namespace(&t).await?,
             Action::InstallVCluster { recover } => install_vcluster(&t, *recover),
             Action::WriteKubeconfig => write_kubeconfig(&t).await?,
-            Action::RecordOwnerService => record_owner_service(ctx, &t.host_ns).await?,
+            Action::RecordOwnerService => record_owner_service(ctx, &t.host_ns, None).await?,
             Action::RestoreOwnerService => restore_owner_service(&t),
             Action::RelinkOwnerService { old_uid } => {
-                relink_owner_references(ctx, &t.host_ns, old_uid).await?;
-                record_owner_service(ctx, &t.host_ns).await?;
+                record_owner_service(ctx, &t.host_ns, Some(old_uid)).await?
             }
             Action::Install { mode } => install(&t, *mode),
             Action::Preview => preview(&t),
@@ -272,13 +271,13 @@ async fn delete_namespace(t: &Target<'_>) -> Result<(), ReconcileError> {
     let deleted = delete_if(&namespaces, &t.host_ns, DeleteParams::default(), marked)
         .await
         .map_err(ReconcileError::DeleteNamespace)?;
-    if !deleted {
+    if deleted {
+        wrote(t.ctx, "namespace");
+    } else {
         // Not marked with this instance's UID since it was observed: the next reconcile sees
         // the conflict and leaves it alone.
         tracing::warn!(namespace = %t.host_ns, instance = %key(t.pi), "not deleting a host namespace that does not carry this instance's UID mark");
-        return Ok(());
     }
-    wrote(t.ctx, "namespace");
     Ok(())
 }
 
@@ -451,19 +450,26 @@ fn submit_timed(
     t.ctx.tasks.submit(task, bounded, work.boxed());
 }
 
-async fn vcluster_service(ctx: &Context, host_ns: &str) -> Result<Option<Service>, ReconcileError> {
-    Api::<Service>::namespaced(ctx.client.clone(), host_ns)
+/// Records `service/vcluster`'s UID and [`objects::service_hash`] on the host namespace; when it
+/// was recreated, first points the owner references of the host Secrets and ConfigMaps that name
+/// the old UID (`relink`) at it.
+async fn record_owner_service(
+    ctx: &Context,
+    host_ns: &str,
+    relink: Option<&str>,
+) -> Result<(), ReconcileError> {
+    let Some(svc) = Api::<Service>::namespaced(ctx.client.clone(), host_ns)
         .get_opt(VCLUSTER)
         .await
-        .map_err(observing("service/vcluster"))
-}
-
-/// Records `service/vcluster`'s UID and [`objects::service_hash`] on the host namespace.
-async fn record_owner_service(ctx: &Context, host_ns: &str) -> Result<(), ReconcileError> {
-    let Some(svc) = vcluster_service(ctx, host_ns).await? else {
+        .map_err(observing("service/vcluster"))?
+    else {
         return Ok(());
     };
     let uid = svc.metadata.uid.clone().unwrap_or_default();
+    if let Some(old_uid) = relink {
+        relink_kind::<Secret>(ctx, host_ns, old_uid, &uid, "secret").await?;
+        relink_kind::<ConfigMap>(ctx, host_ns, old_uid, &uid, "configmap").await?;
+    }
     let record = format!("{uid}/{}", objects::service_hash(&svc));
     let patch = json!({"metadata": {"annotations": {OWNER_SERVICE_ANNOTATION: record}}});
     Api::<Namespace>::all(ctx.client.clone())
@@ -474,23 +480,8 @@ async fn record_owner_service(ctx: &Context, host_ns: &str) -> Result<(), Reconc
     Ok(())
 }
 
-/// Points the owner references of the host Secrets and ConfigMaps that name the old
-/// `service/vcluster` UID at the recreated Service.
-async fn relink_owner_references(
-    ctx: &Context,
-    host_ns: &str,
-    old_uid: &str,
-) -> Result<(), ReconcileError> {
-    let Some(svc) = vcluster_service(ctx, host_ns).await? else {
-        return Ok(());
-    };
-    let new_uid = svc.metadata.uid.unwrap_or_default();
-    relink::<Secret>(ctx, host_ns, old_uid, &new_uid, "secret").await?;
-    relink::<ConfigMap>(ctx, host_ns, old_uid, &new_uid, "configmap").await
-}
-
 /// Relinks every object of kind `K` in `host_ns` with an owner reference to `old_uid`.
-async fn relink<K>(
+async fn relink_kind<K>(
     ctx: &Context,
     host_ns: &str,
     old_uid: &str,

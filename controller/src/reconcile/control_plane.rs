@@ -76,13 +76,10 @@ pub async fn check_owner(
         None => Some("nobody: it does not exist".to_string()),
         Some(n) => crate::decide::ownership::host_namespace(n, key, uid),
     };
-    match owner {
-        None => Ok(()),
-        Some(owner) => Err(StopError::NotOwned {
-            namespace: host_ns.to_string(),
-            owner,
-        }),
-    }
+    owner.map_or(Ok(()), |owner| {
+        let namespace = host_ns.to_string();
+        Err(StopError::NotOwned { namespace, owner })
+    })
 }
 
 /// Stops the control plane of `host_ns` before helm changes its release: the chart's rollout

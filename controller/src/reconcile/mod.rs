@@ -126,10 +126,10 @@ fn task_keys(pi: &PlatformInstance) -> [String; 3] {
     [key(pi), install_key(pi), preview_key(pi)]
 }
 
-/// The instance's state directory under `--state-dir`.
 /// The file in the instance's state directory naming the node that holds its storage.
 const STORAGE_NODE_FILE: &str = "storage-node";
 
+/// The instance's state directory under `--state-dir`.
 fn state_path(settings: &Settings, pi: &PlatformInstance) -> PathBuf {
     settings
         .state_dir
@@ -224,15 +224,10 @@ fn finish(
     })
 }
 
-/// How many `--target-poll`s an instance waiting on a watch waits at most.
-const WATCH_FALLBACK_POLLS: u32 = 30;
-
 /// How long an instance waiting on a watch waits at most, in case the wake-up never comes:
-/// [`WATCH_FALLBACK_POLLS`] times `--target-poll`, within `--repair-interval`.
+/// thirty `--target-poll`s, within `--repair-interval`.
 fn watch_fallback(target_poll: Duration, repair_interval: Duration) -> Duration {
-    target_poll
-        .saturating_mul(WATCH_FALLBACK_POLLS)
-        .min(repair_interval)
+    target_poll.saturating_mul(30).min(repair_interval)
 }
 
 /// After a failed reconcile: count it by the failed step and retry after the instance's backoff

@@ -15,7 +15,7 @@ use super::reader::Read;
 use super::{Settings, key, objects};
 use crate::decide::model::{
     Cleanup, Exported, HostNamespace, InstallObserved, InstallOutcome, KubeconfigSecret, Observed,
-    OwnerService, Release, StorageNode, TaskState,
+    OwnerService, Release, StorageNode,
 };
 use crate::decide::ownership;
 use crate::installer::config::{self as program, ProgramConfig};
@@ -37,7 +37,7 @@ pub struct Found {
 pub fn observe(
     pi: &PlatformInstance,
     settings: &Settings,
-    read: Read,
+    mut read: Read,
     now: Timestamp,
 ) -> (Observed, Found) {
     let host_ns = host_namespace(&pi.namespace().unwrap_or_default(), &pi.name_any());
@@ -68,8 +68,8 @@ pub fn observe(
     let platform = read.serves == Some(true) && !deleting && settings.install_platform;
     let config = (exported.as_deref())
         .filter(|_| platform)
-        .map(|k| program_config(pi, settings, &host_ns, k, read.client_secret));
-    let [helm, install, preview] = read.tasks;
+        .map(|k| program_config(pi, settings, &host_ns, k, read.client_secret.take()));
+    let install = install_observed(pi, settings, &read, config.as_ref(), now);
     let observed = Observed {
         uid: uid.clone(),
         deleting,
@@ -86,7 +86,7 @@ pub fn observe(
         },
         release: ours.and(read.release).unwrap_or(Release::Missing),
         chart_version: settings.chart_version.clone(),
-        task: helm,
+        task: read.tasks[0].clone(),
         statefulset_ready: ours.is_some()
             && read
                 .deployment
@@ -127,17 +127,7 @@ pub fn observe(
             ),
             None => OwnerService::Unrecorded,
         },
-        install: InstallObserved {
-            missing_memberships: read.missing_memberships,
-            ..install_observed(
-                pi,
-                settings,
-                (install, preview),
-                (&read.record, read.record_error.clone()),
-                config.as_ref(),
-                now,
-            )
-        },
+        install,
         host_namespace: host_ns,
     };
     let found = Found {
@@ -246,30 +236,30 @@ fn program_config(
     }))
 }
 
-/// The installer's view of one instance from its record (or why it cannot be read) and tasks
-/// (install, preview).
+/// The installer's view of one instance: its record (or why it cannot be read), its install and
+/// preview tasks, and the membership Secrets that are gone.
 fn install_observed(
     pi: &PlatformInstance,
     settings: &Settings,
-    tasks: (TaskState, TaskState),
-    (record, record_error): (&Record, Option<String>),
+    read: &Read,
     config: Option<&Result<ProgramConfig, String>>,
     now: Timestamp,
 ) -> InstallObserved {
+    let record = &read.record;
     let repair_due = record.installed_version.is_some()
         && record.last_checked().is_none_or(|t| {
             now.duration_since(t.0).as_secs() >= settings.repair_interval.as_secs() as i64
         });
     let requested = pi.spec.version.clone().unwrap_or_default();
     InstallObserved {
-        outcome: InstallOutcome::fold(tasks.0, record, &requested),
+        outcome: InstallOutcome::fold(read.tasks[1].clone(), record, &requested),
         requested,
         installed: record.installed_version.clone(),
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
         config_error: config.and_then(|c| c.as_ref().err()).cloned(),
-        record_error,
-        preview_task: tasks.1,
+        record_error: read.record_error.clone(),
+        preview_task: read.tasks[2].clone(),
         drift: record
             .preview
             .as_ref()
@@ -277,8 +267,7 @@ fn install_observed(
             .map(|p| p.message.clone()),
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
-        // From the Secrets read, by the caller.
-        missing_memberships: Vec::new(),
+        missing_memberships: read.missing_memberships.clone(),
         disabled: !settings.install_platform,
         downgrade_allowed: pi
             .annotations()

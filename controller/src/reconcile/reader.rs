@@ -1,7 +1,4 @@
-//! The reader: the only code of the reconciler that reads. It gathers one instance's world (host
-//! namespace, NetworkPolicy, Helm release records, `service/vcluster`, the control plane
-//! Deployment, exported and written kubeconfigs, cleanup Job, the PersistentVolumes bound in the
-//! host namespace, tasks, the installer's record) into
+//! The reader: the only code of the reconciler that reads. It gathers one instance's world into
 //! [`Read`], from the reflector stores ([`Source::Stored`]) or from the API server
 //! ([`Source::Live`], before anything is written). [`super::observe`] turns that into the
 //! decision's input without reading anything more.
@@ -113,7 +110,8 @@ pub(crate) async fn read(
         ..Read::default()
     };
     let deleting = pi.meta().deletion_timestamp.is_some();
-    let mut look_at_node = deleting && pi.spec.deletion_policy == DeletionPolicy::Delete;
+    let cleaning = deleting && pi.spec.deletion_policy == DeletionPolicy::Delete;
+    let mut look_at_node = cleaning;
     let ours = read
         .namespace
         .as_deref()
@@ -161,7 +159,8 @@ pub(crate) async fn read(
             read.serves = Some(ctx.probes.serves(&host_ns, kubeconfig, &ctx.settings).await);
         }
     }
-    read.kubeconfig = In::new(ctx, source, &ns)
+    let own = In::new(ctx, source, &ns);
+    read.kubeconfig = own
         .get(
             |s| &s.kubeconfigs,
             &kubeconfig_secret(&pi.name_any()),
@@ -173,7 +172,9 @@ pub(crate) async fn read(
         let found = nodes.get_metadata_opt(node).await;
         read.storage_node_gone = found.map_err(observing(format!("node {node}")))?.is_none();
     }
-    read.cleanup = cleanup(ctx, pi, &host_ns).await?;
+    if cleaning {
+        read.cleanup = cleanup(ctx, &uid, &host_ns).await?;
+    }
     if ours && deleting && pi.spec.deletion_policy == DeletionPolicy::Retain {
         read.volumes = volumes(ctx, &host_ns).await?;
     }
@@ -196,19 +197,11 @@ pub(crate) async fn read(
     }
     for name in &read.record.membership_secrets {
         let what = "a membership kubeconfig Secret";
-        if In::new(ctx, source, &ns)
-            .get(|s| &s.kubeconfigs, name, what)
-            .await?
-            .is_none()
-        {
+        if own.get(|s| &s.kubeconfigs, name, what).await?.is_none() {
             read.missing_memberships.push(name.clone());
         }
     }
-    read.protection = ctx
-        .protection
-        .read()
-        .map(|p| p.clone())
-        .unwrap_or(Protection::Unknown);
+    read.protection = ctx.protection.read().map(|p| p.clone()).unwrap_or_default();
     read.state_exists = state_path(&ctx.settings, pi).exists();
     Ok(read)
 }
@@ -303,14 +296,7 @@ fn secret_text(secret: &Secret, key: &str) -> Option<String> {
 
 /// The storage cleanup Job (only looked at while deleting with `Delete`): another instance's
 /// (`Stale`), or what its conditions say, and while it runs no pod, why not.
-async fn cleanup(
-    ctx: &Context,
-    pi: &PlatformInstance,
-    host_ns: &str,
-) -> Result<Cleanup, ReconcileError> {
-    if pi.meta().deletion_timestamp.is_none() || pi.spec.deletion_policy != DeletionPolicy::Delete {
-        return Ok(Cleanup::Missing);
-    }
+async fn cleanup(ctx: &Context, uid: &str, host_ns: &str) -> Result<Cleanup, ReconcileError> {
     let namespace = &ctx.settings.cleanup_namespace;
     let Some(job) = Api::<Job>::namespaced(ctx.client.clone(), namespace)
         .get_opt(host_ns)
@@ -319,7 +305,7 @@ async fn cleanup(
     else {
         return Ok(Cleanup::Missing);
     };
-    if ownership::marked(&job.metadata, &pi.uid().unwrap_or_default()) != Some(true) {
+    if ownership::marked(&job.metadata, uid) != Some(true) {
         return Ok(Cleanup::Stale);
     }
     let outcome = super::observe::job_outcome(&job);
@@ -442,9 +428,8 @@ impl Probes {
 }
 
 fn sha256(text: &str) -> [u8; 32] {
-    let mut out = [0; 32];
-    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, text.as_bytes()).as_ref());
-    out
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    digest.as_ref().try_into().unwrap_or_default()
 }
 
 async fn client_for(kubeconfig: &str) -> Option<kube::Client> {
