@@ -99,28 +99,21 @@ impl Output {
     }
 }
 
-/// Owns a running tool: when dropped before it finished (a timeout, a cancel), it kills the
-/// tool's whole tree first, and only then lets go of the child (which tokio then reaps).
+/// Owns a running tool: when dropped (finished, timed out or cancelled), it kills the tool's
+/// whole tree (`pgid`, if still set) and removes the pid file; the child is dropped only after
+/// that (fields drop after `Drop::drop`), and tokio then reaps it.
 struct Running {
-    child: Option<tokio::process::Child>,
+    child: tokio::process::Child,
     pgid: Option<i32>,
     pid_file: PathBuf,
 }
 
-impl Running {
-    fn finished(&mut self) {
-        self.pgid = None;
-        let _ = std::fs::remove_file(&self.pid_file);
-    }
-}
-
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(pgid) = self.pgid.take() {
+        if let Some(pgid) = self.pgid {
             kill_group(pgid);
-            let _ = std::fs::remove_file(&self.pid_file);
         }
-        drop(self.child.take());
+        let _ = std::fs::remove_file(&self.pid_file);
     }
 }
 
@@ -203,7 +196,7 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
     }
     let (input, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let mut running = Running {
-        child: Some(child),
+        child,
         pgid: pid,
         pid_file,
     };
@@ -211,17 +204,15 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
         pipe.write_all(data).await?;
         drop(pipe);
     }
-    let Some(child) = running.child.as_mut() else {
-        return Err(std::io::Error::other("the tool's process is gone"));
-    };
-    let (status, out, err) = tokio::try_join!(child.wait(), read_all(stdout), read_all(stderr))?;
+    let waited = running.child.wait();
+    let (status, out, err) = tokio::try_join!(waited, read_all(stdout), read_all(stderr))?;
     // The leader is gone; stop anything it left in its group (a plugin it did not reap).
-    if let Some(pgid) = running.pgid
+    if let Some(pgid) = running.pgid.take()
         && killpg(Pid::from_raw(pgid), None).is_ok()
     {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
-    running.finished();
+    drop(running);
     Ok(Output {
         code: status.code(),
         stdout: String::from_utf8_lossy(&out).into_owned(),
