@@ -32,6 +32,7 @@ use crate::decide::model::{Mode, TaskError};
 use common::names::membership_kubeconfig_secret as membership_secret_name;
 use common::names::{INSTANCE_UID_LABEL, KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL};
 use config::ProgramConfig;
+use modules::io;
 use pulumi::ConfigValue;
 use record::{Failure, Preview, Record};
 
@@ -164,15 +165,6 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
-/// A `StateUnavailable` error of `doing` something to `path`.
-fn state_error(doing: &str, path: &Path, e: std::io::Error) -> TaskError {
-    let message = format!(
-        "{doing} {} failed: {e}; check the state volume",
-        path.display()
-    );
-    TaskError::new(Failure::StateUnavailable, message)
-}
-
 /// The lock file in an instance's state directory that a run of Pulumi holds (`flock`).
 pub const STATE_LOCK: &str = "install.lock";
 
@@ -182,13 +174,13 @@ pub const STATE_LOCK: &str = "install.lock";
 /// process dies.
 fn hold_state(dir: &Path) -> Result<std::fs::File, TaskError> {
     let path = dir.join(STATE_LOCK);
-    std::fs::create_dir_all(dir).map_err(|e| state_error("creating", dir, e))?;
+    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
     let file = std::fs::File::options()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| state_error("opening", &path, e))?;
+        .map_err(io("opening", &path))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(TaskError::new(
@@ -198,7 +190,7 @@ fn hold_state(dir: &Path) -> Result<std::fs::File, TaskError> {
                 path.display()
             ),
         )),
-        Err(std::fs::TryLockError::Error(e)) => Err(state_error("locking", &path, e)),
+        Err(std::fs::TryLockError::Error(e)) => Err(io("locking", &path)(e).into()),
     }
 }
 
@@ -317,8 +309,7 @@ impl Installer {
         });
         rec.failure = None;
         rec.attempted_config_hash = Some(job.config.hash.clone());
-        record::store(&dir, &rec)
-            .map_err(|e| state_error("writing the install record in", &dir, e))?;
+        record::store(&dir, &rec).map_err(io("writing the install record in", &dir))?;
         let steps = self.install_steps(&client, &dir, &job, &rec, interrupted);
         let (result, outcome) = match tokio::time::timeout(self.install_timeout, steps).await {
             Ok(Ok(applied)) => (
@@ -379,7 +370,7 @@ impl Installer {
         let (counts, outputs) = applied.map_err(|e| {
             let failure = match e {
                 pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
-                pulumi::PulumiError::Io { .. } => Failure::StateUnavailable,
+                pulumi::PulumiError::Io(_) => Failure::StateUnavailable,
                 pulumi::PulumiError::OutOfMemory { .. } => Failure::ProgramOutOfMemory,
                 pulumi::PulumiError::IncorrectPassphrase { .. } => Failure::PassphraseMismatch,
                 _ => Failure::InstallFailed,
@@ -698,7 +689,7 @@ fn write_files(dir: &Path, files: &[(&str, String)]) -> Result<(), TaskError> {
     for (name, content) in files {
         let path = dir.join(name);
         if std::fs::read(&path).ok().as_deref() != Some(content.as_bytes()) {
-            std::fs::write(&path, content).map_err(|e| state_error("writing", &path, e))?;
+            std::fs::write(&path, content).map_err(io("writing", &path))?;
         }
     }
     Ok(())
@@ -711,7 +702,7 @@ fn write_project(
     version: &str,
     sdk_version: &str,
 ) -> Result<(), TaskError> {
-    std::fs::create_dir_all(backend).map_err(|e| state_error("creating", backend, e))?;
+    std::fs::create_dir_all(backend).map_err(io("creating", backend))?;
     write_files(project, &project_files(backend, version, sdk_version))
 }
 

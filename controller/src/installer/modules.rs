@@ -35,10 +35,10 @@ pub const LOCKFILE: &str = "package-lock.json";
 /// How often a waiting install tries the key's lock again.
 const LOCK_POLL: Duration = Duration::from_millis(100);
 
-/// Errors of the shared trees.
+/// Errors of the state volume's files (the shared trees, the Pulumi backend, the project).
 #[derive(Debug, thiserror::Error)]
-pub enum TreeError {
-    /// A file or folder of the tree store could not be read, written or removed.
+pub enum StateError {
+    /// A file or folder could not be read, written or removed.
     #[error("{what} {path} failed: {source}; check the state volume")]
     Io {
         what: &'static str,
@@ -50,24 +50,28 @@ pub enum TreeError {
     Interrupted(String),
 }
 
-/// The store's errors fail an install as `StateUnavailable`.
-impl From<TreeError> for TaskError {
-    fn from(e: TreeError) -> Self {
+/// They fail an install as `StateUnavailable`.
+impl From<StateError> for TaskError {
+    fn from(e: StateError) -> Self {
         TaskError::new(Failure::StateUnavailable, e.to_string())
     }
 }
 
 /// Runs `f` on the blocking pool.
 pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, TreeError> + Send + 'static,
-) -> Result<T, TreeError> {
+    f: impl FnOnce() -> Result<T, StateError> + Send + 'static,
+) -> Result<T, StateError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| TreeError::Interrupted(e.to_string()))?
+        .map_err(|e| StateError::Interrupted(e.to_string()))?
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TreeError + 'a {
-    move |source| TreeError::Io {
+/// The [`StateError::Io`] of `what` (doing) on `path`, for `map_err`.
+pub fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> StateError + 'a {
+    move |source| StateError::Io {
         what,
         path: path.to_path_buf(),
         source,
@@ -151,13 +155,13 @@ fn is_key(name: &str) -> bool {
     name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-fn sha256_file(path: &Path) -> Result<String, TreeError> {
+fn sha256_file(path: &Path) -> Result<String, StateError> {
     crate::chart::sha256_file(path).map_err(io("reading", path))
 }
 
 /// Every entry under `top` (sorted by path, `/`-separated, relative), the manifest excluded,
 /// each with its metadata.
-fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, TreeError> {
+fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, StateError> {
     let mut out = Vec::new();
     let mut dirs = vec![(String::new(), top.to_path_buf())];
     while let Some((rel, dir)) = dirs.pop() {
@@ -184,7 +188,7 @@ fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, TreeError> {
     Ok(out)
 }
 
-fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entry>, TreeError> {
+fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entry>, StateError> {
     let kind = meta.file_type();
     Ok(Some(if kind.is_dir() {
         Entry::Dir { path: rel }
@@ -211,7 +215,7 @@ fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entr
 
 /// Makes every folder under `top` (but `top` itself) and every file read-only: the tree is
 /// shared, no instance may change it.
-fn make_read_only(top: &Path) -> Result<(), TreeError> {
+fn make_read_only(top: &Path) -> Result<(), StateError> {
     // Deepest first, so a folder is still writable while its entries are changed.
     let mut entries = walk(top)?;
     entries.reverse();
@@ -310,7 +314,7 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
 }
 
 /// Describes the complete tree at `top` in its manifest, written last and atomically.
-fn seal(top: &Path, key: &str) -> Result<(), TreeError> {
+fn seal(top: &Path, key: &str) -> Result<(), StateError> {
     make_read_only(&top.join(MODULES))?;
     let entries = walk(top)?
         .into_iter()
@@ -323,16 +327,7 @@ fn seal(top: &Path, key: &str) -> Result<(), TreeError> {
     };
     let text = serde_json::to_vec(&manifest)
         .map_err(|e| io("writing the manifest of", top)(std::io::Error::other(e)))?;
-    let part = top.join(format!("{MANIFEST}.part"));
-    {
-        use std::io::Write;
-        let mut file = fs::File::create(&part).map_err(io("writing", &part))?;
-        file.write_all(&text).map_err(io("writing", &part))?;
-        file.sync_all().map_err(io("writing", &part))?;
-    }
-    let path = top.join(MANIFEST);
-    fs::rename(&part, &path).map_err(io("writing", &path))?;
-    Ok(())
+    super::record::write_durably(top, MANIFEST, &text).map_err(io("writing", &top.join(MANIFEST)))
 }
 
 static NONCE: AtomicU64 = AtomicU64::new(0);
@@ -368,7 +363,7 @@ impl Trees {
     }
 
     /// Takes the lock of `key` if it is free.
-    pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, TreeError> {
+    pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, StateError> {
         let path = self.lock_path(key);
         let file = fs::OpenOptions::new()
             .create(true)
@@ -394,7 +389,7 @@ impl Trees {
 
     /// Waits for the lock of `key` (another install builds or checks that tree).
     /// Cancellation-safe: dropping the future leaves the lock to the others.
-    pub async fn lock(&self, key: &str) -> Result<KeyLock, TreeError> {
+    pub async fn lock(&self, key: &str) -> Result<KeyLock, StateError> {
         fs::create_dir_all(&self.root).map_err(io("creating", &self.root))?;
         loop {
             if let Some(lock) = self.try_lock(key)? {
@@ -405,7 +400,7 @@ impl Trees {
     }
 
     /// Moves `path` out of the way at once and removes it.
-    fn discard(&self, path: &Path) -> Result<(), TreeError> {
+    fn discard(&self, path: &Path) -> Result<(), StateError> {
         let trash = self.root.join(format!(".trash-{}", nonce()));
         match fs::rename(path, &trash) {
             Ok(()) => {}
@@ -426,7 +421,7 @@ impl Trees {
         build: F,
     ) -> Result<Outcome, E>
     where
-        E: From<TreeError>,
+        E: From<StateError>,
         F: FnOnce(PathBuf) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
@@ -488,7 +483,7 @@ impl Trees {
 
     /// Links `project`'s `node_modules` to the tree of `key` (a relative link when both are
     /// under `state_dir`) and copies the tree's lockfile into the project.
-    pub fn link(&self, project: &Path, key: &str, state_dir: &Path) -> Result<(), TreeError> {
+    pub fn link(&self, project: &Path, key: &str, state_dir: &Path) -> Result<(), StateError> {
         let top = self.tree(key);
         let target = match (project.strip_prefix(state_dir), top.strip_prefix(state_dir)) {
             (Ok(from), Ok(to)) => {
@@ -521,7 +516,7 @@ impl Trees {
         self.copy_lockfile(&top, project)
     }
 
-    fn copy_lockfile(&self, top: &Path, project: &Path) -> Result<(), TreeError> {
+    fn copy_lockfile(&self, top: &Path, project: &Path) -> Result<(), StateError> {
         let from = top.join(LOCKFILE);
         let to = project.join(LOCKFILE);
         let text = fs::read(&from).map_err(io("reading", &from))?;

@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 use tokio::process::Command;
 
+use super::modules::{StateError, io};
 use super::process::{self, Output};
 
 /// The one stack every instance project has.
@@ -94,12 +95,8 @@ pub enum PulumiError {
     )]
     IncorrectPassphrase { action: &'static str, path: PathBuf },
     /// A file of the workspace could not be written or removed.
-    #[error("{what} {path} failed: {source}; check the state volume")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] StateError),
 }
 
 /// Resource counts of an update, from the event log's summary event.
@@ -227,7 +224,7 @@ impl Stack {
         let mut cmd = process::command(&self.binary);
         cmd.current_dir(&self.project)
             .args(args)
-            .args(["--non-interactive", "--color", "never"])
+            .args(["--stack", STACK, "--non-interactive", "--color", "never"])
             .env("PULUMI_BACKEND_URL", backend_url(&self.backend))
             .env("PULUMI_CONFIG_PASSPHRASE_FILE", &self.passphrase_file)
             .env_remove("PULUMI_CONFIG_PASSPHRASE")
@@ -307,7 +304,7 @@ impl Stack {
                 if path.is_dir() {
                     stack.push(path);
                 } else {
-                    remove(&path, "removing the stale lock")?;
+                    std::fs::remove_file(&path).map_err(io("removing the stale lock", &path))?;
                     removed += 1;
                 }
             }
@@ -346,7 +343,7 @@ impl Stack {
             // Newest first: by time, then by name (Pulumi's names carry the time).
             records.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| b.0.cmp(&a.0)));
             for file in records.into_iter().skip(keep).flat_map(|(_, (_, f))| f) {
-                remove(&file, "pruning the stack history")?;
+                std::fs::remove_file(&file).map_err(io("pruning the stack history", &file))?;
                 removed += 1;
             }
         }
@@ -355,12 +352,9 @@ impl Stack {
 
     /// Selects the stack, creating it on first use.
     pub async fn select_or_create(&self) -> Result<(), PulumiError> {
-        std::fs::create_dir_all(&self.backend).map_err(|source| PulumiError::Io {
-            what: "creating the backend folder",
-            path: self.backend.clone(),
-            source,
-        })?;
-        let args = ["stack", "select", "--create", STACK];
+        std::fs::create_dir_all(&self.backend)
+            .map_err(io("creating the backend folder", &self.backend))?;
+        let args = ["stack", "select", "--create"];
         self.ok("stack select", &args, None).await.map(|_| ())
     }
 
@@ -374,13 +368,13 @@ impl Stack {
         values: &[(&str, ConfigValue)],
         absent: &[&str],
     ) -> Result<(), PulumiError> {
-        let mut remove = vec!["config", "rm-all", "--path", "--stack", STACK];
+        let mut remove = vec!["config", "rm-all", "--path"];
         remove.extend(absent);
         let mut pairs = Vec::new();
         for (key, value) in values {
             match value {
                 ConfigValue::Secret(secret) => {
-                    let args = ["config", "set", "--secret", "--raw", key, "--stack", STACK];
+                    let args = ["config", "set", "--secret", "--raw", key];
                     self.ok("config set", &args, Some(secret.as_bytes()))
                         .await?;
                 }
@@ -397,7 +391,7 @@ impl Stack {
             }
         }
         self.ok("config rm-all", &remove, None).await?;
-        let mut set = vec!["config", "set-all", "--path", "--stack", STACK];
+        let mut set = vec!["config", "set-all", "--path"];
         for pair in &pairs {
             set.extend(["--plaintext", pair.as_str()]);
         }
@@ -413,8 +407,6 @@ impl Stack {
             "--skip-preview",
             "--clear-pending-creates",
             "--suppress-progress",
-            "--stack",
-            STACK,
         ];
         self.ok("refresh", &args, None).await.map(|_| ())
     }
@@ -433,8 +425,6 @@ impl Stack {
             "--suppress-progress",
             "--event-log",
             &log_arg,
-            "--stack",
-            STACK,
         ];
         let out = self.run(&args, None).await?;
         let (summary, errors) = read_event_log(&std::fs::read_to_string(&log).unwrap_or_default());
@@ -448,14 +438,7 @@ impl Stack {
     /// drift). Drift is the CLI's own verdict, exit code 7 ([`Exit::UnexpectedChanges`]); the
     /// JSON report's `changeSummary` only details it.
     pub async fn preview(&self) -> Result<Counts, PulumiError> {
-        let args = [
-            "preview",
-            "--refresh",
-            "--expect-no-changes",
-            "--json",
-            "--stack",
-            STACK,
-        ];
+        let args = ["preview", "--refresh", "--expect-no-changes", "--json"];
         let out = self.run(&args, None).await?;
         let report: Value = serde_json::from_str(&out.stdout).unwrap_or_default();
         let summary = Counts::from_changes(report.get("changeSummary").unwrap_or(&Value::Null));
@@ -491,29 +474,13 @@ impl Stack {
     /// The stack outputs, secrets shown (they go into Secrets, never into logs or status), from
     /// `pulumi stack output --json --show-secrets`.
     pub async fn outputs(&self) -> Result<Value, PulumiError> {
-        let args = [
-            "stack",
-            "output",
-            "--json",
-            "--show-secrets",
-            "--stack",
-            STACK,
-        ];
+        let args = ["stack", "output", "--json", "--show-secrets"];
         let out = self.ok("stack output", &args, None).await?;
         serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output {
             action: "stack output",
             detail: e.to_string(),
         })
     }
-}
-
-/// Removes `path`, a file of the backend (`what`: for the error).
-fn remove(path: &Path, what: &'static str) -> Result<(), PulumiError> {
-    std::fs::remove_file(path).map_err(|source| PulumiError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 #[cfg(test)]
