@@ -1,17 +1,11 @@
-//! The shared dependency trees: the program's `node_modules` is installed once per
-//! (`package.json`, `.npmrc`, `--npm-allow-scripts`) into `<--state-dir>/.cache/modules/<key>/`
-//! and each instance's project links to it (`platform/node_modules`, a relative symlink), so a
-//! second instance at a version runs no npm at all.
-//!
-//! A tree is built in a private folder (`.build-<key>-<nonce>`), made read-only, described by a
-//! manifest (every entry's path and kind, each file's size and SHA-256, each link's target)
-//! written last, and only then renamed to `<key>`; a tree without a readable manifest is never
-//! used. Before each reuse the tree is checked against its manifest: a missing, extra or
-//! changed entry gets the tree discarded and rebuilt. A file whose inode and change time are the
-//! ones recorded when it was hashed is unchanged (any write changes its change time, which no
-//! user can set back); any other file is hashed again. One install at a time per key builds or
-//! checks a tree, under an advisory lock (`<key>.lock`, `flock`); trees no instance links to are
-//! removed after each install ([`Trees::collect`]).
+//! The shared dependency trees (docs/controller.md#shared-dependency-trees): `node_modules` is
+//! installed once per (`package.json`, `.npmrc`, `--npm-allow-scripts`) into
+//! `<--state-dir>/.cache/modules/<key>/`, and each project links to it, so a second instance at
+//! a version runs no npm. A tree is built in `.build-<key>-<nonce>`, made read-only, described by
+//! a manifest written last, then renamed to `<key>`; before each reuse it is checked against the
+//! manifest, and rebuilt when it fails. A file whose inode and ctime are the recorded ones is
+//! unchanged (no user can set a ctime back); any other is hashed again. One install per key at a
+//! time, under `<key>.lock` (`flock`).
 
 use std::fs;
 use std::future::Future;
@@ -24,15 +18,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::decide::model::{Failure, TaskError};
 
-/// The manifest's file name at the top of a tree; written last.
+/// The manifest's file name at the top of a tree.
 pub const MANIFEST: &str = "manifest.json";
-/// The manifest format this operator writes and reads.
 const FORMAT: u32 = 1;
 /// The folder inside a tree that instances link to.
 pub const MODULES: &str = "node_modules";
 /// npm's lockfile, kept at the top of a tree and copied into each linked project.
 pub const LOCKFILE: &str = "package-lock.json";
-/// How often a waiting install tries the key's lock again.
 const LOCK_POLL: Duration = Duration::from_millis(100);
 
 /// Errors of the state volume's files (the shared trees, the Pulumi backend, the project).
@@ -138,12 +130,13 @@ pub fn sha256_hex(parts: &[&[u8]]) -> String {
 
 /// The key of a tree: a digest of the inputs that decide what npm installs.
 pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
-    let scripts: &[u8] = if allow_scripts {
-        b"scripts"
+    let scripts = if allow_scripts {
+        "scripts"
     } else {
-        b"noscripts"
+        "noscripts"
     };
-    sha256_hex(&[package_json.as_bytes(), npmrc.as_bytes(), scripts])[..32].to_string()
+    let parts = [package_json, npmrc, scripts].map(str::as_bytes);
+    sha256_hex(&parts)[..32].to_string()
 }
 
 /// The entries of folder `dir` that can be read (none if it cannot be listed).
@@ -163,23 +156,19 @@ fn sha256_file(path: &Path) -> Result<String, StateError> {
 /// each with its metadata.
 fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, StateError> {
     let mut out = Vec::new();
+    // (the relative path of a folder with its trailing `/`, the folder)
     let mut dirs = vec![(String::new(), top.to_path_buf())];
-    while let Some((rel, dir)) = dirs.pop() {
+    while let Some((prefix, dir)) = dirs.pop() {
         for entry in fs::read_dir(&dir).map_err(io("listing", &dir))? {
             let entry = entry.map_err(io("listing", &dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if rel.is_empty() && name == MANIFEST {
+            let child = format!("{prefix}{}", entry.file_name().to_string_lossy());
+            if child == MANIFEST {
                 continue;
             }
             let path = entry.path();
             let meta = fs::symlink_metadata(&path).map_err(io("reading", &path))?;
-            let child = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
             if meta.is_dir() {
-                dirs.push((child.clone(), path.clone()));
+                dirs.push((format!("{child}/"), path.clone()));
             }
             out.push((child, path, meta));
         }
@@ -233,8 +222,8 @@ fn make_read_only(top: &Path) -> Result<(), StateError> {
     Ok(())
 }
 
-/// Makes every folder under `top` writable by its owner again, so that it can be removed.
-pub(crate) fn make_removable(top: &Path) {
+/// Removes the folder `top`, first making every folder under it writable by its owner again.
+fn remove_tree(top: &Path) -> std::io::Result<()> {
     let mut dirs = vec![top.to_path_buf()];
     while let Some(dir) = dirs.pop() {
         if let Ok(meta) = fs::symlink_metadata(&dir)
@@ -247,6 +236,7 @@ pub(crate) fn make_removable(top: &Path) {
             dirs.extend(entries(&dir).map(|e| e.path()));
         }
     }
+    fs::remove_dir_all(top)
 }
 
 /// Checks the tree at `top` against its manifest; the reason it fails otherwise.
@@ -313,7 +303,7 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Describes the complete tree at `top` in its manifest, written last and atomically.
+/// Describes the complete tree at `top` in its manifest, written last and durably.
 fn seal(top: &Path, key: &str) -> Result<(), StateError> {
     make_read_only(&top.join(MODULES))?;
     let entries = walk(top)?
@@ -387,8 +377,7 @@ impl Trees {
         }
     }
 
-    /// Waits for the lock of `key` (another install builds or checks that tree).
-    /// Cancellation-safe: dropping the future leaves the lock to the others.
+    /// Waits for the lock of `key`; dropping the future leaves the lock to the others.
     pub async fn lock(&self, key: &str) -> Result<KeyLock, StateError> {
         fs::create_dir_all(&self.root).map_err(io("creating", &self.root))?;
         loop {
@@ -407,8 +396,7 @@ impl Trees {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io("moving aside", path)(e)),
         }
-        make_removable(&trash);
-        fs::remove_dir_all(&trash).map_err(io("removing", &trash))
+        remove_tree(&trash).map_err(io("removing", &trash))
     }
 
     /// Makes sure a checked tree of `key` exists, building it with `build` (which fills the
@@ -473,8 +461,7 @@ impl Trees {
         for entry in entries(&self.root) {
             if entry.file_name().to_string_lossy().starts_with(prefix) {
                 let path = entry.path();
-                make_removable(&path);
-                if let Err(e) = fs::remove_dir_all(&path) {
+                if let Err(e) = remove_tree(&path) {
                     tracing::warn!(path = %path.display(), error = %e, "removing a leftover of the dependency trees failed");
                 }
             }
@@ -486,15 +473,14 @@ impl Trees {
     pub fn link(&self, project: &Path, key: &str, state_dir: &Path) -> Result<(), StateError> {
         let top = self.tree(key);
         let target = match (project.strip_prefix(state_dir), top.strip_prefix(state_dir)) {
-            (Ok(from), Ok(to)) => {
-                let mut rel = PathBuf::new();
-                for _ in from.components() {
-                    rel.push("..");
-                }
-                rel.join(to).join(MODULES)
-            }
-            _ => top.join(MODULES),
-        };
+            (Ok(from), Ok(to)) => from
+                .components()
+                .map(|_| "..")
+                .collect::<PathBuf>()
+                .join(to),
+            _ => top.clone(),
+        }
+        .join(MODULES);
         let link = project.join(MODULES);
         match fs::symlink_metadata(&link) {
             Ok(meta)
@@ -505,8 +491,7 @@ impl Trees {
             }
             // A project of an earlier layout has its own node_modules.
             Ok(meta) if meta.is_dir() => {
-                make_removable(&link);
-                fs::remove_dir_all(&link).map_err(io("removing", &link))?;
+                remove_tree(&link).map_err(io("removing", &link))?;
             }
             _ => {}
         }
@@ -595,8 +580,7 @@ mod tests {
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("modules-{name}-{}", std::process::id()));
         if dir.exists() {
-            make_removable(&dir);
-            let _ = fs::remove_dir_all(&dir);
+            let _ = remove_tree(&dir);
         }
         fs::create_dir_all(&dir).expect("dir");
         dir
@@ -612,8 +596,7 @@ mod tests {
     }
 
     fn cleanup(dir: &Path) {
-        make_removable(dir);
-        let _ = fs::remove_dir_all(dir);
+        let _ = remove_tree(dir);
     }
 
     /// Fills `dir` the way an npm install does (a package, a `.bin` link, the lockfile),
