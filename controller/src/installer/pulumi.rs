@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 use tokio::process::Command;
 
+use super::config::Redacted;
 use super::modules::{StateError, io};
 use super::process::{self, Output};
 
@@ -192,24 +193,14 @@ fn record_key(name: &str) -> &str {
 pub const PROJECT: &str = "di-platform";
 
 /// One value of the stack's config file.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigValue {
     /// A plaintext string.
     Plain(String),
     /// A plaintext list of strings (the way `config set --path key[i]` writes one).
     List(Vec<String>),
     /// A secret (`pulumi config set --secret`, the value on standard input).
-    Secret(String),
-}
-
-impl std::fmt::Debug for ConfigValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConfigValue::Plain(v) => f.debug_tuple("Plain").field(v).finish(),
-            ConfigValue::List(v) => f.debug_tuple("List").field(v).finish(),
-            ConfigValue::Secret(_) => f.write_str("Secret(..)"),
-        }
-    }
+    Secret(Redacted),
 }
 
 /// The backend URL of a backend folder. `metadata=skip`: the file backend writes no metadata
@@ -375,7 +366,7 @@ impl Stack {
             match value {
                 ConfigValue::Secret(secret) => {
                     let args = ["config", "set", "--secret", "--raw", key];
-                    self.ok("config set", &args, Some(secret.as_bytes()))
+                    self.ok("config set", &args, Some(secret.0.as_bytes()))
                         .await?;
                 }
                 ConfigValue::Plain(v) => pairs.push(format!("{key}={v}")),
