@@ -15,12 +15,11 @@ use super::config::Redacted;
 use super::modules::{StateError, io};
 use super::process::{self, Output};
 
-/// The one stack every instance project has.
+/// The one stack every instance project has; every command names it.
 pub const STACK: &str = "dev";
 
-/// What a non-zero exit code of the Pulumi CLI means (its documented contract,
-/// `sdk/go/common/util/cmdutil/exit.go`), in words for messages; `Killed`: no code, killed by a
-/// signal.
+/// What a non-zero exit code of the Pulumi CLI means (`sdk/go/common/util/cmdutil/exit.go`),
+/// in words for messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::FromRepr, strum::Display)]
 #[repr(i32)]
 pub enum Exit {
@@ -67,8 +66,8 @@ pub enum PulumiError {
         binary: String,
         source: std::io::Error,
     },
-    /// A Pulumi command exited non-zero (`code` -1: killed); `message` is the program's or
-    /// engine's error, from the event log when there is one.
+    /// A Pulumi command exited non-zero (`code` -1: killed); `message` is from the event log
+    /// when there is one.
     #[error("pulumi {action} failed ({exit}, exit {code}): {message}")]
     Failed {
         action: &'static str,
@@ -90,7 +89,7 @@ pub enum PulumiError {
         action: &'static str,
         limit_mib: u32,
     },
-    /// Pulumi refused the passphrase: it is not the one the stack was written with.
+    /// Pulumi refused the passphrase.
     #[error(
         "pulumi {action} refused the passphrase in {path}: it is not the one this instance's Pulumi state was encrypted with; put the original passphrase back into the Secret platform-operator-passphrase (or the Secret passphrase.existingSecret names) and restart the operator; the state is left untouched"
     )]
@@ -111,8 +110,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Counts from a `resourceChanges` / `changeSummary` map (`create`, `update`, `delete`,
-    /// `same`, `replace`, ...).
+    /// Counts from a `resourceChanges` / `changeSummary` map.
     pub fn from_changes(changes: &Value) -> Self {
         let get = |k: &str| changes.get(k).and_then(Value::as_i64).unwrap_or(0);
         Counts {
@@ -142,8 +140,7 @@ fn joined(errors: &[String]) -> Option<String> {
     (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect())
 }
 
-/// Reads an event log (one JSON engine event per line): the summary's resource changes and
-/// the error diagnostics, in order.
+/// Reads an event log (JSON engine events, one a line): the summary's counts and the errors.
 pub fn read_event_log(text: &str) -> (Option<Counts>, Vec<String>) {
     let mut summary = None;
     let mut errors = Vec::new();
@@ -163,7 +160,7 @@ pub fn read_event_log(text: &str) -> (Option<Counts>, Vec<String>) {
     (summary, errors)
 }
 
-/// One instance's stack: its project folder, its local file backend, its state folder.
+/// One instance's stack.
 #[derive(Clone, Debug)]
 pub struct Stack {
     pub binary: String,
@@ -171,16 +168,15 @@ pub struct Stack {
     pub home: PathBuf,
     pub passphrase_file: PathBuf,
     pub project: PathBuf,
-    /// The local backend folder.
+    /// The local file backend's folder.
     pub backend: PathBuf,
     /// The instance's state folder (pid file, event logs).
     pub state: PathBuf,
-    /// The node heap limit of the program's processes, in MiB (`NODE_OPTIONS`).
+    /// The program's node heap limit, in MiB.
     pub heap_limit_mib: u32,
 }
 
-/// The update record a history or backup file belongs to: its name without `.attrs` and
-/// without `.history.json`, `.checkpoint.json` or `.json`.
+/// The update record a history or backup file belongs to: its name without its suffixes.
 fn record_key(name: &str) -> &str {
     let name = name.strip_suffix(".attrs").unwrap_or(name);
     [".history.json", ".checkpoint.json", ".json"]
@@ -195,17 +191,15 @@ pub const PROJECT: &str = "di-platform";
 /// One value of the stack's config file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigValue {
-    /// A plaintext string.
     Plain(String),
-    /// A plaintext list of strings (the way `config set --path key[i]` writes one).
+    /// Written as `config set --path key[i]`.
     List(Vec<String>),
-    /// A secret (`pulumi config set --secret`, the value on standard input).
+    /// Written with `pulumi config set --secret`, the value on standard input.
     Secret(Redacted),
 }
 
-/// The backend URL of a backend folder. `metadata=skip`: the file backend writes no metadata
-/// sidecar (`<file>.attrs`) beside each file; it writes those in place, not atomically, so a run
-/// killed while writing one left it empty, and every later run failed to load the checkpoint.
+/// The backend URL of a backend folder. `metadata=skip`: no `<file>.attrs` sidecars, which the
+/// file backend writes in place, so a run killed while writing one broke every later run.
 pub fn backend_url(backend: &Path) -> String {
     format!("file://{}?metadata=skip", backend.display())
 }
@@ -220,8 +214,7 @@ impl Stack {
             .env("PULUMI_CONFIG_PASSPHRASE_FILE", &self.passphrase_file)
             .env_remove("PULUMI_CONFIG_PASSPHRASE")
             .env("PULUMI_HOME", &self.home)
-            // The program's home is the instance's own folder: no `~/.kube/config` of the
-            // operator's user is found there.
+            // The instance's own home: no `~/.kube/config` of the operator's user is found.
             .env("HOME", &self.state)
             .env("PULUMI_SKIP_UPDATE_CHECK", "true")
             // `--event-log` exists only with debug commands on (as the Automation API runs it).
@@ -281,9 +274,8 @@ impl Stack {
         }
     }
 
-    /// Removes the backend's lock files. Called only under the instance's state lock
-    /// (`install.lock`), which every run of Pulumi in that state holds, so a lock found then was
-    /// left by a process that is gone. Returns how many were removed.
+    /// Removes the backend's lock files and returns how many. Called only under `install.lock`,
+    /// which every run of Pulumi in that state holds, so their processes are gone.
     pub fn clear_locks(&self) -> Result<usize, PulumiError> {
         let mut removed = 0;
         let mut stack = vec![self.backend.join(".pulumi").join("locks")];
@@ -303,10 +295,8 @@ impl Stack {
         Ok(removed)
     }
 
-    /// Keeps the newest `keep` update records of the stack in the backend's `history` and
-    /// `backups` folders and removes the older ones (each with its `.attrs` twin). Pulumi adds
-    /// a record to each on every update, failed ones included, and never removes any. Returns
-    /// how many files were removed.
+    /// Keeps the newest `keep` update records in the backend's `history` and `backups` folders
+    /// (Pulumi adds one to each per update and never removes any); returns the files removed.
     pub fn prune_history(&self, keep: usize) -> Result<usize, PulumiError> {
         let pulumi = self.backend.join(".pulumi");
         let mut removed = 0;
@@ -349,11 +339,9 @@ impl Stack {
         self.ok("stack select", &args, None).await.map(|_| ())
     }
 
-    /// Sets the stack's config to exactly `values`: each secret with `pulumi config set --secret`
-    /// (its value on standard input), then `absent` and every list removed, then the plaintext
-    /// values and lists with one `pulumi config set-all --path`. The secrets go first: Pulumi
-    /// checks the passphrase against the stack's salt before it encrypts, so a wrong passphrase
-    /// fails here with nothing written.
+    /// Sets the stack's config to exactly `values` (`absent` and every list removed first). The
+    /// secrets go first: Pulumi checks the passphrase against the stack's salt before it
+    /// encrypts, so a wrong passphrase fails with nothing written.
     pub async fn configure(
         &self,
         values: &[(&str, ConfigValue)],
@@ -389,8 +377,7 @@ impl Stack {
         self.ok("config set-all", &set, None).await.map(|_| ())
     }
 
-    /// Drops the pending creates a killed run left in the state (`pulumi refresh
-    /// --clear-pending-creates`; an `up` drops every other kind of pending operation itself).
+    /// Drops the pending creates a killed run left (an `up` drops other pending operations).
     pub async fn clear_pending_creates(&self) -> Result<(), PulumiError> {
         let args = [
             "refresh",
@@ -402,8 +389,7 @@ impl Stack {
         self.ok("refresh", &args, None).await.map(|_| ())
     }
 
-    /// `pulumi up` with refresh (so objects deleted behind Pulumi's back are created again),
-    /// reading the resource counts from its event log.
+    /// `pulumi up` with refresh (objects deleted behind Pulumi's back are created again).
     pub async fn up(&self) -> Result<Counts, PulumiError> {
         let log = self.state.join("up-events.jsonl");
         let _ = std::fs::remove_file(&log);
@@ -425,9 +411,8 @@ impl Stack {
         Ok(summary.unwrap_or_default())
     }
 
-    /// A refreshing preview that expects no changes: the changes an `up` would make now (0: no
-    /// drift). Drift is the CLI's own verdict, exit code 7 ([`Exit::UnexpectedChanges`]); the
-    /// JSON report's `changeSummary` only details it.
+    /// The changes an `up` would make now, from a refreshing preview. Drift is the CLI's verdict
+    /// (exit 7, [`Exit::UnexpectedChanges`]); the report's `changeSummary` only details it.
     pub async fn preview(&self) -> Result<Counts, PulumiError> {
         let args = ["preview", "--refresh", "--expect-no-changes", "--json"];
         let out = self.run(&args, None).await?;
@@ -462,8 +447,7 @@ impl Stack {
         })
     }
 
-    /// The stack outputs, secrets shown (they go into Secrets, never into logs or status), from
-    /// `pulumi stack output --json --show-secrets`.
+    /// The stack outputs, secrets shown (they go into Secrets, never into logs or status).
     pub async fn outputs(&self) -> Result<Value, PulumiError> {
         let args = ["stack", "output", "--json", "--show-secrets"];
         let out = self.ok("stack output", &args, None).await?;
