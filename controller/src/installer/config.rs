@@ -1,7 +1,6 @@
-//! Maps an instance's `spec.platform` onto the platform program's settings: the plaintext
-//! settings object (stack config `platform:settings`), the secret values (stack config set as
-//! Pulumi secrets, never in argv), and a hash of everything the program is given, so a change to
-//! any of it re-applies the program. Pure: the caller reads the Secrets.
+//! Maps an instance's `spec.platform` onto the program's plaintext settings, its secret values
+//! (Pulumi secrets, never in argv) and a hash of both, so any change re-applies the program.
+//! Pure: the caller reads the Secrets.
 
 use common::crd::PlatformSettings;
 use serde_json::{Value, json};
@@ -100,10 +99,11 @@ pub fn program_config(inputs: &Inputs<'_>) -> ProgramConfig {
     }
     let settings_text = settings.to_string();
     let mut parts: Vec<&[u8]> = vec![inputs.uid.as_bytes(), settings_text.as_bytes()];
-    for (key, value) in &secrets {
-        parts.push(key.as_bytes());
-        parts.push(value.0.as_bytes());
-    }
+    parts.extend(
+        secrets
+            .iter()
+            .flat_map(|(k, v)| [k.as_bytes(), v.0.as_bytes()]),
+    );
     let hash = format!("sha256:{}", &super::modules::sha256_hex(&parts)[..16]);
     ProgramConfig {
         settings,
