@@ -152,8 +152,7 @@ fn sha256_file(path: &Path) -> Result<String, StateError> {
     crate::chart::sha256_file(path).map_err(io("reading", path))
 }
 
-/// Every entry under `top` (sorted by path, `/`-separated, relative), the manifest excluded,
-/// each with its metadata.
+/// Every entry under `top` but the manifest, by relative `/`-separated path, with its metadata.
 fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, StateError> {
     let mut out = Vec::new();
     // (the relative path of a folder with its trailing `/`, the folder)
@@ -196,14 +195,12 @@ fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entr
             ctime: (meta.ctime(), meta.ctime_nsec()),
         }
     } else {
-        // Sockets, fifos, devices: npm makes none; such a tree is not described (and fails
-        // its check).
+        // Sockets, fifos, devices: npm makes none; left out, so the tree fails its check.
         return Ok(None);
     }))
 }
 
-/// Makes every folder under `top` (but `top` itself) and every file read-only: the tree is
-/// shared, no instance may change it.
+/// Makes everything under `top` read-only: the tree is shared, no instance may change it.
 fn make_read_only(top: &Path) -> Result<(), StateError> {
     // Deepest first, so a folder is still writable while its entries are changed.
     let mut entries = walk(top)?;
@@ -366,8 +363,7 @@ impl Trees {
             Err(fs::TryLockError::WouldBlock) => return Ok(None),
             Err(fs::TryLockError::Error(e)) => return Err(io("locking", &path)(e)),
         }
-        // A lock file removed (by [`Trees::collect`]) while this one waited on it locks
-        // nothing: only the file at the path counts.
+        // A lock file [`Trees::collect`] removed meanwhile locks nothing: only the path counts.
         let held = file.metadata().map_err(io("locking", &path))?;
         match fs::metadata(&path) {
             Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
@@ -399,9 +395,8 @@ impl Trees {
         remove_tree(&trash).map_err(io("removing", &trash))
     }
 
-    /// Makes sure a checked tree of `key` exists, building it with `build` (which fills the
-    /// folder it is given: the project files, then npm) when there is none or the one there
-    /// fails its check. The caller holds `_lock`, the lock of `key`.
+    /// Makes sure a checked tree of `key` exists, else builds it with `build` (which fills the
+    /// folder it is given). The caller holds `_lock`, the lock of `key`.
     pub async fn ensure<E, F, Fut>(
         &self,
         key: &str,
@@ -432,23 +427,20 @@ impl Trees {
             None => Outcome::Built,
         };
         let dir = self.root.join(format!(".build-{key}-{}", nonce()));
-        // Removing a whole tree can take seconds on a slow volume: on the blocking pool, not
-        // on an async worker.
+        // On the blocking pool: removing a tree can take seconds on a slow volume.
         let discard = matches!(outcome, Outcome::Rebuilt(_)).then(|| top.clone());
         let (trees, build_dir, leftovers) = (self.clone(), dir.clone(), format!(".build-{key}-"));
         blocking(move || {
             if let Some(top) = discard {
                 trees.discard(&top)?;
             }
-            // Leftovers of builds of this key that were stopped (no one else builds it: the
-            // lock).
+            // Leftovers of stopped builds of this key (no one else builds it: the lock).
             trees.remove_matching(&leftovers);
             fs::create_dir_all(&build_dir).map_err(io("creating", &build_dir))?;
             Ok(())
         })
         .await?;
-        // A build stopped here (a timeout drops this future) leaves `dir`, which is never used
-        // and removed by the next build or collection.
+        // A build stopped here (a timeout) leaves `dir`, never used and removed later.
         build(dir.clone()).await?;
         let (sealed, key) = (dir.clone(), key.to_string());
         blocking(move || seal(&sealed, &key)).await?;
@@ -468,8 +460,8 @@ impl Trees {
         }
     }
 
-    /// Links `project`'s `node_modules` to the tree of `key` (a relative link when both are
-    /// under `state_dir`) and copies the tree's lockfile into the project.
+    /// Links `project`'s `node_modules` to the tree of `key` (relative within `state_dir`) and
+    /// copies the tree's lockfile into the project.
     pub fn link(&self, project: &Path, key: &str, state_dir: &Path) -> Result<(), StateError> {
         let top = self.tree(key);
         let target = match (project.strip_prefix(state_dir), top.strip_prefix(state_dir)) {
@@ -526,9 +518,8 @@ impl Trees {
             .collect()
     }
 
-    /// Removes the trees no instance under `state_dir` links to (and the leftovers of stopped
-    /// builds and removals), skipping any tree an install holds the lock of. Returns the keys
-    /// removed.
+    /// Removes the trees no instance under `state_dir` links to and no install holds the lock
+    /// of, and the leftovers of stopped builds and removals; returns the keys removed.
     pub fn collect(&self, state_dir: &Path) -> Vec<String> {
         let names: Vec<String> = entries(&self.root)
             .map(|e| e.file_name().to_string_lossy().into_owned())

@@ -75,12 +75,9 @@ pub enum PulumiError {
         code: i32,
         message: String,
     },
-    /// Its structured output could not be read.
-    #[error("pulumi {action} printed output the operator cannot read: {detail}")]
-    Output {
-        action: &'static str,
-        detail: String,
-    },
+    /// `pulumi stack output` printed JSON that could not be read.
+    #[error("pulumi stack output printed output the operator cannot read: {0}")]
+    Output(String),
     /// The program's node process reached its heap limit and was stopped.
     #[error(
         "pulumi {action} failed: the platform program's node process reached its heap limit of {limit_mib} MiB (--program-heap-limit) and was stopped; the controller and other instances are unaffected. Fix the program or its input, or raise the limit with the container's memory"
@@ -451,10 +448,7 @@ impl Stack {
     pub async fn outputs(&self) -> Result<Value, PulumiError> {
         let args = ["stack", "output", "--json", "--show-secrets"];
         let out = self.ok("stack output", &args, None).await?;
-        serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output {
-            action: "stack output",
-            detail: e.to_string(),
-        })
+        serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output(e.to_string()))
     }
 }
 
