@@ -132,7 +132,6 @@ pub struct Installer {
     pub tool_seconds: Option<prometheus::HistogramVec>,
 }
 
-/// Whether `used` of `capacity` bytes is at or above `percent`.
 fn volume_full(used: u64, capacity: u64, percent: u8) -> bool {
     capacity > 0 && u128::from(used) * 100 >= u128::from(capacity) * u128::from(percent)
 }
@@ -399,7 +398,6 @@ impl Installer {
         Ok(modules::blocking(move || trees.link(&project, &key, &state_dir)).await?)
     }
 
-    /// The shared dependency trees (`<--state-dir>/.cache/modules`).
     fn trees(&self) -> modules::Trees {
         modules::Trees {
             root: self.state_dir.join(".cache").join("modules"),
@@ -449,7 +447,6 @@ impl Installer {
         })
     }
 
-    /// Removes the shared dependency trees no instance links to any more.
     async fn collect_trees(&self) {
         let (trees, state_dir) = (self.trees(), self.state_dir.clone());
         let removed = modules::blocking(move || Ok(trees.collect(&state_dir)))
@@ -586,7 +583,6 @@ fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
     }
 }
 
-/// The stack config of one install.
 fn config_values(config: &ProgramConfig) -> Vec<(&'static str, ConfigValue)> {
     let settings = ConfigValue::Plain(config.settings.to_string());
     let providers = ConfigValue::List(DISABLED_DEFAULT_PROVIDERS.map(String::from).into());
@@ -634,7 +630,6 @@ fn succeeded(
     )
 }
 
-/// The program every project runs.
 const PROGRAM: &str = include_str!("program.js");
 
 /// The project's files (name, content) for `version` and `@pulumi/pulumi` at `sdk_version`.
@@ -673,7 +668,6 @@ fn write_files(dir: &Path, files: &[(&str, String)]) -> Result<(), TaskError> {
     Ok(())
 }
 
-/// Writes the project into `project` (and creates its `backend` folder).
 fn write_project(
     project: &Path,
     backend: &Path,

@@ -30,7 +30,6 @@ const LOCK_POLL: Duration = Duration::from_millis(100);
 /// Errors of the state volume's files (the shared trees, the Pulumi backend, the project).
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    /// A file or folder could not be read, written or removed.
     #[error("{what} {path} failed: {source}; check the state volume")]
     Io {
         what: &'static str,
@@ -42,7 +41,6 @@ pub enum StateError {
     Interrupted(String),
 }
 
-/// They fail an install as `StateUnavailable`.
 impl From<StateError> for TaskError {
     fn from(e: StateError) -> Self {
         TaskError::new(Failure::StateUnavailable, e.to_string())
@@ -448,7 +446,6 @@ impl Trees {
         Ok(outcome)
     }
 
-    /// Removes the entries of the store whose names start with `prefix`.
     fn remove_matching(&self, prefix: &str) {
         for entry in entries(&self.root) {
             if entry.file_name().to_string_lossy().starts_with(prefix) {

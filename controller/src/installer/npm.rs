@@ -24,7 +24,6 @@ pub struct Npm {
 /// Errors of an npm install (`code`: npm's error code).
 #[derive(Debug, thiserror::Error)]
 pub enum NpmError {
-    /// npm could not be run.
     #[error("running {binary} failed: {source}; install npm or set --npm-binary")]
     Spawn {
         binary: String,
@@ -40,12 +39,10 @@ pub enum NpmError {
         registry: String,
         code: String,
     },
-    /// The registry could not be reached.
     #[error(
         "the npm registry {registry} cannot be reached ({code}); check --npm-registry (the chart's npmRegistry) and the operator's egress"
     )]
     Unreachable { registry: String, code: String },
-    /// npm's node process reached its heap limit and was stopped.
     #[error(
         "npm install of {package}@{version} failed: npm's node process reached its heap limit of {limit_mib} MiB (--npm-heap-limit) and was stopped; the controller and other instances are unaffected. Raise --npm-heap-limit together with the container's memory, or check the package's dependency tree"
     )]
@@ -149,7 +146,6 @@ pub fn classify(stdout: &str, package: &str, version: &str, registry: &str) -> N
 }
 
 impl Npm {
-    /// The `npm install` command for `project`.
     fn command(&self, project: &Path) -> tokio::process::Command {
         let mut cmd = process::command(&self.binary);
         cmd.current_dir(project)

@@ -158,7 +158,6 @@ pub fn reap(dir: &Path) -> bool {
     true
 }
 
-/// Everything a pipe gives until it closes.
 async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> std::io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     if let Some(mut p) = pipe {

@@ -60,7 +60,6 @@ impl Exit {
 /// Errors of a Pulumi operation (`action`: the subcommand).
 #[derive(Debug, thiserror::Error)]
 pub enum PulumiError {
-    /// pulumi could not be run.
     #[error("running {binary} failed: {source}; install the Pulumi CLI or set --pulumi-binary")]
     Spawn {
         binary: String,
@@ -75,10 +74,8 @@ pub enum PulumiError {
         code: i32,
         message: String,
     },
-    /// `pulumi stack output` printed JSON that could not be read.
     #[error("pulumi stack output printed output the operator cannot read: {0}")]
     Output(String),
-    /// The program's node process reached its heap limit and was stopped.
     #[error(
         "pulumi {action} failed: the platform program's node process reached its heap limit of {limit_mib} MiB (--program-heap-limit) and was stopped; the controller and other instances are unaffected. Fix the program or its input, or raise the limit with the container's memory"
     )]
@@ -86,12 +83,10 @@ pub enum PulumiError {
         action: &'static str,
         limit_mib: u32,
     },
-    /// Pulumi refused the passphrase.
     #[error(
         "pulumi {action} refused the passphrase in {path}: it is not the one this instance's Pulumi state was encrypted with; put the original passphrase back into the Secret platform-operator-passphrase (or the Secret passphrase.existingSecret names) and restart the operator; the state is left untouched"
     )]
     IncorrectPassphrase { action: &'static str, path: PathBuf },
-    /// A file of the workspace could not be written or removed.
     #[error(transparent)]
     Io(#[from] StateError),
 }
