@@ -138,7 +138,7 @@ pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
 }
 
 /// The entries of folder `dir` that can be read (none if it cannot be listed).
-fn entries(dir: &Path) -> impl Iterator<Item = fs::DirEntry> + use<> {
+pub fn entries(dir: &Path) -> impl Iterator<Item = fs::DirEntry> + use<> {
     fs::read_dir(dir).into_iter().flatten().flatten()
 }
 
@@ -542,10 +542,10 @@ impl Trees {
             }
         }
         // Builds stopped half-way whose key has no tree and no install building it.
-        for name in names.iter().filter_map(|n| n.strip_prefix(".build-")) {
-            let Some((key, _)) = name.split_once('-') else {
-                continue;
-            };
+        let building = names
+            .iter()
+            .filter_map(|n| n.strip_prefix(".build-")?.split_once('-'));
+        for (key, _) in building {
             if is_key(key)
                 && !removed.iter().any(|k| k == key)
                 && let Ok(Some(_lock)) = self.try_lock(key)

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::process::Command;
 
 use super::config::Redacted;
-use super::modules::{StateError, io};
+use super::modules::{StateError, entries, io};
 use super::process::{self, Output};
 
 /// The one stack every instance project has; every command names it.
@@ -272,10 +272,7 @@ impl Stack {
         let mut removed = 0;
         let mut stack = vec![self.backend.join(".pulumi").join("locks")];
         while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for path in entries.flatten().map(|e| e.path()) {
+            for path in entries(&dir).map(|e| e.path()) {
                 if path.is_dir() {
                     stack.push(path);
                 } else {
@@ -295,11 +292,8 @@ impl Stack {
         // <kind>/<project>/<stack>/ (older layouts: <kind>/<stack>/): every folder of files.
         let mut folders = vec![pulumi.join("history"), pulumi.join("backups")];
         while let Some(dir) = folders.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
             let mut records: BTreeMap<String, (SystemTime, Vec<PathBuf>)> = BTreeMap::new();
-            for entry in entries.flatten() {
+            for entry in entries(&dir) {
                 let Ok(meta) = entry.metadata() else { continue };
                 if meta.is_dir() {
                     folders.push(entry.path());
