@@ -7,6 +7,7 @@
 //! unchanged (no user can set a ctime back); any other is hashed again. One install per key at a
 //! time, under `<key>.lock` (`flock`).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::future::Future;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -201,12 +202,7 @@ fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entr
 /// Makes everything under `top` read-only: the tree is shared, no instance may change it.
 fn make_read_only(top: &Path) -> Result<(), StateError> {
     // Deepest first, so a folder is still writable while its entries are changed.
-    let mut entries = walk(top)?;
-    entries.reverse();
-    for (_, path, meta) in entries {
-        if meta.file_type().is_symlink() {
-            continue;
-        }
+    for (_, path, meta) in walk(top)?.into_iter().rev().filter(|e| !e.2.is_symlink()) {
         let mode = meta.permissions().mode();
         let ro = mode & !0o222;
         if ro != mode {
@@ -253,18 +249,11 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
         ));
     }
     let found = walk(top).map_err(|e| e.to_string())?;
-    let mut expected = manifest.entries.iter();
+    let mut expected: BTreeMap<_, _> = manifest.entries.iter().map(|e| (e.path(), e)).collect();
     for (rel, path, meta) in &found {
-        let Some(want) = expected.next() else {
+        let Some(want) = expected.remove(rel.as_str()) else {
             return Err(format!("{rel} is not in its manifest"));
         };
-        if want.path() != rel {
-            return Err(if want.path() < rel.as_str() {
-                format!("{} is missing", want.path())
-            } else {
-                format!("{rel} is not in its manifest")
-            });
-        }
         let kind = meta.file_type();
         match want {
             Entry::Dir { .. } if kind.is_dir() => {}
@@ -292,8 +281,8 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
             _ => return Err(format!("{rel} changed kind")),
         }
     }
-    if let Some(missing) = expected.next() {
-        return Err(format!("{} is missing", missing.path()));
+    if let Some(missing) = expected.keys().next() {
+        return Err(format!("{missing} is missing"));
     }
     Ok(())
 }

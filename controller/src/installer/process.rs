@@ -39,11 +39,11 @@ pub const INHERITED_ENV: [&str; 16] = [
 pub fn command(binary: &str) -> Command {
     let mut cmd = Command::new(binary);
     cmd.env_clear();
-    for key in INHERITED_ENV {
-        if let Some(value) = std::env::var_os(key) {
-            cmd.env(key, value);
-        }
-    }
+    cmd.envs(
+        INHERITED_ENV
+            .iter()
+            .filter_map(|k| Some((k, std::env::var_os(k)?))),
+    );
     cmd
 }
 
