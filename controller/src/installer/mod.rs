@@ -126,8 +126,7 @@ pub struct Installer {
     #[arg(long, default_value = "pulumi")]
     pub pulumi_binary: String,
 
-    /// Time spent inside npm and pulumi, by tool and result (the registered metric's, set at
-    /// start).
+    /// Time spent inside npm and pulumi, by tool and result (the registered metric).
     #[arg(skip)]
     pub tool_seconds: Option<prometheus::HistogramVec>,
 }
@@ -678,9 +677,8 @@ fn write_project(
     write_files(project, &project_files(backend, version, sdk_version))
 }
 
-/// Whether Secret `name` is free or a membership kubeconfig of the job's instance (its membership
-/// label, and its UID label or, from an earlier release, an owner reference). Another's Secret is
-/// never overwritten or deleted.
+/// Whether Secret `name` is free or the job's instance's membership kubeconfig (by its labels
+/// or, from an earlier release, an owner reference); another's is never changed or deleted.
 async fn owned_by(secrets: &Api<Secret>, name: &str, job: &Job) -> Result<bool, String> {
     let existing = secrets
         .get_opt(name)

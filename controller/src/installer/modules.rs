@@ -1,11 +1,9 @@
-//! The shared dependency trees (docs/controller.md#shared-dependency-trees): `node_modules` is
-//! installed once per (`package.json`, `.npmrc`, `--npm-allow-scripts`) into
-//! `<--state-dir>/.cache/modules/<key>/`, and each project links to it, so a second instance at
-//! a version runs no npm. A tree is built in `.build-<key>-<nonce>`, made read-only, described by
-//! a manifest written last, then renamed to `<key>`; before each reuse it is checked against the
-//! manifest, and rebuilt when it fails. A file whose inode and ctime are the recorded ones is
-//! unchanged (no user can set a ctime back); any other is hashed again. One install per key at a
-//! time, under `<key>.lock` (`flock`).
+//! The shared dependency trees (docs/controller.md#shared-dependency-trees): one `node_modules`
+//! per (`package.json`, `.npmrc`, `--npm-allow-scripts`) in `.cache/modules/<key>/`, linked by
+//! each project. Built in `.build-<key>-<nonce>`, made read-only, sealed by a manifest written
+//! last, then renamed to `<key>`; checked against the manifest before each reuse (a file whose
+//! inode and ctime are the recorded ones is unchanged: no user can set a ctime back; any other
+//! is hashed again). One install per key at a time, under `<key>.lock` (`flock`).
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -94,9 +94,8 @@ impl Output {
     }
 }
 
-/// Owns a running tool: when dropped (finished, timed out or cancelled), it kills the tool's
-/// whole tree (`pgid`, if still set) and removes the pid file; the child is dropped only after
-/// that (fields drop after `Drop::drop`), and tokio then reaps it.
+/// Owns a running tool: dropped, it kills the tool's tree (`pgid`, if still set) and removes
+/// the pid file; the child (a field) drops only after that, and tokio then reaps it.
 struct Running {
     child: tokio::process::Child,
     pgid: Option<i32>,
@@ -119,8 +118,7 @@ fn kill_group(pgid: i32) {
         return;
     }
     let tree = crate::reaper::descendants(&crate::reaper::processes(), pgid);
-    // The state lock a killed pulumi leaves is cleared before the next run (only the leader
-    // runs tools), so there is nothing to wait for.
+    // Nothing to wait for: the next run clears the state lock a killed pulumi leaves.
     let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     for pid in tree {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -195,12 +193,9 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
     let waited = running.child.wait();
     let (status, out, err) = tokio::try_join!(waited, read_all(stdout), read_all(stderr))?;
     // The leader is gone; stop anything it left in its group (a plugin it did not reap).
-    if let Some(pgid) = running.pgid.take()
-        && killpg(Pid::from_raw(pgid), None).is_ok()
-    {
+    if let Some(pgid) = running.pgid.take() {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
-    drop(running);
     Ok(Output {
         code: status.code(),
         stdout: String::from_utf8_lossy(&out).into_owned(),

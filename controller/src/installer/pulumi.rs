@@ -1,8 +1,6 @@
-//! Drives the Pulumi CLI for one instance's stack: create it on first use, set its config with
-//! `pulumi config` (secrets on standard input, never in argv), clear a stale lock and the pending
-//! creates a killed run left, `up` with an event log, a `preview` for drift, and the outputs with
-//! `pulumi stack output`. Results come from the CLI's structured output only (the event log's
-//! summary and diagnostics, `--json`); exit codes map onto typed errors.
+//! Drives the Pulumi CLI for one instance's stack: create and configure it (secrets on standard
+//! input, never in argv), clear what a killed run left, `up`, `preview` for drift, read outputs.
+//! Results come from the CLI's structured output only (event log, `--json`) and exit codes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

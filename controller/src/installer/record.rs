@@ -1,7 +1,6 @@
-//! The installer's record of one instance (`install.json` beside its Pulumi state): the last
-//! install, what is installed, the outputs, the last preview. Tasks write it, reconciles copy it
-//! into `status`; it survives a restart, so an install a crash cut short (`Running` with no
-//! task) is found and run again.
+//! The installer's record of one instance (`install.json` beside its Pulumi state), written by
+//! tasks and copied into `status` by reconciles; it survives a restart, so an install a crash
+//! cut short (`Running` with no task) is found and run again.
 
 use std::path::Path;
 
