@@ -373,11 +373,10 @@ impl Trees {
     fn discard(&self, path: &Path) -> Result<(), StateError> {
         let trash = self.root.join(format!(".trash-{}", nonce()));
         match fs::rename(path, &trash) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io("moving aside", path)(e)),
+            Ok(()) => remove_tree(&trash).map_err(io("removing", &trash)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("moving aside", path)(e)),
         }
-        remove_tree(&trash).map_err(io("removing", &trash))
     }
 
     /// Makes sure a checked tree of `key` exists, else builds it with `build` (which fills the
@@ -394,15 +393,9 @@ impl Trees {
         Fut: Future<Output = Result<(), E>>,
     {
         let top = self.tree(key);
-        let checked = {
-            let (top, key) = (top.clone(), key.to_string());
-            blocking(move || {
-                Ok(fs::symlink_metadata(&top)
-                    .is_ok()
-                    .then(|| verify(&top, &key)))
-            })
-            .await?
-        };
+        let (t, k) = (top.clone(), key.to_string());
+        let checked = blocking(move || Ok(t.symlink_metadata().is_ok().then(|| verify(&t, &k))));
+        let checked = checked.await?;
         let outcome = match checked {
             Some(Ok(())) => return Ok(Outcome::Reused),
             Some(Err(reason)) => {
@@ -421,8 +414,7 @@ impl Trees {
             }
             // Leftovers of stopped builds of this key (no one else builds it: the lock).
             trees.remove_matching(&leftovers);
-            fs::create_dir_all(&build_dir).map_err(io("creating", &build_dir))?;
-            Ok(())
+            fs::create_dir_all(&build_dir).map_err(io("creating", &build_dir))
         })
         .await?;
         // A build stopped here (a timeout) leaves `dir`, never used and removed later.
@@ -458,22 +450,15 @@ impl Trees {
         }
         .join(MODULES);
         let link = project.join(MODULES);
-        match fs::symlink_metadata(&link) {
-            Ok(meta)
-                if meta.file_type().is_symlink()
-                    && fs::read_link(&link).ok().as_deref() == Some(target.as_path()) =>
-            {
-                return self.copy_lockfile(&top, project);
-            }
+        if !fs::read_link(&link).is_ok_and(|now| now == target) {
             // A project of an earlier layout has its own node_modules.
-            Ok(meta) if meta.is_dir() => {
+            if fs::symlink_metadata(&link).is_ok_and(|meta| meta.is_dir()) {
                 remove_tree(&link).map_err(io("removing", &link))?;
             }
-            _ => {}
+            let part = project.join(format!("{MODULES}.link-{}", nonce()));
+            std::os::unix::fs::symlink(&target, &part).map_err(io("linking", &part))?;
+            fs::rename(&part, &link).map_err(io("linking", &link))?;
         }
-        let part = project.join(format!("{MODULES}.link-{}", nonce()));
-        std::os::unix::fs::symlink(&target, &part).map_err(io("linking", &part))?;
-        fs::rename(&part, &link).map_err(io("linking", &link))?;
         self.copy_lockfile(&top, project)
     }
 

@@ -119,10 +119,7 @@ impl Counts {
 
 /// The trimmed message of diagnostic `d` when its severity is error.
 fn error_message(d: &Value) -> Option<&str> {
-    if d.get("severity")?.as_str()? != "error" {
-        return None;
-    }
-    Some(d.get("message")?.as_str()?.trim())
+    Some(d["message"].as_str()?.trim()).filter(|_| d["severity"] == "error")
 }
 
 /// The error messages joined into one, shortened for a status message (`None`: no error).
@@ -401,7 +398,7 @@ impl Stack {
         let args = ["preview", "--refresh", "--expect-no-changes", "--json"];
         let out = self.run(&args, None).await?;
         let report: Value = serde_json::from_str(&out.stdout).unwrap_or_default();
-        let summary = Counts::from_changes(report.get("changeSummary").unwrap_or(&Value::Null));
+        let summary = Counts::from_changes(&report["changeSummary"]);
         if Exit::from_code(out.code) == Exit::UnexpectedChanges {
             // Changes the summary does not itemise (a refresh that found an object gone).
             let updated = if summary.changes() == 0 {
@@ -412,11 +409,8 @@ impl Stack {
             return Ok(Counts { updated, ..summary });
         }
         if !out.success() {
-            let errors: Vec<String> = report
-                .get("diagnostics")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
+            let diagnostics = report["diagnostics"].as_array().into_iter().flatten();
+            let errors: Vec<_> = diagnostics
                 .filter_map(error_message)
                 .map(String::from)
                 .collect();
