@@ -523,8 +523,7 @@ impl Installer {
         let started = Instant::now();
         let outcome = match tokio::time::timeout(self.install_timeout, run).await {
             Ok(outcome) => {
-                let seconds = started.elapsed().as_secs_f64();
-                self.observe_tool("pulumi", outcome.is_ok(), seconds);
+                self.observe_tool("pulumi", outcome.is_ok(), started.elapsed().as_secs_f64());
                 outcome
             }
             Err(_) => {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde_json::Value;
 use tokio::process::Command;
@@ -287,7 +287,7 @@ impl Stack {
         // <kind>/<project>/<stack>/ (older layouts: <kind>/<stack>/): every folder of files.
         let mut folders = vec![pulumi.join("history"), pulumi.join("backups")];
         while let Some(dir) = folders.pop() {
-            let mut records: BTreeMap<String, (SystemTime, Vec<PathBuf>)> = BTreeMap::new();
+            let mut records: BTreeMap<String, (Option<SystemTime>, Vec<PathBuf>)> = BTreeMap::new();
             for entry in entries(&dir) {
                 let Ok(meta) = entry.metadata() else { continue };
                 if meta.is_dir() {
@@ -295,10 +295,8 @@ impl Stack {
                     continue;
                 }
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let slot = records
-                    .entry(record_key(&name).to_string())
-                    .or_insert((UNIX_EPOCH, Vec::new()));
-                slot.0 = slot.0.max(meta.modified().unwrap_or(UNIX_EPOCH));
+                let slot = records.entry(record_key(&name).to_string()).or_default();
+                slot.0 = slot.0.max(meta.modified().ok());
                 slot.1.push(entry.path());
             }
             let mut records: Vec<_> = records.into_iter().collect();
