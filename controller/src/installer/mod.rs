@@ -217,23 +217,20 @@ impl Installer {
     /// Refuses an install on a volume at or above `--state-volume-full-percent`, which would
     /// fail it with the Pulumi state half written; an unmeasurable volume is left to the writes.
     fn check_state_volume(&self) -> Result<(), TaskError> {
-        let Ok((used, capacity)) = crate::metrics::volume_usage(&self.state_dir) else {
-            return Ok(());
-        };
-        if !volume_full(used, capacity, self.state_volume_full_percent) {
-            return Ok(());
+        let percent = self.state_volume_full_percent;
+        match crate::metrics::volume_usage(&self.state_dir) {
+            Ok((used, capacity)) if volume_full(used, capacity, percent) => Err(TaskError::new(
+                Failure::StateVolumeFull,
+                format!(
+                    "the state volume ({}) is {}% full ({} of {} MiB), at or above --state-volume-full-percent ({percent}%); the install waits and retries with backoff: free space on it or grow the claim (docs/operations.md#the-state-volume)",
+                    self.state_dir.display(),
+                    u128::from(used) * 100 / u128::from(capacity),
+                    used >> 20,
+                    capacity >> 20,
+                ),
+            )),
+            _ => Ok(()),
         }
-        Err(TaskError::new(
-            Failure::StateVolumeFull,
-            format!(
-                "the state volume ({}) is {}% full ({} of {} MiB), at or above --state-volume-full-percent ({}%); the install waits and retries with backoff: free space on it or grow the claim (docs/operations.md#the-state-volume)",
-                self.state_dir.display(),
-                u128::from(used) * 100 / u128::from(capacity),
-                used >> 20,
-                capacity >> 20,
-                self.state_volume_full_percent
-            ),
-        ))
     }
 
     /// Whether the passphrase file is readable and not empty; whether it is the right one is
@@ -737,9 +734,8 @@ async fn write_membership_secrets(
 ) -> Result<Vec<String>, String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &job.namespace);
     let mut written = Vec::new();
-    let entries = outputs.get("kubeconfigs").and_then(Value::as_array);
-    for entry in entries.into_iter().flatten() {
-        let field = |k: &str| entry.get(k).and_then(Value::as_str).unwrap_or_default();
+    for entry in outputs["kubeconfigs"].as_array().into_iter().flatten() {
+        let field = |k: &str| entry[k].as_str().unwrap_or_default();
         let (tenant, user, kubeconfig) = (field("tenant"), field("user"), field("kubeconfig"));
         if tenant.is_empty() || user.is_empty() || kubeconfig.is_empty() {
             return Err("the program's kubeconfigs output has an entry without tenant, user or kubeconfig; the platform version may not match this operator".into());
