@@ -231,13 +231,10 @@ fn remove_tree(top: &Path) -> std::io::Result<()> {
 /// Checks the tree at `top` against its manifest; the reason it fails otherwise.
 pub fn verify(top: &Path, key: &str) -> Result<(), String> {
     let path = top.join(MANIFEST);
-    let text = match fs::read(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err("it has no manifest (its install never finished)".into());
-        }
-        Err(e) => return Err(format!("its manifest cannot be read: {e}")),
-    };
+    let text = fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "it has no manifest (its install never finished)".into(),
+        _ => format!("its manifest cannot be read: {e}"),
+    })?;
     let manifest: Manifest = serde_json::from_slice(&text)
         .map_err(|e| format!("its manifest cannot be parsed ({e}): it was cut short or changed"))?;
     if manifest.format != FORMAT || manifest.key != key {
