@@ -1,7 +1,6 @@
-//! Maps an instance's `spec.platform` onto the platform program's settings: the plaintext
-//! settings object (stack config `platform:settings`), the secret values (stack config set as
-//! Pulumi secrets, never in argv), and a hash of everything the program is given, so a change to
-//! any of it re-applies the program. Pure: the caller reads the Secrets.
+//! Maps an instance's `spec.platform` onto the program's plaintext settings, its secret values
+//! (Pulumi secrets, never in argv) and a hash of both, so any change re-applies the program.
+//! Pure: the caller reads the Secrets.
 
 use common::crd::PlatformSettings;
 use serde_json::{Value, json};
@@ -15,29 +14,26 @@ pub const CLIENT_SECRET_KEY: &str = "platform:tenantAuthClientSecret";
 /// The stack config key that lists the packages whose default providers are disabled.
 pub const DISABLE_DEFAULT_PROVIDERS_KEY: &str = "pulumi:disable-default-providers";
 
-/// What one install gives the program.
+/// A secret value: its `Debug` shows `..`, never the value.
 #[derive(Clone, PartialEq, Eq)]
+pub struct Redacted(pub String);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("..")
+    }
+}
+
+/// What one install gives the program.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramConfig {
     /// The plaintext settings (no secret in it).
     pub settings: Value,
     /// Secret stack config values: (key, value).
-    pub secrets: Vec<(&'static str, String)>,
+    pub secrets: Vec<(&'static str, Redacted)>,
     /// A hash over the settings and the secrets (salted with the instance's UID, so the hash
     /// recorded in status says nothing about a secret's value).
     pub hash: String,
-}
-
-impl std::fmt::Debug for ProgramConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProgramConfig")
-            .field("settings", &self.settings)
-            .field(
-                "secrets",
-                &self.secrets.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
-            )
-            .field("hash", &self.hash)
-            .finish()
-    }
 }
 
 /// Where the pieces come from.
@@ -97,16 +93,17 @@ pub fn settings(inputs: &Inputs<'_>) -> Value {
 /// Everything one install gives the program, with its hash.
 pub fn program_config(inputs: &Inputs<'_>) -> ProgramConfig {
     let settings = settings(inputs);
-    let mut secrets = vec![(KUBECONFIG_KEY, inputs.kubeconfig.clone())];
+    let mut secrets = vec![(KUBECONFIG_KEY, Redacted(inputs.kubeconfig.clone()))];
     if let Some(secret) = &inputs.client_secret {
-        secrets.push((CLIENT_SECRET_KEY, secret.clone()));
+        secrets.push((CLIENT_SECRET_KEY, Redacted(secret.clone())));
     }
     let settings_text = settings.to_string();
     let mut parts: Vec<&[u8]> = vec![inputs.uid.as_bytes(), settings_text.as_bytes()];
-    for (key, value) in &secrets {
-        parts.push(key.as_bytes());
-        parts.push(value.as_bytes());
-    }
+    parts.extend(
+        secrets
+            .iter()
+            .flat_map(|(k, v)| [k.as_bytes(), v.0.as_bytes()]),
+    );
     let hash = format!("sha256:{}", &super::modules::sha256_hex(&parts)[..16]);
     ProgramConfig {
         settings,

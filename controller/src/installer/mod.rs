@@ -1,13 +1,9 @@
 //! The installer: runs the platform's existing-cluster program (`@di-framework/platform/existing`)
-//! at an instance's exact version with the Pulumi CLI, against the instance's vCluster.
-//!
-//! Each instance has a directory `<--state-dir>/<namespace>/<name>/` holding its generated
-//! project (`platform/`: `Pulumi.yaml`, `package.json` naming the one exact version, npm's
-//! lockfile, `index.js`), the stack `dev` on a local file backend inside it (`platform/state/`)
-//! and the install record. npm's cache and Pulumi's plugins live under `<--state-dir>/.cache/`,
-//! shared by every instance. Installs and repair previews run as tracked tasks (see
-//! [`crate::tasks`]), bounded by `--install-timeout`; the tools run as process groups that die
-//! with the task.
+//! at an instance's exact version with the Pulumi CLI, against the instance's vCluster. Each
+//! instance's folder `<--state-dir>/<namespace>/<name>/` holds its project (`platform/`), its
+//! stack `dev` on a file backend (`platform/state/`) and its install record; npm's cache, Pulumi's
+//! plugins and the dependency trees are shared under `<--state-dir>/.cache/`. Installs and
+//! previews are tracked tasks bounded by `--install-timeout`; their tools die with them.
 
 pub(crate) mod config;
 pub(crate) mod modules;
@@ -32,20 +28,18 @@ use crate::decide::model::{Mode, TaskError};
 use common::names::membership_kubeconfig_secret as membership_secret_name;
 use common::names::{INSTANCE_UID_LABEL, KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL};
 use config::ProgramConfig;
+use modules::io;
 use pulumi::ConfigValue;
 use record::{Failure, Preview, Record};
 
 /// The npm package of the platform.
 pub(crate) const PACKAGE: &str = "@di-framework/platform";
-/// The Pulumi Node.js SDK: the generated program requires it, and Pulumi's language host loads
-/// it from the project.
+/// The Pulumi Node.js SDK, required by the program and loaded by the language host.
 pub(crate) const SDK_PACKAGE: &str = "@pulumi/pulumi";
-/// The `@pulumi/pulumi` version the generated project declares by default
-/// (`--pulumi-sdk-version`).
+/// The default `--pulumi-sdk-version`.
 pub const DEFAULT_SDK_VERSION: &str = "3.248.0";
-/// Packages whose default providers are disabled in every stack
-/// (`pulumi:disable-default-providers`): a resource of one of them without an explicit provider
-/// fails instead of picking up ambient credentials. Not `*`: that also disables
+/// Packages whose default providers every stack disables, so a resource without an explicit
+/// provider fails instead of picking up ambient credentials. Not `*`: that also disables
 /// `pulumi-nodejs`, the provider of dynamic resources.
 const DISABLED_DEFAULT_PROVIDERS: [&str; 11] = [
     "kubernetes",
@@ -132,19 +126,16 @@ pub struct Installer {
     #[arg(long, default_value = "pulumi")]
     pub pulumi_binary: String,
 
-    /// Time spent inside npm and pulumi, by tool and result (the registered metric's, set at
-    /// start).
+    /// Time spent inside npm and pulumi, by tool and result (the registered metric).
     #[arg(skip)]
     pub tool_seconds: Option<prometheus::HistogramVec>,
 }
 
-/// Whether `used` of `capacity` bytes is at or above `percent`.
 fn volume_full(used: u64, capacity: u64, percent: u8) -> bool {
     capacity > 0 && u128::from(used) * 100 >= u128::from(capacity) * u128::from(percent)
 }
 
-/// One install to run: the instance, the version, why, what the program gets, and the owner
-/// reference (the instance) of the Secrets it writes.
+/// One install to run; `owner` (the instance) owns the Secrets it writes.
 #[derive(Clone, Debug)]
 pub(crate) struct Job {
     pub namespace: String,
@@ -164,31 +155,21 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
-/// A `StateUnavailable` error of `doing` something to `path`.
-fn state_error(doing: &str, path: &Path, e: std::io::Error) -> TaskError {
-    let message = format!(
-        "{doing} {} failed: {e}; check the state volume",
-        path.display()
-    );
-    TaskError::new(Failure::StateUnavailable, message)
-}
-
-/// The lock file in an instance's state directory that a run of Pulumi holds (`flock`).
+/// The lock file (`flock`) in an instance's state directory that a run of Pulumi holds.
 pub const STATE_LOCK: &str = "install.lock";
 
-/// Holds the instance's [`STATE_LOCK`] for a whole install or preview: Pulumi's own lock files
-/// are cleared only under it, never while another process may still run Pulumi in that state
-/// (a replica that lost the lease and has not stopped yet). Released when dropped, or when the
-/// process dies.
+/// Holds the instance's [`STATE_LOCK`] for a whole install or preview, so Pulumi's own lock
+/// files are cleared only when no other process (a replica that lost the lease but still runs)
+/// can be running Pulumi in that state. Released when dropped or when the process dies.
 fn hold_state(dir: &Path) -> Result<std::fs::File, TaskError> {
     let path = dir.join(STATE_LOCK);
-    std::fs::create_dir_all(dir).map_err(|e| state_error("creating", dir, e))?;
+    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
     let file = std::fs::File::options()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| state_error("opening", &path, e))?;
+        .map_err(io("opening", &path))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(TaskError::new(
@@ -198,13 +179,12 @@ fn hold_state(dir: &Path) -> Result<std::fs::File, TaskError> {
                 path.display()
             ),
         )),
-        Err(std::fs::TryLockError::Error(e)) => Err(state_error("locking", &path, e)),
+        Err(std::fs::TryLockError::Error(e)) => Err(io("locking", &path)(e).into()),
     }
 }
 
 impl Installer {
-    /// The registry URL: the file's content (trimmed) when `--npm-registry-file` is set, else
-    /// `--npm-registry`.
+    /// The registry URL: `--npm-registry-file`'s content when set, else `--npm-registry`.
     fn registry(&self) -> Result<String, String> {
         let Some(file) = &self.npm_registry_file else {
             return Ok(self.npm_registry.clone());
@@ -234,31 +214,27 @@ impl Installer {
         record::load(&self.instance_dir(namespace, name))
     }
 
-    /// Refuses to start an install on a state volume at or above `--state-volume-full-percent`:
-    /// a full volume would fail it halfway, with the Pulumi state half written. A volume that
-    /// cannot be measured is left to the writes themselves (`StateUnavailable`).
+    /// Refuses an install on a volume at or above `--state-volume-full-percent`, which would
+    /// fail it with the Pulumi state half written; an unmeasurable volume is left to the writes.
     fn check_state_volume(&self) -> Result<(), TaskError> {
-        let Ok((used, capacity)) = crate::metrics::volume_usage(&self.state_dir) else {
-            return Ok(());
-        };
-        if !volume_full(used, capacity, self.state_volume_full_percent) {
-            return Ok(());
+        let percent = self.state_volume_full_percent;
+        match crate::metrics::volume_usage(&self.state_dir) {
+            Ok((used, capacity)) if volume_full(used, capacity, percent) => Err(TaskError::new(
+                Failure::StateVolumeFull,
+                format!(
+                    "the state volume ({}) is {}% full ({} of {} MiB), at or above --state-volume-full-percent ({percent}%); the install waits and retries with backoff: free space on it or grow the claim (docs/operations.md#the-state-volume)",
+                    self.state_dir.display(),
+                    u128::from(used) * 100 / u128::from(capacity),
+                    used >> 20,
+                    capacity >> 20,
+                ),
+            )),
+            _ => Ok(()),
         }
-        Err(TaskError::new(
-            Failure::StateVolumeFull,
-            format!(
-                "the state volume ({}) is {}% full ({} of {} MiB), at or above --state-volume-full-percent ({}%); the install waits and retries with backoff: free space on it or grow the claim (docs/operations.md#the-state-volume)",
-                self.state_dir.display(),
-                u128::from(used) * 100 / u128::from(capacity),
-                used >> 20,
-                capacity >> 20,
-                self.state_volume_full_percent
-            ),
-        ))
     }
 
-    /// Whether the passphrase file can be read and is not empty. Whether it is the right one
-    /// is Pulumi's to say, before it writes anything ([`pulumi::Stack::configure`]).
+    /// Whether the passphrase file is readable and not empty; whether it is the right one is
+    /// Pulumi's to say ([`pulumi::Stack::configure`]).
     fn passphrase_readable(&self) -> Result<(), TaskError> {
         let file = &self.passphrase_file;
         let message = match std::fs::read(file) {
@@ -295,8 +271,8 @@ impl Installer {
         }
     }
 
-    /// Runs an install to its end (or its timeout) and records it. The error carries the typed
-    /// reason the record keeps too (the record outlives the task across a restart).
+    /// Runs an install to its end (or its timeout) and records it; the error's reason is also
+    /// the record's, which outlives the task across a restart.
     pub(crate) async fn install(&self, client: kube::Client, job: Job) -> Result<(), TaskError> {
         let dir = self.instance_dir(&job.namespace, &job.name);
         let _held = hold_state(&dir)?;
@@ -317,8 +293,7 @@ impl Installer {
         });
         rec.failure = None;
         rec.attempted_config_hash = Some(job.config.hash.clone());
-        record::store(&dir, &rec)
-            .map_err(|e| state_error("writing the install record in", &dir, e))?;
+        record::store(&dir, &rec).map_err(io("writing the install record in", &dir))?;
         let steps = self.install_steps(&client, &dir, &job, &rec, interrupted);
         let (result, outcome) = match tokio::time::timeout(self.install_timeout, steps).await {
             Ok(Ok(applied)) => (
@@ -327,8 +302,7 @@ impl Installer {
             ),
             Ok(Err(e)) => (InstallResult::Failed, Err(e)),
             Err(_) => {
-                // The steps' future is gone, and with it every tool's process group; the lock
-                // it held is cleared before the next run, and here at once.
+                // The steps' future is gone with every tool's process group: clear its lock now.
                 let _ = self.stack(&dir).clear_locks();
                 let message = format!(
                     "{mode} of {PACKAGE}@{version} ran longer than --install-timeout ({}s) and was stopped with its processes; it retries with backoff (raise installTimeout if the program needs longer)",
@@ -347,8 +321,7 @@ impl Installer {
             });
         }
         rec.failure = outcome.as_ref().err().and_then(|e| e.failure);
-        // Before the record: the record's outcome is read as the task's end, so nothing of the
-        // task may follow it.
+        // Before the record, which is read as the task's end.
         self.collect_trees().await;
         if let Err(e) = record::store(&dir, &rec) {
             tracing::warn!(dir = %dir.display(), error = %e, "writing the install record failed");
@@ -379,7 +352,7 @@ impl Installer {
         let (counts, outputs) = applied.map_err(|e| {
             let failure = match e {
                 pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
-                pulumi::PulumiError::Io { .. } => Failure::StateUnavailable,
+                pulumi::PulumiError::Io(_) => Failure::StateUnavailable,
                 pulumi::PulumiError::OutOfMemory { .. } => Failure::ProgramOutOfMemory,
                 pulumi::PulumiError::IncorrectPassphrase { .. } => Failure::PassphraseMismatch,
                 _ => Failure::InstallFailed,
@@ -393,8 +366,8 @@ impl Installer {
         Ok((counts, endpoints, secrets))
     }
 
-    /// The shared dependency tree of the job's version: checked and reused, or built with npm
-    /// (see [`modules`]), then linked into the project.
+    /// Checks and reuses, or builds with npm, the job's shared dependency tree ([`modules`]),
+    /// then links it into the project.
     async fn dependencies(&self, project: &Path, dir: &Path, job: &Job) -> Result<(), TaskError> {
         let (key, files) = self.tree_key(project, &job.version);
         let trees = self.trees();
@@ -416,21 +389,18 @@ impl Installer {
                 tracing::warn!(%version, %key, %reason, "rebuilt the shared dependency tree")
             }
         }
-        // On the blocking pool: a project of an earlier layout has a `node_modules` of its own,
-        // removed first, which can take seconds.
+        // Blocking: an earlier layout's own `node_modules` is removed first, which takes seconds.
         let (project, state_dir) = (project.to_path_buf(), self.state_dir.clone());
         Ok(modules::blocking(move || trees.link(&project, &key, &state_dir)).await?)
     }
 
-    /// The shared dependency trees (`<--state-dir>/.cache/modules`).
     fn trees(&self) -> modules::Trees {
         modules::Trees {
             root: self.state_dir.join(".cache").join("modules"),
         }
     }
 
-    /// The tree key of `version` for the project in `project`, with the files it is the key
-    /// of (`package.json`, `.npmrc`).
+    /// The tree key of `version`, with the files it is the key of (`package.json`, `.npmrc`).
     fn tree_key(&self, project: &Path, version: &str) -> (String, Vec<(&'static str, String)>) {
         let mut files = project_files(&project.join("state"), version, &self.pulumi_sdk_version);
         files.retain(|(name, _)| matches!(*name, "package.json" | ".npmrc"));
@@ -444,8 +414,7 @@ impl Installer {
         (key, files)
     }
 
-    /// Runs `npm install` of the job's version in `folder` (a tree being built); `dir` is the
-    /// instance's folder (its tool pid file).
+    /// Runs `npm install` in `folder` (a tree being built); `dir` holds the tool's pid file.
     async fn npm_install(&self, folder: &Path, dir: &Path, version: &str) -> Result<(), TaskError> {
         let registry = self
             .registry()
@@ -474,7 +443,6 @@ impl Installer {
         })
     }
 
-    /// Removes the shared dependency trees no instance links to any more.
     async fn collect_trees(&self) {
         let (trees, state_dir) = (self.trees(), self.state_dir.clone());
         let removed = modules::blocking(move || Ok(trees.collect(&state_dir)))
@@ -488,8 +456,7 @@ impl Installer {
         }
     }
 
-    /// Runs the stack's `pulumi up` with its config; the time of its other Pulumi commands is
-    /// the `pulumi` tool's.
+    /// Configures the stack and runs `pulumi up`; its other commands' time is tool `pulumi`'s.
     async fn apply(
         &self,
         stack: &pulumi::Stack,
@@ -553,8 +520,7 @@ impl Installer {
         let started = Instant::now();
         let outcome = match tokio::time::timeout(self.install_timeout, run).await {
             Ok(outcome) => {
-                let seconds = started.elapsed().as_secs_f64();
-                self.observe_tool("pulumi", outcome.is_ok(), seconds);
+                self.observe_tool("pulumi", outcome.is_ok(), started.elapsed().as_secs_f64());
                 outcome
             }
             Err(_) => {
@@ -597,9 +563,8 @@ impl Installer {
     }
 }
 
-/// The endpoints to report: the program's outputs `httpEndpoint` and `routeUrlPattern`, or,
-/// where it returns none, the settings it was given (`spec.platform.gateway.httpEndpoint` is the
-/// public base URL, reported in `status.endpoints.http` whether or not the program echoes it).
+/// The endpoints to report: the program's outputs `httpEndpoint` and `routeUrlPattern`, else
+/// the settings it was given (the gateway's `httpEndpoint` is reported even if not echoed).
 fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
     let pick = |key: &str| {
         [outputs, settings]
@@ -613,8 +578,6 @@ fn endpoints(outputs: &Value, settings: &Value) -> Endpoints {
     }
 }
 
-/// The stack config of one install: the settings, the packages whose default providers are
-/// disabled, and the secrets.
 fn config_values(config: &ProgramConfig) -> Vec<(&'static str, ConfigValue)> {
     let settings = ConfigValue::Plain(config.settings.to_string());
     let providers = ConfigValue::List(DISABLED_DEFAULT_PROVIDERS.map(String::from).into());
@@ -662,12 +625,9 @@ fn succeeded(
     )
 }
 
-/// The program every project runs: the platform's existing-cluster entry point with the stack's
-/// settings and secrets.
 const PROGRAM: &str = include_str!("program.js");
 
-/// The project's files for `version`, declaring `@pulumi/pulumi` at `sdk_version`: (file name,
-/// content).
+/// The project's files (name, content) for `version` and `@pulumi/pulumi` at `sdk_version`.
 fn project_files(backend: &Path, version: &str, sdk_version: &str) -> Vec<(&'static str, String)> {
     let pulumi_yaml = format!(
         "# Generated by platform-operator.\nname: {}\nruntime:\n  name: nodejs\n  options:\n    typescript: false\ndescription: the di-framework platform (existing-cluster program)\nbackend:\n  url: {}\n",
@@ -681,9 +641,8 @@ fn project_files(backend: &Path, version: &str, sdk_version: &str) -> Vec<(&'sta
         "main": "index.js",
         "dependencies": { PACKAGE: version, SDK_PACKAGE: sdk_version },
     });
-    // The lockfile records no registry URL, so a mirror set later serves the same lockfile. The
-    // registry (which may carry credentials) is given to npm in its environment at each run,
-    // never written here.
+    // No registry URL in the lockfile, so a later mirror serves it too; the registry (maybe with
+    // credentials) reaches npm in its environment at each run, never in a file.
     let npmrc = "# Generated by platform-operator. The registry comes from the operator at each install.\nsave-exact=true\nfund=false\naudit=false\nomit-lockfile-registry-resolved=true\n".to_string();
     vec![
         ("Pulumi.yaml", pulumi_yaml),
@@ -698,26 +657,24 @@ fn write_files(dir: &Path, files: &[(&str, String)]) -> Result<(), TaskError> {
     for (name, content) in files {
         let path = dir.join(name);
         if std::fs::read(&path).ok().as_deref() != Some(content.as_bytes()) {
-            std::fs::write(&path, content).map_err(|e| state_error("writing", &path, e))?;
+            std::fs::write(&path, content).map_err(io("writing", &path))?;
         }
     }
     Ok(())
 }
 
-/// Writes the project into `project`, leaving files that are already as they should be.
 fn write_project(
     project: &Path,
     backend: &Path,
     version: &str,
     sdk_version: &str,
 ) -> Result<(), TaskError> {
-    std::fs::create_dir_all(backend).map_err(|e| state_error("creating", backend, e))?;
+    std::fs::create_dir_all(backend).map_err(io("creating", backend))?;
     write_files(project, &project_files(backend, version, sdk_version))
 }
 
-/// Whether Secret `name` is free or a membership kubeconfig of the job's instance: its
-/// membership label, and its UID label (or, written by an earlier release, an owner reference
-/// to the instance). Another's Secret is never overwritten or deleted.
+/// Whether Secret `name` is free or the job's instance's membership kubeconfig (by its labels
+/// or, from an earlier release, an owner reference); another's is never changed or deleted.
 async fn owned_by(secrets: &Api<Secret>, name: &str, job: &Job) -> Result<bool, String> {
     let existing = secrets
         .get_opt(name)
@@ -726,21 +683,16 @@ async fn owned_by(secrets: &Api<Secret>, name: &str, job: &Job) -> Result<bool, 
     let uid = job.owner.as_ref().map(|o| o.uid.as_str());
     Ok(existing.is_none_or(|s| {
         let label = |key| s.labels().get(key).map(String::as_str);
-        let owned = || {
-            s.owner_references()
-                .iter()
-                .any(|o| Some(o.uid.as_str()) == uid)
-        };
+        let owner = |o: &OwnerReference| Some(o.uid.as_str()) == uid;
         label(MEMBERSHIP_LABEL) == Some(job.name.as_str())
             && match label(INSTANCE_UID_LABEL) {
                 Some(marked) => Some(marked) == uid,
-                None => owned(),
+                None => s.owner_references().iter().any(owner),
             }
     }))
 }
 
-/// The kubeconfig Secret of one membership (`tenant`, `user`, `role`) of the job's instance,
-/// owned by the instance.
+/// The kubeconfig Secret of one membership (`tenant`, `user`, `role`) of the job's instance.
 fn membership_secret(
     job: &Job,
     name: &str,
@@ -755,10 +707,7 @@ fn membership_secret(
         ("platform.di-framework.dev/tenant", tenant),
         ("platform.di-framework.dev/user", user),
     ];
-    let role = (
-        "platform.di-framework.dev/role".to_string(),
-        role.to_string(),
-    );
+    let role = [("platform.di-framework.dev/role".into(), role.into())];
     let kubeconfig = ByteString(kubeconfig.as_bytes().to_vec());
     Secret {
         metadata: ObjectMeta {
@@ -766,7 +715,7 @@ fn membership_secret(
             namespace: Some(job.namespace.clone()),
             owner_references: Some(job.owner.iter().cloned().collect()),
             labels: Some(labels.map(|(k, v)| (k.to_string(), v.to_string())).into()),
-            annotations: Some([role].into()),
+            annotations: Some(role.into()),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_string()),
@@ -775,8 +724,8 @@ fn membership_secret(
     }
 }
 
-/// Writes one Secret per membership kubeconfig the program returned, and deletes the ones an
-/// earlier install wrote that are gone now. Returns the names written.
+/// Writes one Secret per membership kubeconfig the program returned, deletes the earlier ones
+/// that are gone, and returns the names written.
 async fn write_membership_secrets(
     client: &kube::Client,
     job: &Job,
@@ -785,9 +734,8 @@ async fn write_membership_secrets(
 ) -> Result<Vec<String>, String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &job.namespace);
     let mut written = Vec::new();
-    let entries = outputs.get("kubeconfigs").and_then(Value::as_array);
-    for entry in entries.into_iter().flatten() {
-        let field = |k: &str| entry.get(k).and_then(Value::as_str).unwrap_or_default();
+    for entry in outputs["kubeconfigs"].as_array().into_iter().flatten() {
+        let field = |k: &str| entry[k].as_str().unwrap_or_default();
         let (tenant, user, kubeconfig) = (field("tenant"), field("user"), field("kubeconfig"));
         if tenant.is_empty() || user.is_empty() || kubeconfig.is_empty() {
             return Err("the program's kubeconfigs output has an entry without tenant, user or kubeconfig; the platform version may not match this operator".into());

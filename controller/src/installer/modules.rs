@@ -1,18 +1,11 @@
-//! The shared dependency trees: the program's `node_modules` is installed once per
-//! (`package.json`, `.npmrc`, `--npm-allow-scripts`) into `<--state-dir>/.cache/modules/<key>/`
-//! and each instance's project links to it (`platform/node_modules`, a relative symlink), so a
-//! second instance at a version runs no npm at all.
-//!
-//! A tree is built in a private folder (`.build-<key>-<nonce>`), made read-only, described by a
-//! manifest (every entry's path and kind, each file's size and SHA-256, each link's target)
-//! written last, and only then renamed to `<key>`; a tree without a readable manifest is never
-//! used. Before each reuse the tree is checked against its manifest: a missing, extra or
-//! changed entry gets the tree discarded and rebuilt. A file whose inode and change time are the
-//! ones recorded when it was hashed is unchanged (any write changes its change time, which no
-//! user can set back); any other file is hashed again. One install at a time per key builds or
-//! checks a tree, under an advisory lock (`<key>.lock`, `flock`); trees no instance links to are
-//! removed after each install ([`Trees::collect`]).
+//! The shared dependency trees (docs/controller.md#shared-dependency-trees): one `node_modules`
+//! per (`package.json`, `.npmrc`, `--npm-allow-scripts`) in `.cache/modules/<key>/`, linked by
+//! each project. Built in `.build-<key>-<nonce>`, made read-only, sealed by a manifest written
+//! last, then renamed to `<key>`; checked against the manifest before each reuse (a file whose
+//! inode and ctime are the recorded ones is unchanged: no user can set a ctime back; any other
+//! is hashed again). One install per key at a time, under `<key>.lock` (`flock`).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::future::Future;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -24,21 +17,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::decide::model::{Failure, TaskError};
 
-/// The manifest's file name at the top of a tree; written last.
+/// The manifest's file name at the top of a tree.
 pub const MANIFEST: &str = "manifest.json";
-/// The manifest format this operator writes and reads.
 const FORMAT: u32 = 1;
 /// The folder inside a tree that instances link to.
 pub const MODULES: &str = "node_modules";
 /// npm's lockfile, kept at the top of a tree and copied into each linked project.
 pub const LOCKFILE: &str = "package-lock.json";
-/// How often a waiting install tries the key's lock again.
 const LOCK_POLL: Duration = Duration::from_millis(100);
 
-/// Errors of the shared trees.
+/// Errors of the state volume's files (the shared trees, the Pulumi backend, the project).
 #[derive(Debug, thiserror::Error)]
-pub enum TreeError {
-    /// A file or folder of the tree store could not be read, written or removed.
+pub enum StateError {
     #[error("{what} {path} failed: {source}; check the state volume")]
     Io {
         what: &'static str,
@@ -50,24 +40,27 @@ pub enum TreeError {
     Interrupted(String),
 }
 
-/// The store's errors fail an install as `StateUnavailable`.
-impl From<TreeError> for TaskError {
-    fn from(e: TreeError) -> Self {
+impl From<StateError> for TaskError {
+    fn from(e: StateError) -> Self {
         TaskError::new(Failure::StateUnavailable, e.to_string())
     }
 }
 
 /// Runs `f` on the blocking pool.
 pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, TreeError> + Send + 'static,
-) -> Result<T, TreeError> {
+    f: impl FnOnce() -> Result<T, StateError> + Send + 'static,
+) -> Result<T, StateError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| TreeError::Interrupted(e.to_string()))?
+        .map_err(|e| StateError::Interrupted(e.to_string()))?
 }
 
-fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TreeError + 'a {
-    move |source| TreeError::Io {
+/// The [`StateError::Io`] of `what` (doing) on `path`, for `map_err`.
+pub fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> StateError + 'a {
+    move |source| StateError::Io {
         what,
         path: path.to_path_buf(),
         source,
@@ -134,16 +127,17 @@ pub fn sha256_hex(parts: &[&[u8]]) -> String {
 
 /// The key of a tree: a digest of the inputs that decide what npm installs.
 pub fn key(package_json: &str, npmrc: &str, allow_scripts: bool) -> String {
-    let scripts: &[u8] = if allow_scripts {
-        b"scripts"
+    let scripts = if allow_scripts {
+        "scripts"
     } else {
-        b"noscripts"
+        "noscripts"
     };
-    sha256_hex(&[package_json.as_bytes(), npmrc.as_bytes(), scripts])[..32].to_string()
+    let parts = [package_json, npmrc, scripts].map(str::as_bytes);
+    sha256_hex(&parts)[..32].to_string()
 }
 
 /// The entries of folder `dir` that can be read (none if it cannot be listed).
-fn entries(dir: &Path) -> impl Iterator<Item = fs::DirEntry> + use<> {
+pub fn entries(dir: &Path) -> impl Iterator<Item = fs::DirEntry> + use<> {
     fs::read_dir(dir).into_iter().flatten().flatten()
 }
 
@@ -151,31 +145,26 @@ fn is_key(name: &str) -> bool {
     name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-fn sha256_file(path: &Path) -> Result<String, TreeError> {
+fn sha256_file(path: &Path) -> Result<String, StateError> {
     crate::chart::sha256_file(path).map_err(io("reading", path))
 }
 
-/// Every entry under `top` (sorted by path, `/`-separated, relative), the manifest excluded,
-/// each with its metadata.
-fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, TreeError> {
+/// Every entry under `top` but the manifest, by relative `/`-separated path, with its metadata.
+fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, StateError> {
     let mut out = Vec::new();
+    // (the relative path of a folder with its trailing `/`, the folder)
     let mut dirs = vec![(String::new(), top.to_path_buf())];
-    while let Some((rel, dir)) = dirs.pop() {
+    while let Some((prefix, dir)) = dirs.pop() {
         for entry in fs::read_dir(&dir).map_err(io("listing", &dir))? {
             let entry = entry.map_err(io("listing", &dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if rel.is_empty() && name == MANIFEST {
+            let child = format!("{prefix}{}", entry.file_name().to_string_lossy());
+            if child == MANIFEST {
                 continue;
             }
             let path = entry.path();
             let meta = fs::symlink_metadata(&path).map_err(io("reading", &path))?;
-            let child = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
             if meta.is_dir() {
-                dirs.push((child.clone(), path.clone()));
+                dirs.push((format!("{child}/"), path.clone()));
             }
             out.push((child, path, meta));
         }
@@ -184,7 +173,7 @@ fn walk(top: &Path) -> Result<Vec<(String, PathBuf, fs::Metadata)>, TreeError> {
     Ok(out)
 }
 
-fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entry>, TreeError> {
+fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entry>, StateError> {
     let kind = meta.file_type();
     Ok(Some(if kind.is_dir() {
         Entry::Dir { path: rel }
@@ -203,22 +192,15 @@ fn entry_of(rel: String, path: &Path, meta: &fs::Metadata) -> Result<Option<Entr
             ctime: (meta.ctime(), meta.ctime_nsec()),
         }
     } else {
-        // Sockets, fifos, devices: npm makes none; such a tree is not described (and fails
-        // its check).
+        // Sockets, fifos, devices: npm makes none; left out, so the tree fails its check.
         return Ok(None);
     }))
 }
 
-/// Makes every folder under `top` (but `top` itself) and every file read-only: the tree is
-/// shared, no instance may change it.
-fn make_read_only(top: &Path) -> Result<(), TreeError> {
+/// Makes everything under `top` read-only: the tree is shared, no instance may change it.
+fn make_read_only(top: &Path) -> Result<(), StateError> {
     // Deepest first, so a folder is still writable while its entries are changed.
-    let mut entries = walk(top)?;
-    entries.reverse();
-    for (_, path, meta) in entries {
-        if meta.file_type().is_symlink() {
-            continue;
-        }
+    for (_, path, meta) in walk(top)?.into_iter().rev().filter(|e| !e.2.is_symlink()) {
         let mode = meta.permissions().mode();
         let ro = mode & !0o222;
         if ro != mode {
@@ -229,8 +211,8 @@ fn make_read_only(top: &Path) -> Result<(), TreeError> {
     Ok(())
 }
 
-/// Makes every folder under `top` writable by its owner again, so that it can be removed.
-pub(crate) fn make_removable(top: &Path) {
+/// Removes the folder `top`, first making every folder under it writable by its owner again.
+fn remove_tree(top: &Path) -> std::io::Result<()> {
     let mut dirs = vec![top.to_path_buf()];
     while let Some(dir) = dirs.pop() {
         if let Ok(meta) = fs::symlink_metadata(&dir)
@@ -243,18 +225,16 @@ pub(crate) fn make_removable(top: &Path) {
             dirs.extend(entries(&dir).map(|e| e.path()));
         }
     }
+    fs::remove_dir_all(top)
 }
 
 /// Checks the tree at `top` against its manifest; the reason it fails otherwise.
 pub fn verify(top: &Path, key: &str) -> Result<(), String> {
     let path = top.join(MANIFEST);
-    let text = match fs::read(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err("it has no manifest (its install never finished)".into());
-        }
-        Err(e) => return Err(format!("its manifest cannot be read: {e}")),
-    };
+    let text = fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => "it has no manifest (its install never finished)".into(),
+        _ => format!("its manifest cannot be read: {e}"),
+    })?;
     let manifest: Manifest = serde_json::from_slice(&text)
         .map_err(|e| format!("its manifest cannot be parsed ({e}): it was cut short or changed"))?;
     if manifest.format != FORMAT || manifest.key != key {
@@ -264,18 +244,11 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
         ));
     }
     let found = walk(top).map_err(|e| e.to_string())?;
-    let mut expected = manifest.entries.iter();
+    let mut expected: BTreeMap<_, _> = manifest.entries.iter().map(|e| (e.path(), e)).collect();
     for (rel, path, meta) in &found {
-        let Some(want) = expected.next() else {
+        let Some(want) = expected.remove(rel.as_str()) else {
             return Err(format!("{rel} is not in its manifest"));
         };
-        if want.path() != rel {
-            return Err(if want.path() < rel.as_str() {
-                format!("{} is missing", want.path())
-            } else {
-                format!("{rel} is not in its manifest")
-            });
-        }
         let kind = meta.file_type();
         match want {
             Entry::Dir { .. } if kind.is_dir() => {}
@@ -303,14 +276,14 @@ pub fn verify(top: &Path, key: &str) -> Result<(), String> {
             _ => return Err(format!("{rel} changed kind")),
         }
     }
-    if let Some(missing) = expected.next() {
-        return Err(format!("{} is missing", missing.path()));
+    if let Some(missing) = expected.keys().next() {
+        return Err(format!("{missing} is missing"));
     }
     Ok(())
 }
 
-/// Describes the complete tree at `top` in its manifest, written last and atomically.
-fn seal(top: &Path, key: &str) -> Result<(), TreeError> {
+/// Describes the complete tree at `top` in its manifest, written last and durably.
+fn seal(top: &Path, key: &str) -> Result<(), StateError> {
     make_read_only(&top.join(MODULES))?;
     let entries = walk(top)?
         .into_iter()
@@ -323,16 +296,7 @@ fn seal(top: &Path, key: &str) -> Result<(), TreeError> {
     };
     let text = serde_json::to_vec(&manifest)
         .map_err(|e| io("writing the manifest of", top)(std::io::Error::other(e)))?;
-    let part = top.join(format!("{MANIFEST}.part"));
-    {
-        use std::io::Write;
-        let mut file = fs::File::create(&part).map_err(io("writing", &part))?;
-        file.write_all(&text).map_err(io("writing", &part))?;
-        file.sync_all().map_err(io("writing", &part))?;
-    }
-    let path = top.join(MANIFEST);
-    fs::rename(&part, &path).map_err(io("writing", &path))?;
-    Ok(())
+    super::record::write_durably(top, MANIFEST, &text).map_err(io("writing", &top.join(MANIFEST)))
 }
 
 static NONCE: AtomicU64 = AtomicU64::new(0);
@@ -368,7 +332,7 @@ impl Trees {
     }
 
     /// Takes the lock of `key` if it is free.
-    pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, TreeError> {
+    pub fn try_lock(&self, key: &str) -> Result<Option<KeyLock>, StateError> {
         let path = self.lock_path(key);
         let file = fs::OpenOptions::new()
             .create(true)
@@ -381,8 +345,7 @@ impl Trees {
             Err(fs::TryLockError::WouldBlock) => return Ok(None),
             Err(fs::TryLockError::Error(e)) => return Err(io("locking", &path)(e)),
         }
-        // A lock file removed (by [`Trees::collect`]) while this one waited on it locks
-        // nothing: only the file at the path counts.
+        // A lock file [`Trees::collect`] removed meanwhile locks nothing: only the path counts.
         let held = file.metadata().map_err(io("locking", &path))?;
         match fs::metadata(&path) {
             Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
@@ -392,9 +355,8 @@ impl Trees {
         }
     }
 
-    /// Waits for the lock of `key` (another install builds or checks that tree).
-    /// Cancellation-safe: dropping the future leaves the lock to the others.
-    pub async fn lock(&self, key: &str) -> Result<KeyLock, TreeError> {
+    /// Waits for the lock of `key`; dropping the future leaves the lock to the others.
+    pub async fn lock(&self, key: &str) -> Result<KeyLock, StateError> {
         fs::create_dir_all(&self.root).map_err(io("creating", &self.root))?;
         loop {
             if let Some(lock) = self.try_lock(key)? {
@@ -405,20 +367,17 @@ impl Trees {
     }
 
     /// Moves `path` out of the way at once and removes it.
-    fn discard(&self, path: &Path) -> Result<(), TreeError> {
+    fn discard(&self, path: &Path) -> Result<(), StateError> {
         let trash = self.root.join(format!(".trash-{}", nonce()));
         match fs::rename(path, &trash) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io("moving aside", path)(e)),
+            Ok(()) => remove_tree(&trash).map_err(io("removing", &trash)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("moving aside", path)(e)),
         }
-        make_removable(&trash);
-        fs::remove_dir_all(&trash).map_err(io("removing", &trash))
     }
 
-    /// Makes sure a checked tree of `key` exists, building it with `build` (which fills the
-    /// folder it is given: the project files, then npm) when there is none or the one there
-    /// fails its check. The caller holds `_lock`, the lock of `key`.
+    /// Makes sure a checked tree of `key` exists, else builds it with `build` (which fills the
+    /// folder it is given). The caller holds `_lock`, the lock of `key`.
     pub async fn ensure<E, F, Fut>(
         &self,
         key: &str,
@@ -426,20 +385,14 @@ impl Trees {
         build: F,
     ) -> Result<Outcome, E>
     where
-        E: From<TreeError>,
+        E: From<StateError>,
         F: FnOnce(PathBuf) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
         let top = self.tree(key);
-        let checked = {
-            let (top, key) = (top.clone(), key.to_string());
-            blocking(move || {
-                Ok(fs::symlink_metadata(&top)
-                    .is_ok()
-                    .then(|| verify(&top, &key)))
-            })
-            .await?
-        };
+        let (t, k) = (top.clone(), key.to_string());
+        let checked = blocking(move || Ok(t.symlink_metadata().is_ok().then(|| verify(&t, &k))));
+        let checked = checked.await?;
         let outcome = match checked {
             Some(Ok(())) => return Ok(Outcome::Reused),
             Some(Err(reason)) => {
@@ -449,23 +402,19 @@ impl Trees {
             None => Outcome::Built,
         };
         let dir = self.root.join(format!(".build-{key}-{}", nonce()));
-        // Removing a whole tree can take seconds on a slow volume: on the blocking pool, not
-        // on an async worker.
+        // On the blocking pool: removing a tree can take seconds on a slow volume.
         let discard = matches!(outcome, Outcome::Rebuilt(_)).then(|| top.clone());
         let (trees, build_dir, leftovers) = (self.clone(), dir.clone(), format!(".build-{key}-"));
         blocking(move || {
             if let Some(top) = discard {
                 trees.discard(&top)?;
             }
-            // Leftovers of builds of this key that were stopped (no one else builds it: the
-            // lock).
+            // Leftovers of stopped builds of this key (no one else builds it: the lock).
             trees.remove_matching(&leftovers);
-            fs::create_dir_all(&build_dir).map_err(io("creating", &build_dir))?;
-            Ok(())
+            fs::create_dir_all(&build_dir).map_err(io("creating", &build_dir))
         })
         .await?;
-        // A build stopped here (a timeout drops this future) leaves `dir`, which is never used
-        // and removed by the next build or collection.
+        // A build stopped here (a timeout) leaves `dir`, never used and removed later.
         build(dir.clone()).await?;
         let (sealed, key) = (dir.clone(), key.to_string());
         blocking(move || seal(&sealed, &key)).await?;
@@ -473,55 +422,44 @@ impl Trees {
         Ok(outcome)
     }
 
-    /// Removes the entries of the store whose names start with `prefix`.
     fn remove_matching(&self, prefix: &str) {
         for entry in entries(&self.root) {
             if entry.file_name().to_string_lossy().starts_with(prefix) {
                 let path = entry.path();
-                make_removable(&path);
-                if let Err(e) = fs::remove_dir_all(&path) {
+                if let Err(e) = remove_tree(&path) {
                     tracing::warn!(path = %path.display(), error = %e, "removing a leftover of the dependency trees failed");
                 }
             }
         }
     }
 
-    /// Links `project`'s `node_modules` to the tree of `key` (a relative link when both are
-    /// under `state_dir`) and copies the tree's lockfile into the project.
-    pub fn link(&self, project: &Path, key: &str, state_dir: &Path) -> Result<(), TreeError> {
+    /// Links `project`'s `node_modules` to the tree of `key` (relative within `state_dir`) and
+    /// copies the tree's lockfile into the project.
+    pub fn link(&self, project: &Path, key: &str, state_dir: &Path) -> Result<(), StateError> {
         let top = self.tree(key);
         let target = match (project.strip_prefix(state_dir), top.strip_prefix(state_dir)) {
-            (Ok(from), Ok(to)) => {
-                let mut rel = PathBuf::new();
-                for _ in from.components() {
-                    rel.push("..");
-                }
-                rel.join(to).join(MODULES)
-            }
-            _ => top.join(MODULES),
-        };
-        let link = project.join(MODULES);
-        match fs::symlink_metadata(&link) {
-            Ok(meta)
-                if meta.file_type().is_symlink()
-                    && fs::read_link(&link).ok().as_deref() == Some(target.as_path()) =>
-            {
-                return self.copy_lockfile(&top, project);
-            }
-            // A project of an earlier layout has its own node_modules.
-            Ok(meta) if meta.is_dir() => {
-                make_removable(&link);
-                fs::remove_dir_all(&link).map_err(io("removing", &link))?;
-            }
-            _ => {}
+            (Ok(from), Ok(to)) => from
+                .components()
+                .map(|_| "..")
+                .collect::<PathBuf>()
+                .join(to),
+            _ => top.clone(),
         }
-        let part = project.join(format!("{MODULES}.link-{}", nonce()));
-        std::os::unix::fs::symlink(&target, &part).map_err(io("linking", &part))?;
-        fs::rename(&part, &link).map_err(io("linking", &link))?;
+        .join(MODULES);
+        let link = project.join(MODULES);
+        if !fs::read_link(&link).is_ok_and(|now| now == target) {
+            // A project of an earlier layout has its own node_modules.
+            if fs::symlink_metadata(&link).is_ok_and(|meta| meta.is_dir()) {
+                remove_tree(&link).map_err(io("removing", &link))?;
+            }
+            let part = project.join(format!("{MODULES}.link-{}", nonce()));
+            std::os::unix::fs::symlink(&target, &part).map_err(io("linking", &part))?;
+            fs::rename(&part, &link).map_err(io("linking", &link))?;
+        }
         self.copy_lockfile(&top, project)
     }
 
-    fn copy_lockfile(&self, top: &Path, project: &Path) -> Result<(), TreeError> {
+    fn copy_lockfile(&self, top: &Path, project: &Path) -> Result<(), StateError> {
         let from = top.join(LOCKFILE);
         let to = project.join(LOCKFILE);
         let text = fs::read(&from).map_err(io("reading", &from))?;
@@ -546,9 +484,8 @@ impl Trees {
             .collect()
     }
 
-    /// Removes the trees no instance under `state_dir` links to (and the leftovers of stopped
-    /// builds and removals), skipping any tree an install holds the lock of. Returns the keys
-    /// removed.
+    /// Removes the trees no instance under `state_dir` links to and no install holds the lock
+    /// of, and the leftovers of stopped builds and removals; returns the keys removed.
     pub fn collect(&self, state_dir: &Path) -> Vec<String> {
         let names: Vec<String> = entries(&self.root)
             .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -574,10 +511,10 @@ impl Trees {
             }
         }
         // Builds stopped half-way whose key has no tree and no install building it.
-        for name in names.iter().filter_map(|n| n.strip_prefix(".build-")) {
-            let Some((key, _)) = name.split_once('-') else {
-                continue;
-            };
+        let building = names
+            .iter()
+            .filter_map(|n| n.strip_prefix(".build-")?.split_once('-'));
+        for (key, _) in building {
             if is_key(key)
                 && !removed.iter().any(|k| k == key)
                 && let Ok(Some(_lock)) = self.try_lock(key)
@@ -600,8 +537,7 @@ mod tests {
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("modules-{name}-{}", std::process::id()));
         if dir.exists() {
-            make_removable(&dir);
-            let _ = fs::remove_dir_all(&dir);
+            let _ = remove_tree(&dir);
         }
         fs::create_dir_all(&dir).expect("dir");
         dir
@@ -617,8 +553,7 @@ mod tests {
     }
 
     fn cleanup(dir: &Path) {
-        make_removable(dir);
-        let _ = fs::remove_dir_all(dir);
+        let _ = remove_tree(dir);
     }
 
     /// Fills `dir` the way an npm install does (a package, a `.bin` link, the lockfile),

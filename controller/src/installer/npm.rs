@@ -1,11 +1,9 @@
-//! Installs the platform package at its exact version into an instance's project with npm:
-//! `package.json` names the one exact version, npm writes the lockfile, and the npm cache is
-//! shared on the state volume, so N instances at one version download it once. npm's `--json`
-//! error object (`error.code`) maps onto typed errors; its human text is never parsed.
+//! Installs the platform package at its exact version with npm, from the npm cache shared on the
+//! state volume (N instances at one version download it once). npm's `--json` error object
+//! (`error.code`) maps onto typed errors; its human text is never parsed.
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::process;
@@ -26,7 +24,6 @@ pub struct Npm {
 /// Errors of an npm install (`code`: npm's error code).
 #[derive(Debug, thiserror::Error)]
 pub enum NpmError {
-    /// npm could not be run.
     #[error("running {binary} failed: {source}; install npm or set --npm-binary")]
     Spawn {
         binary: String,
@@ -42,12 +39,10 @@ pub enum NpmError {
         registry: String,
         code: String,
     },
-    /// The registry could not be reached.
     #[error(
         "the npm registry {registry} cannot be reached ({code}); check --npm-registry (the chart's npmRegistry) and the operator's egress"
     )]
     Unreachable { registry: String, code: String },
-    /// npm's node process reached its heap limit and was stopped.
     #[error(
         "npm install of {package}@{version} failed: npm's node process reached its heap limit of {limit_mib} MiB (--npm-heap-limit) and was stopped; the controller and other instances are unaffected. Raise --npm-heap-limit together with the container's memory, or check the package's dependency tree"
     )]
@@ -59,31 +54,25 @@ pub enum NpmError {
     /// npm failed otherwise (`summary`: npm's one-line summary).
     #[error("npm install failed ({code}): {summary}")]
     Failed { code: String, summary: String },
-    /// The installed tree breaks the program contract (see `docs/controller.md`): what is wrong
-    /// and what to do.
+    /// The installed tree breaks the program contract (see `docs/controller.md`).
     #[error("{0}")]
     Contract(String),
 }
 
-/// Checks npm's lockfile of a project: the program's Pulumi SDK (`sdk`, declared by the
-/// project) must be the only copy in the tree, so that the program's config and the
-/// platform's resources share one SDK. A package that brings its own copy fails the install
-/// with the version it wants.
+/// Checks npm's lockfile: the project's Pulumi SDK (`sdk`) must be the only copy in the tree,
+/// so the program's config and the platform's resources share one SDK; a package that brings
+/// its own fails the install, naming the version it wants.
 pub fn check_single_sdk(lockfile: &str, sdk: &str) -> Result<(), NpmError> {
     let lock: Value = serde_json::from_str(lockfile).map_err(|e| {
         NpmError::Contract(format!(
             "npm wrote a package-lock.json the operator cannot read: {e}"
         ))
     })?;
-    let packages = lock
-        .get("packages")
-        .and_then(Value::as_object)
-        .ok_or_else(|| {
-            NpmError::Contract(
-                "npm's package-lock.json has no packages (lockfile version 2 or later is needed)"
-                    .into(),
-            )
-        })?;
+    let Some(packages) = lock.get("packages").and_then(Value::as_object) else {
+        let message =
+            "npm's package-lock.json has no packages (lockfile version 2 or later is needed)";
+        return Err(NpmError::Contract(message.into()));
+    };
     let version = |p: &Value| p.get("version").and_then(Value::as_str).map(String::from);
     let declared = packages
         .get(&format!("node_modules/{sdk}"))
@@ -105,23 +94,11 @@ pub fn check_single_sdk(lockfile: &str, sdk: &str) -> Result<(), NpmError> {
     Ok(())
 }
 
-#[derive(Deserialize)]
-struct ErrorReport {
-    error: ErrorBody,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    code: Option<String>,
-    summary: Option<String>,
-}
-
-/// npm error codes that mean the registry was not reached.
-const UNREACHABLE: [&str; 9] = [
+/// npm error codes that mean the registry was not reached (besides every `EAI_*`).
+const UNREACHABLE: [&str; 8] = [
     "ECONNREFUSED",
     "ECONNRESET",
     "ENOTFOUND",
-    "EAI_AGAIN",
     "ETIMEDOUT",
     "EHOSTUNREACH",
     "ENETUNREACH",
@@ -141,12 +118,14 @@ pub fn redact(url: &str) -> String {
 
 /// Maps npm's `--json` error object onto an error.
 pub fn classify(stdout: &str, package: &str, version: &str, registry: &str) -> NpmError {
-    let (code, summary) = match serde_json::from_str::<ErrorReport>(stdout.trim()) {
-        Ok(r) => (
-            r.error.code.unwrap_or_else(|| "unknown".into()),
-            r.error.summary.unwrap_or_default(),
-        ),
-        Err(_) => ("unknown".into(), "npm printed no error report".into()),
+    let report = serde_json::from_str::<Value>(stdout.trim()).ok();
+    let (code, summary) = match report.as_ref().and_then(|r| r.get("error")) {
+        Some(e) => {
+            let field = |k: &str| e.get(k).and_then(Value::as_str).map(String::from);
+            let code = field("code").unwrap_or_else(|| "unknown".into());
+            (code, field("summary").unwrap_or_default())
+        }
+        None => ("unknown".into(), "npm printed no error report".into()),
     };
     match code.as_str() {
         "E404" | "ETARGET" => NpmError::VersionNotFound {
@@ -167,7 +146,6 @@ pub fn classify(stdout: &str, package: &str, version: &str, registry: &str) -> N
 }
 
 impl Npm {
-    /// The `npm install` command for `project`, its environment included.
     fn command(&self, project: &Path) -> tokio::process::Command {
         let mut cmd = process::command(&self.binary);
         cmd.current_dir(project)
@@ -196,8 +174,7 @@ impl Npm {
         cmd
     }
 
-    /// The error of an npm run that exited non-zero: out of heap when node said so, else what
-    /// npm's `--json` error object says.
+    /// The error of an npm run that exited non-zero.
     fn failed(&self, out: &process::Output, package: &str, version: &str) -> NpmError {
         if process::heap_exhausted([out.stdout.as_str(), out.stderr.as_str()]) {
             return NpmError::OutOfMemory {
@@ -209,8 +186,7 @@ impl Npm {
         classify(&out.stdout, package, version, &redact(&self.registry))
     }
 
-    /// Runs `npm install` in `project` (whose `package.json` names exact versions only),
-    /// preferring the shared cache; `state` is the folder of the tool's pid file.
+    /// Runs `npm install` in `project`; `state` is the folder of the tool's pid file.
     pub async fn install(
         &self,
         project: &Path,

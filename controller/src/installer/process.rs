@@ -1,7 +1,6 @@
 //! Runs the installer's tools (npm, pulumi) as whole process trees: each in its own process
-//! group, recorded in a pid file in the instance's state directory, and killed as a group when
-//! the run is dropped (a timeout, a deletion) or found left over by a controller that died
-//! (`reap`). Secrets go to a tool on its standard input, never in its arguments.
+//! group, recorded in a pid file, killed when the run is dropped or found left over by a
+//! controller that died (`reap`). Secrets go on standard input, never in arguments.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,11 +13,9 @@ use tokio::process::Command;
 /// The pid file's name in the instance's state directory.
 pub const PID_FILE: &str = "tool.pid";
 
-/// The only variables of the controller's environment a tool (npm, pulumi, and the language
-/// host and node program pulumi starts) inherits: the search path, the locale and home, the
-/// temporary folder, and the proxy and CA bundle settings needed to reach a registry. Nothing
-/// else passes: not the in-cluster service variables (`KUBERNETES_SERVICE_HOST`, ...), not
-/// `KUBECONFIG`, not the operator's own flags' variables.
+/// The only variables of the controller's environment a tool (and all it starts) inherits: path,
+/// locale, home, temporary folder, and proxy and CA settings to reach a registry. Not the
+/// in-cluster service variables, not `KUBECONFIG`, not the operator's own flags' variables.
 pub const INHERITED_ENV: [&str; 16] = [
     "PATH",
     "HOME",
@@ -38,16 +35,15 @@ pub const INHERITED_ENV: [&str; 16] = [
     "NODE_EXTRA_CA_CERTS",
 ];
 
-/// A command for a tool, with an environment of [`INHERITED_ENV`] only; each caller adds what
-/// its tool needs.
+/// A command for a tool, with an environment of [`INHERITED_ENV`] only.
 pub fn command(binary: &str) -> Command {
     let mut cmd = Command::new(binary);
     cmd.env_clear();
-    for key in INHERITED_ENV {
-        if let Some(value) = std::env::var_os(key) {
-            cmd.env(key, value);
-        }
-    }
+    cmd.envs(
+        INHERITED_ENV
+            .iter()
+            .filter_map(|k| Some((k, std::env::var_os(k)?))),
+    );
     cmd
 }
 
@@ -57,9 +53,8 @@ const HEAP_EXHAUSTED: [&str; 2] = [
     "Reached heap limit Allocation failed",
 ];
 
-/// Caps the node heap of `cmd` and of the node processes it starts (which inherit
-/// `NODE_OPTIONS`) at `limit_mib`, well inside the container's memory limit: a runaway tool
-/// fails alone instead of the kernel killing the whole container.
+/// Caps the node heap of `cmd` and the node processes it starts (`NODE_OPTIONS`), so a runaway
+/// tool fails alone instead of the kernel killing the whole container.
 pub fn cap_node_heap(cmd: &mut Command, limit_mib: u32) {
     cmd.env("NODE_OPTIONS", format!("--max-old-space-size={limit_mib}"));
 }
@@ -99,41 +94,31 @@ impl Output {
     }
 }
 
-/// Owns a running tool: when dropped before it finished (a timeout, a cancel), it kills the
-/// tool's whole tree first, and only then lets go of the child (which tokio then reaps).
+/// Owns a running tool: dropped, it kills the tool's tree (`pgid`, if still set) and removes
+/// the pid file; the child (a field) drops only after that, and tokio then reaps it.
 struct Running {
-    child: Option<tokio::process::Child>,
+    child: tokio::process::Child,
     pgid: Option<i32>,
     pid_file: PathBuf,
 }
 
-impl Running {
-    fn finished(&mut self) {
-        self.pgid = None;
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.pgid {
+            kill_group(pgid);
+        }
         let _ = std::fs::remove_file(&self.pid_file);
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(pgid) = self.pgid.take() {
-            kill_group(pgid);
-            let _ = std::fs::remove_file(&self.pid_file);
-        }
-        drop(self.child.take());
-    }
-}
-
-/// Kills the process group `pgid` and every descendant of its leader, wherever they are:
-/// Pulumi starts its plugins (language host, providers) in process groups of their own. The
-/// tree is collected before anything is killed, while the parent links still hold.
+/// Kills the process group `pgid` and every descendant of its leader (Pulumi starts its plugins
+/// in groups of their own), collected first, while the parent links still hold.
 fn kill_group(pgid: i32) {
     if pgid <= 1 {
         return;
     }
     let tree = crate::reaper::descendants(&crate::reaper::processes(), pgid);
-    // The state lock a killed pulumi leaves is cleared before the next run (only the leader
-    // runs tools), so there is nothing to wait for.
+    // Nothing to wait for: the next run clears the state lock a killed pulumi leaves.
     let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     for pid in tree {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -148,9 +133,8 @@ fn start_time(pid: i32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// Kills a process group a previous controller left running in `dir` (its pid file names the
-/// group and the start time of its leader, so a reused pid is never killed), and removes the
-/// pid file. Returns whether a group was killed.
+/// Kills a process group a previous controller left running in `dir` (the pid file's start
+/// time rules out a reused pid) and removes the pid file; returns whether it killed one.
 pub fn reap(dir: &Path) -> bool {
     let file = dir.join(PID_FILE);
     let Ok(text) = std::fs::read_to_string(&file) else {
@@ -172,7 +156,6 @@ pub fn reap(dir: &Path) -> bool {
     true
 }
 
-/// Everything a pipe gives until it closes.
 async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> std::io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     if let Some(mut p) = pipe {
@@ -185,11 +168,7 @@ async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> std::io::R
 /// the group in `dir`'s pid file while it runs. Dropping the returned future kills the group.
 pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io::Result<Output> {
     cmd.process_group(0)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(stdin.map_or_else(Stdio::null, |_| Stdio::piped()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -203,7 +182,7 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
     }
     let (input, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let mut running = Running {
-        child: Some(child),
+        child,
         pgid: pid,
         pid_file,
     };
@@ -211,17 +190,12 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
         pipe.write_all(data).await?;
         drop(pipe);
     }
-    let Some(child) = running.child.as_mut() else {
-        return Err(std::io::Error::other("the tool's process is gone"));
-    };
-    let (status, out, err) = tokio::try_join!(child.wait(), read_all(stdout), read_all(stderr))?;
+    let waited = running.child.wait();
+    let (status, out, err) = tokio::try_join!(waited, read_all(stdout), read_all(stderr))?;
     // The leader is gone; stop anything it left in its group (a plugin it did not reap).
-    if let Some(pgid) = running.pgid
-        && killpg(Pid::from_raw(pgid), None).is_ok()
-    {
+    if let Some(pgid) = running.pgid.take() {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     }
-    running.finished();
     Ok(Output {
         code: status.code(),
         stdout: String::from_utf8_lossy(&out).into_owned(),

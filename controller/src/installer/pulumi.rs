@@ -1,24 +1,23 @@
-//! Drives the Pulumi CLI for one instance's stack: create it on first use, set its config with
-//! `pulumi config` (secrets on standard input, never in argv), clear a stale lock and the pending
-//! creates a killed run left, `up` with an event log, a `preview` for drift, and the outputs with
-//! `pulumi stack output`. Results come from the CLI's structured output only (the event log's
-//! summary and diagnostics, `--json`); exit codes map onto typed errors.
+//! Drives the Pulumi CLI for one instance's stack: create and configure it (secrets on standard
+//! input, never in argv), clear what a killed run left, `up`, `preview` for drift, read outputs.
+//! Results come from the CLI's structured output only (event log, `--json`) and exit codes.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde_json::Value;
 use tokio::process::Command;
 
+use super::config::Redacted;
+use super::modules::{StateError, entries, io};
 use super::process::{self, Output};
 
-/// The one stack every instance project has.
+/// The one stack every instance project has; every command names it.
 pub const STACK: &str = "dev";
 
-/// What a non-zero exit code of the Pulumi CLI means (its documented contract,
-/// `sdk/go/common/util/cmdutil/exit.go`), in words for messages; `Killed`: no code, killed by a
-/// signal.
+/// What a non-zero exit code of the Pulumi CLI means (`sdk/go/common/util/cmdutil/exit.go`),
+/// in words for messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::FromRepr, strum::Display)]
 #[repr(i32)]
 pub enum Exit {
@@ -59,14 +58,13 @@ impl Exit {
 /// Errors of a Pulumi operation (`action`: the subcommand).
 #[derive(Debug, thiserror::Error)]
 pub enum PulumiError {
-    /// pulumi could not be run.
     #[error("running {binary} failed: {source}; install the Pulumi CLI or set --pulumi-binary")]
     Spawn {
         binary: String,
         source: std::io::Error,
     },
-    /// A Pulumi command exited non-zero (`code` -1: killed); `message` is the program's or
-    /// engine's error, from the event log when there is one.
+    /// A Pulumi command exited non-zero (`code` -1: killed); `message` is from the event log
+    /// when there is one.
     #[error("pulumi {action} failed ({exit}, exit {code}): {message}")]
     Failed {
         action: &'static str,
@@ -74,13 +72,8 @@ pub enum PulumiError {
         code: i32,
         message: String,
     },
-    /// Its structured output could not be read.
-    #[error("pulumi {action} printed output the operator cannot read: {detail}")]
-    Output {
-        action: &'static str,
-        detail: String,
-    },
-    /// The program's node process reached its heap limit and was stopped.
+    #[error("pulumi stack output printed output the operator cannot read: {0}")]
+    Output(String),
     #[error(
         "pulumi {action} failed: the platform program's node process reached its heap limit of {limit_mib} MiB (--program-heap-limit) and was stopped; the controller and other instances are unaffected. Fix the program or its input, or raise the limit with the container's memory"
     )]
@@ -88,18 +81,12 @@ pub enum PulumiError {
         action: &'static str,
         limit_mib: u32,
     },
-    /// Pulumi refused the passphrase: it is not the one the stack was written with.
     #[error(
         "pulumi {action} refused the passphrase in {path}: it is not the one this instance's Pulumi state was encrypted with; put the original passphrase back into the Secret platform-operator-passphrase (or the Secret passphrase.existingSecret names) and restart the operator; the state is left untouched"
     )]
     IncorrectPassphrase { action: &'static str, path: PathBuf },
-    /// A file of the workspace could not be written or removed.
-    #[error("{what} {path} failed: {source}; check the state volume")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] StateError),
 }
 
 /// Resource counts of an update, from the event log's summary event.
@@ -113,8 +100,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Counts from a `resourceChanges` / `changeSummary` map (`create`, `update`, `delete`,
-    /// `same`, `replace`, ...).
+    /// Counts from a `resourceChanges` / `changeSummary` map.
     pub fn from_changes(changes: &Value) -> Self {
         let get = |k: &str| changes.get(k).and_then(Value::as_i64).unwrap_or(0);
         Counts {
@@ -133,10 +119,7 @@ impl Counts {
 
 /// The trimmed message of diagnostic `d` when its severity is error.
 fn error_message(d: &Value) -> Option<&str> {
-    if d.get("severity")?.as_str()? != "error" {
-        return None;
-    }
-    Some(d.get("message")?.as_str()?.trim())
+    Some(d["message"].as_str()?.trim()).filter(|_| d["severity"] == "error")
 }
 
 /// The error messages joined into one, shortened for a status message (`None`: no error).
@@ -144,8 +127,7 @@ fn joined(errors: &[String]) -> Option<String> {
     (!errors.is_empty()).then(|| errors.join("; ").chars().take(600).collect())
 }
 
-/// Reads an event log (one JSON engine event per line): the summary's resource changes and
-/// the error diagnostics, in order.
+/// Reads an event log (JSON engine events, one a line): the summary's counts and the errors.
 pub fn read_event_log(text: &str) -> (Option<Counts>, Vec<String>) {
     let mut summary = None;
     let mut errors = Vec::new();
@@ -165,7 +147,7 @@ pub fn read_event_log(text: &str) -> (Option<Counts>, Vec<String>) {
     (summary, errors)
 }
 
-/// One instance's stack: its project folder, its local file backend, its state folder.
+/// One instance's stack.
 #[derive(Clone, Debug)]
 pub struct Stack {
     pub binary: String,
@@ -173,16 +155,15 @@ pub struct Stack {
     pub home: PathBuf,
     pub passphrase_file: PathBuf,
     pub project: PathBuf,
-    /// The local backend folder.
+    /// The local file backend's folder.
     pub backend: PathBuf,
     /// The instance's state folder (pid file, event logs).
     pub state: PathBuf,
-    /// The node heap limit of the program's processes, in MiB (`NODE_OPTIONS`).
+    /// The program's node heap limit, in MiB.
     pub heap_limit_mib: u32,
 }
 
-/// The update record a history or backup file belongs to: its name without `.attrs` and
-/// without `.history.json`, `.checkpoint.json` or `.json`.
+/// The update record a history or backup file belongs to: its name without its suffixes.
 fn record_key(name: &str) -> &str {
     let name = name.strip_suffix(".attrs").unwrap_or(name);
     [".history.json", ".checkpoint.json", ".json"]
@@ -195,29 +176,17 @@ fn record_key(name: &str) -> &str {
 pub const PROJECT: &str = "di-platform";
 
 /// One value of the stack's config file.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigValue {
-    /// A plaintext string.
     Plain(String),
-    /// A plaintext list of strings (the way `config set --path key[i]` writes one).
+    /// Written as `config set --path key[i]`.
     List(Vec<String>),
-    /// A secret (`pulumi config set --secret`, the value on standard input).
-    Secret(String),
+    /// Written with `pulumi config set --secret`, the value on standard input.
+    Secret(Redacted),
 }
 
-impl std::fmt::Debug for ConfigValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConfigValue::Plain(v) => f.debug_tuple("Plain").field(v).finish(),
-            ConfigValue::List(v) => f.debug_tuple("List").field(v).finish(),
-            ConfigValue::Secret(_) => f.write_str("Secret(..)"),
-        }
-    }
-}
-
-/// The backend URL of a backend folder. `metadata=skip`: the file backend writes no metadata
-/// sidecar (`<file>.attrs`) beside each file; it writes those in place, not atomically, so a run
-/// killed while writing one left it empty, and every later run failed to load the checkpoint.
+/// The backend URL of a backend folder. `metadata=skip`: no `<file>.attrs` sidecars, which the
+/// file backend writes in place, so a run killed while writing one broke every later run.
 pub fn backend_url(backend: &Path) -> String {
     format!("file://{}?metadata=skip", backend.display())
 }
@@ -227,13 +196,12 @@ impl Stack {
         let mut cmd = process::command(&self.binary);
         cmd.current_dir(&self.project)
             .args(args)
-            .args(["--non-interactive", "--color", "never"])
+            .args(["--stack", STACK, "--non-interactive", "--color", "never"])
             .env("PULUMI_BACKEND_URL", backend_url(&self.backend))
             .env("PULUMI_CONFIG_PASSPHRASE_FILE", &self.passphrase_file)
             .env_remove("PULUMI_CONFIG_PASSPHRASE")
             .env("PULUMI_HOME", &self.home)
-            // The program's home is the instance's own folder: no `~/.kube/config` of the
-            // operator's user is found there.
+            // The instance's own home: no `~/.kube/config` of the operator's user is found.
             .env("HOME", &self.state)
             .env("PULUMI_SKIP_UPDATE_CHECK", "true")
             // `--event-log` exists only with debug commands on (as the Automation API runs it).
@@ -293,21 +261,17 @@ impl Stack {
         }
     }
 
-    /// Removes the backend's lock files. Called only under the instance's state lock
-    /// (`install.lock`), which every run of Pulumi in that state holds, so a lock found then was
-    /// left by a process that is gone. Returns how many were removed.
+    /// Removes the backend's lock files and returns how many. Called only under `install.lock`,
+    /// which every run of Pulumi in that state holds, so their processes are gone.
     pub fn clear_locks(&self) -> Result<usize, PulumiError> {
         let mut removed = 0;
         let mut stack = vec![self.backend.join(".pulumi").join("locks")];
         while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for path in entries.flatten().map(|e| e.path()) {
+            for path in entries(&dir).map(|e| e.path()) {
                 if path.is_dir() {
                     stack.push(path);
                 } else {
-                    remove(&path, "removing the stale lock")?;
+                    std::fs::remove_file(&path).map_err(io("removing the stale lock", &path))?;
                     removed += 1;
                 }
             }
@@ -315,38 +279,31 @@ impl Stack {
         Ok(removed)
     }
 
-    /// Keeps the newest `keep` update records of the stack in the backend's `history` and
-    /// `backups` folders and removes the older ones (each with its `.attrs` twin). Pulumi adds
-    /// a record to each on every update, failed ones included, and never removes any. Returns
-    /// how many files were removed.
+    /// Keeps the newest `keep` update records in the backend's `history` and `backups` folders
+    /// (Pulumi adds one to each per update and never removes any); returns the files removed.
     pub fn prune_history(&self, keep: usize) -> Result<usize, PulumiError> {
         let pulumi = self.backend.join(".pulumi");
         let mut removed = 0;
         // <kind>/<project>/<stack>/ (older layouts: <kind>/<stack>/): every folder of files.
         let mut folders = vec![pulumi.join("history"), pulumi.join("backups")];
         while let Some(dir) = folders.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            let mut records: BTreeMap<String, (SystemTime, Vec<PathBuf>)> = BTreeMap::new();
-            for entry in entries.flatten() {
+            let mut records: BTreeMap<String, (Option<SystemTime>, Vec<PathBuf>)> = BTreeMap::new();
+            for entry in entries(&dir) {
                 let Ok(meta) = entry.metadata() else { continue };
                 if meta.is_dir() {
                     folders.push(entry.path());
                     continue;
                 }
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let slot = records
-                    .entry(record_key(&name).to_string())
-                    .or_insert((UNIX_EPOCH, Vec::new()));
-                slot.0 = slot.0.max(meta.modified().unwrap_or(UNIX_EPOCH));
+                let slot = records.entry(record_key(&name).to_string()).or_default();
+                slot.0 = slot.0.max(meta.modified().ok());
                 slot.1.push(entry.path());
             }
             let mut records: Vec<_> = records.into_iter().collect();
             // Newest first: by time, then by name (Pulumi's names carry the time).
             records.sort_by(|a, b| b.1.0.cmp(&a.1.0).then_with(|| b.0.cmp(&a.0)));
             for file in records.into_iter().skip(keep).flat_map(|(_, (_, f))| f) {
-                remove(&file, "pruning the stack history")?;
+                std::fs::remove_file(&file).map_err(io("pruning the stack history", &file))?;
                 removed += 1;
             }
         }
@@ -355,33 +312,28 @@ impl Stack {
 
     /// Selects the stack, creating it on first use.
     pub async fn select_or_create(&self) -> Result<(), PulumiError> {
-        std::fs::create_dir_all(&self.backend).map_err(|source| PulumiError::Io {
-            what: "creating the backend folder",
-            path: self.backend.clone(),
-            source,
-        })?;
-        let args = ["stack", "select", "--create", STACK];
+        std::fs::create_dir_all(&self.backend)
+            .map_err(io("creating the backend folder", &self.backend))?;
+        let args = ["stack", "select", "--create"];
         self.ok("stack select", &args, None).await.map(|_| ())
     }
 
-    /// Sets the stack's config to exactly `values`: each secret with `pulumi config set --secret`
-    /// (its value on standard input), then `absent` and every list removed, then the plaintext
-    /// values and lists with one `pulumi config set-all --path`. The secrets go first: Pulumi
-    /// checks the passphrase against the stack's salt before it encrypts, so a wrong passphrase
-    /// fails here with nothing written.
+    /// Sets the stack's config to exactly `values` (`absent` and every list removed first). The
+    /// secrets go first: Pulumi checks the passphrase against the stack's salt before it
+    /// encrypts, so a wrong passphrase fails with nothing written.
     pub async fn configure(
         &self,
         values: &[(&str, ConfigValue)],
         absent: &[&str],
     ) -> Result<(), PulumiError> {
-        let mut remove = vec!["config", "rm-all", "--path", "--stack", STACK];
+        let mut remove = vec!["config", "rm-all", "--path"];
         remove.extend(absent);
         let mut pairs = Vec::new();
         for (key, value) in values {
             match value {
                 ConfigValue::Secret(secret) => {
-                    let args = ["config", "set", "--secret", "--raw", key, "--stack", STACK];
-                    self.ok("config set", &args, Some(secret.as_bytes()))
+                    let args = ["config", "set", "--secret", "--raw", key];
+                    self.ok("config set", &args, Some(secret.0.as_bytes()))
                         .await?;
                 }
                 ConfigValue::Plain(v) => pairs.push(format!("{key}={v}")),
@@ -397,15 +349,14 @@ impl Stack {
             }
         }
         self.ok("config rm-all", &remove, None).await?;
-        let mut set = vec!["config", "set-all", "--path", "--stack", STACK];
+        let mut set = vec!["config", "set-all", "--path"];
         for pair in &pairs {
             set.extend(["--plaintext", pair.as_str()]);
         }
         self.ok("config set-all", &set, None).await.map(|_| ())
     }
 
-    /// Drops the pending creates a killed run left in the state (`pulumi refresh
-    /// --clear-pending-creates`; an `up` drops every other kind of pending operation itself).
+    /// Drops the pending creates a killed run left (an `up` drops other pending operations).
     pub async fn clear_pending_creates(&self) -> Result<(), PulumiError> {
         let args = [
             "refresh",
@@ -413,14 +364,11 @@ impl Stack {
             "--skip-preview",
             "--clear-pending-creates",
             "--suppress-progress",
-            "--stack",
-            STACK,
         ];
         self.ok("refresh", &args, None).await.map(|_| ())
     }
 
-    /// `pulumi up` with refresh (so objects deleted behind Pulumi's back are created again),
-    /// reading the resource counts from its event log.
+    /// `pulumi up` with refresh (objects deleted behind Pulumi's back are created again).
     pub async fn up(&self) -> Result<Counts, PulumiError> {
         let log = self.state.join("up-events.jsonl");
         let _ = std::fs::remove_file(&log);
@@ -433,8 +381,6 @@ impl Stack {
             "--suppress-progress",
             "--event-log",
             &log_arg,
-            "--stack",
-            STACK,
         ];
         let out = self.run(&args, None).await?;
         let (summary, errors) = read_event_log(&std::fs::read_to_string(&log).unwrap_or_default());
@@ -444,21 +390,13 @@ impl Stack {
         Ok(summary.unwrap_or_default())
     }
 
-    /// A refreshing preview that expects no changes: the changes an `up` would make now (0: no
-    /// drift). Drift is the CLI's own verdict, exit code 7 ([`Exit::UnexpectedChanges`]); the
-    /// JSON report's `changeSummary` only details it.
+    /// The changes an `up` would make now, from a refreshing preview. Drift is the CLI's verdict
+    /// (exit 7, [`Exit::UnexpectedChanges`]); the report's `changeSummary` only details it.
     pub async fn preview(&self) -> Result<Counts, PulumiError> {
-        let args = [
-            "preview",
-            "--refresh",
-            "--expect-no-changes",
-            "--json",
-            "--stack",
-            STACK,
-        ];
+        let args = ["preview", "--refresh", "--expect-no-changes", "--json"];
         let out = self.run(&args, None).await?;
         let report: Value = serde_json::from_str(&out.stdout).unwrap_or_default();
-        let summary = Counts::from_changes(report.get("changeSummary").unwrap_or(&Value::Null));
+        let summary = Counts::from_changes(&report["changeSummary"]);
         if Exit::from_code(out.code) == Exit::UnexpectedChanges {
             // Changes the summary does not itemise (a refresh that found an object gone).
             let updated = if summary.changes() == 0 {
@@ -469,11 +407,8 @@ impl Stack {
             return Ok(Counts { updated, ..summary });
         }
         if !out.success() {
-            let errors: Vec<String> = report
-                .get("diagnostics")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
+            let diagnostics = report["diagnostics"].as_array().into_iter().flatten();
+            let errors: Vec<_> = diagnostics
                 .filter_map(error_message)
                 .map(String::from)
                 .collect();
@@ -488,32 +423,12 @@ impl Stack {
         })
     }
 
-    /// The stack outputs, secrets shown (they go into Secrets, never into logs or status), from
-    /// `pulumi stack output --json --show-secrets`.
+    /// The stack outputs, secrets shown (they go into Secrets, never into logs or status).
     pub async fn outputs(&self) -> Result<Value, PulumiError> {
-        let args = [
-            "stack",
-            "output",
-            "--json",
-            "--show-secrets",
-            "--stack",
-            STACK,
-        ];
+        let args = ["stack", "output", "--json", "--show-secrets"];
         let out = self.ok("stack output", &args, None).await?;
-        serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output {
-            action: "stack output",
-            detail: e.to_string(),
-        })
+        serde_json::from_str(&out.stdout).map_err(|e| PulumiError::Output(e.to_string()))
     }
-}
-
-/// Removes `path`, a file of the backend (`what`: for the error).
-fn remove(path: &Path, what: &'static str) -> Result<(), PulumiError> {
-    std::fs::remove_file(path).map_err(|source| PulumiError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 #[cfg(test)]

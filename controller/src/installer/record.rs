@@ -1,8 +1,6 @@
-//! The installer's record of one instance, kept as `install.json` in the instance's state
-//! directory beside its Pulumi state: what the last install applied, what is installed, the
-//! outputs, and what the last repair preview found. Installer tasks write it; reconciles read it
-//! and copy it into `status`. Being on the state volume, it survives a controller restart, so an
-//! install a crash interrupted is found (`Running` with no task) and run again.
+//! The installer's record of one instance (`install.json` beside its Pulumi state), written by
+//! tasks and copied into `status` by reconciles; it survives a restart, so an install a crash
+//! cut short (`Running` with no task) is found and run again.
 
 use std::path::Path;
 
