@@ -373,7 +373,8 @@ pub struct PlatformInstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installed_version: Option<String>,
 
-    /// The host namespace holding the instance's vCluster, `pi-<namespace>-<name>-<hash>`.
+    /// The host namespace holding the instance's vCluster, `pi-<namespace>-<name>-<hash>` (a
+    /// 64-bit hash; an instance created by an earlier release keeps its 32-bit one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_namespace: Option<String>,
 

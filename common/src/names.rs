@@ -52,30 +52,58 @@ pub const KUBECONFIG_KEY: &str = "kubeconfig";
 pub const LEADER_LEASE: &str = "platform-operator-controller";
 
 const MAX_NAMESPACE: usize = 63;
-const HASH_LEN: usize = 8;
+/// Hex digits of the digest in a host namespace name: 64 bits.
+const HASH_LEN: usize = 16;
+/// Hex digits of the digest in the host namespace names of earlier releases: 32 bits.
+const LEGACY_HASH_LEN: usize = 8;
+/// The longest storage directory name: a readable prefix and the whole digest.
+const MAX_STORAGE_DIR: usize = 127;
 
-/// The host namespace of instance `name` in `namespace`: `pi-<namespace>-<name>-<hash>`, at most
-/// 63 characters whatever the lengths of both, stable for the same instance, and distinct for
-/// distinct instances (the hash covers the full `<namespace>/<name>`, which truncation may cut).
-pub fn host_namespace(namespace: &str, name: &str) -> String {
+/// The hex SHA-256 of `<namespace>/<name>` (unambiguous: a namespace holds no `/`).
+fn digest_hex(namespace: &str, name: &str) -> String {
     let digest = ring::digest::digest(
         &ring::digest::SHA256,
         format!("{namespace}/{name}").as_bytes(),
     );
-    // The first HASH_LEN hex digits: HASH_LEN / 2 bytes of the digest.
-    let mut hash = String::with_capacity(HASH_LEN);
-    for b in &digest.as_ref()[..HASH_LEN / 2] {
-        use std::fmt::Write as _;
-        let _ = write!(hash, "{b:02x}");
-    }
-    // "pi-" + ns + "-" + name + "-" + hash
-    let budget = MAX_NAMESPACE - "pi-".len() - 2 - HASH_LEN;
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `pi-<namespace>-<name>-<hash>` in at most `max` bytes, `hash` being the first `hash_len` hex
+/// digits of [`digest_hex`]; the readable parts are cut to fit (the hash covers them whole).
+fn readable(namespace: &str, name: &str, hash_len: usize, max: usize) -> String {
+    let hash = &digest_hex(namespace, name)[..hash_len];
+    let budget = max - "pi-".len() - 2 - hash_len;
     let (ns_len, name_len) = split_budget(namespace.len(), name.len(), budget);
     let ns_part = prefix(namespace, ns_len).trim_end_matches('-');
     let name_part = prefix(name, name_len)
         .trim_end_matches(['-', '.'])
         .replace('.', "-");
     format!("pi-{ns_part}-{name_part}-{hash}")
+}
+
+/// The host namespace of instance `name` in `namespace`: `pi-<namespace>-<name>-<hash>`, at most
+/// 63 characters whatever the lengths of both, stable for the same instance, and distinct for
+/// distinct instances: the hash is 64 bits of the SHA-256 of the full `<namespace>/<name>`,
+/// which truncation may cut.
+pub fn host_namespace(namespace: &str, name: &str) -> String {
+    readable(namespace, name, HASH_LEN, MAX_NAMESPACE)
+}
+
+/// The host namespace name earlier releases gave (a 32-bit hash). An instance whose namespace of
+/// this name carries its UID keeps it, and its storage directory with it.
+pub fn legacy_host_namespace(namespace: &str, name: &str) -> String {
+    readable(namespace, name, LEGACY_HASH_LEN, MAX_NAMESPACE)
+}
+
+/// The instance's storage directory under the storage root, for host namespace `host`: the
+/// legacy host namespace's own name when the instance kept one (where its data already is),
+/// else `pi-<namespace>-<name>-<the whole 64-digit digest>`.
+pub fn storage_dir(namespace: &str, name: &str, host: &str) -> String {
+    if host == legacy_host_namespace(namespace, name) {
+        host.to_string()
+    } else {
+        readable(namespace, name, 64, MAX_STORAGE_DIR)
+    }
 }
 
 /// The longest prefix of `s` of at most `len` bytes that ends on a character boundary: the whole
@@ -120,8 +148,18 @@ pub fn membership_kubeconfig_secret(name: &str, tenant: &str, user: &str) -> Str
 /// Whether `s` is a DNS label (RFC 1123), as namespace names are: lower-case letters, digits and
 /// `-`, at most 63 characters, starting and ending with a letter or digit.
 pub fn is_dns_label(s: &str) -> bool {
+    is_label_of(s, MAX_NAMESPACE)
+}
+
+/// Whether `s` can be a storage directory's name ([`storage_dir`]): as a DNS label, but of at
+/// most 127 characters.
+pub fn is_storage_dir(s: &str) -> bool {
+    is_label_of(s, MAX_STORAGE_DIR)
+}
+
+fn is_label_of(s: &str, max: usize) -> bool {
     !s.is_empty()
-        && s.len() <= MAX_NAMESPACE
+        && s.len() <= max
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
@@ -163,7 +201,31 @@ mod tests {
     #[test]
     fn ascii_names_keep_their_host_namespace() {
         // Pinned: the controller finds existing host namespaces by these names.
-        assert_eq!(host_namespace("team-a", "one"), "pi-team-a-one-45f59575");
+        assert_eq!(
+            host_namespace("team-a", "one"),
+            "pi-team-a-one-45f59575f46826b4"
+        );
+        assert_eq!(
+            legacy_host_namespace("team-a", "one"),
+            "pi-team-a-one-45f59575"
+        );
+    }
+
+    #[test]
+    fn storage_directories_are_keyed_by_the_whole_digest_or_kept() {
+        let host = host_namespace("team-a", "one");
+        let dir = storage_dir("team-a", "one", &host);
+        assert_eq!(dir.len(), "pi-team-a-one-".len() + 64, "{dir}");
+        assert!(dir.starts_with(&host), "{dir}");
+        let legacy = legacy_host_namespace("team-a", "one");
+        assert_eq!(storage_dir("team-a", "one", &legacy), legacy);
+        let long = storage_dir(&"n".repeat(63), &"m".repeat(253), &host);
+        assert!(is_storage_dir(&long) && is_storage_dir(&dir), "{long}");
+        assert!(!is_storage_dir("../x") && !is_storage_dir(&"a".repeat(128)));
+        assert!(
+            long.len() <= MAX_STORAGE_DIR && !long.contains('/'),
+            "{long}"
+        );
     }
 
     proptest::proptest! {

@@ -216,11 +216,18 @@ async fn main() {
             let ns = cluster
                 .create_namespace(&format!("h{i}r{round}"), &[])
                 .expect("namespace");
+            let claim = controller::reconcile::objects::Claim {
+                image: "platform-operator@sha256:00",
+                uid: "u-1",
+                instance: "bench/one",
+            };
             let vals = controller::reconcile::objects::vcluster_values(
                 "/var/lib/platform-operator/storage",
                 &ns,
+                &ns,
                 controller::pod_security::Level::Restricted,
                 None,
+                &claim,
             );
             std::fs::write(&values, vals).expect("values");
             let home: PathBuf = dir.join(format!("home-{i}"));

@@ -20,7 +20,7 @@ pub const MAX_DEPTH: usize = 256;
 pub enum CleanupError {
     /// `--dir` (`.0`) is not one directory name (a DNS label, as host namespaces are).
     #[error(
-        "refusing to remove {0:?}: --dir must be one host namespace name (lowercase letters, digits and '-', at most 63), not a path"
+        "refusing to remove {0:?}: --dir must be one storage directory name (lowercase letters, digits and '-', at most 127), not a path"
     )]
     InvalidName(String),
     /// `--root` (`.0`) is not an absolute path.
@@ -73,7 +73,7 @@ pub fn remove_instance_dir(root: &Path, name: &str) -> Result<Removed, CleanupEr
     if !root.is_absolute() {
         return Err(CleanupError::RelativeRoot(root.to_path_buf()));
     }
-    if !common::names::is_dns_label(name) {
+    if !common::names::is_storage_dir(name) {
         return Err(CleanupError::InvalidName(name.to_string()));
     }
     let path = root.join(name);
@@ -252,7 +252,7 @@ mod tests {
             "UPPER",
             "-x",
             "x-",
-            &"a".repeat(64),
+            &"a".repeat(128),
         ] {
             assert!(
                 matches!(

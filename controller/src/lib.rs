@@ -11,6 +11,7 @@ pub mod decide;
 pub mod helm;
 pub mod installer;
 pub mod leader;
+pub mod marker;
 pub mod metrics;
 pub mod pod_security;
 pub mod policy;

@@ -191,10 +191,35 @@ enum Task {
         /// The storage root as mounted in the Job (`--storage-root-base` on the node).
         #[arg(long)]
         root: PathBuf,
-        /// The instance's directory under it: its host namespace's name.
+        /// The instance's storage directory under it (one name, not a path).
         #[arg(long)]
         dir: String,
+        /// The instance's UID: a directory whose owner marker names another is left (exit 3).
+        #[arg(long)]
+        uid: Option<String>,
     },
+    /// Claim the storage directory `dir` for the instance (what the control plane's init
+    /// container runs): write its owner marker when there is none; exit 3 when it names another.
+    ClaimStorage {
+        /// The storage directory as mounted.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The instance's UID.
+        #[arg(long)]
+        uid: String,
+        /// The instance, `<namespace>/<name>`.
+        #[arg(long)]
+        instance: String,
+    },
+}
+
+/// The exit of a task whose storage directory belongs to another instance.
+fn conflict(e: controller::marker::MarkerError) -> anyhow::Result<std::process::ExitCode> {
+    if matches!(e, controller::marker::MarkerError::Conflict(_)) {
+        eprintln!("Error: {e}");
+        return Ok(controller::marker::CONFLICT_EXIT.into());
+    }
+    Err(e.into())
 }
 
 impl Args {
@@ -338,9 +363,23 @@ async fn run(
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
-    if let Some(Task::Cleanup { root, dir }) = &args.task {
-        let removed = controller::cleanup::remove_instance_dir(root, dir)?;
+    if let Some(Task::ClaimStorage { dir, uid, instance }) = &args.task {
+        if let Err(e) = controller::marker::claim(dir, uid, instance) {
+            return conflict(e);
+        }
+        println!("{} is instance {instance}'s (uid {uid})", dir.display());
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    if let Some(Task::Cleanup { root, dir, uid }) = &args.task {
         let path = root.join(dir);
+        // Only a directory has a marker: a link at that name is removed as a link.
+        if let Some(uid) = uid
+            && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+            && let Err(e) = controller::marker::check(&path, uid)
+        {
+            return conflict(e);
+        }
+        let removed = controller::cleanup::remove_instance_dir(root, dir)?;
         if removed.absent {
             println!("{} does not exist; nothing to remove", path.display());
         } else {
@@ -358,13 +397,20 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             .split_once('/')
             .context("--print-vcluster-values takes <namespace>/<name>")?;
         let host = common::names::host_namespace(namespace, name);
+        let claim = controller::reconcile::objects::Claim {
+            image: args.cleanup_image.as_deref().unwrap_or("<--cleanup-image>"),
+            uid: "<uid>",
+            instance,
+        };
         print!(
             "{}",
             controller::reconcile::vcluster_values(
                 &args.storage_root_base,
                 &host,
+                &common::names::storage_dir(namespace, name, &host),
                 args.pod_security_standard,
-                None
+                None,
+                &claim,
             )
         );
         return Ok(std::process::ExitCode::SUCCESS);

@@ -54,17 +54,7 @@ async fn retain_keeps_the_volumes_bound_in_the_host_namespace() {
                 Some(&instance(&team, name, policy)),
             )
             .expect("apply");
-        let host = wait_for(
-            &format!("{name} to reach Installing"),
-            Duration::from_secs(120),
-            &controller,
-            || {
-                let pi = get(&cluster, &["-n", &team, "get", "pi", name])?;
-                (pi["status"]["phase"] == "Installing")
-                    .then(|| pi["status"]["hostNamespace"].as_str().map(String::from))?
-            },
-        )
-        .await;
+        let host = installing(&cluster, &controller, &team, name).await;
         let pv = format!("{team}-{name}");
         bound_volume(&cluster, &host, &pv);
         volumes.push(pv);
@@ -138,6 +128,98 @@ async fn retain_keeps_the_volumes_bound_in_the_host_namespace() {
     drop(controller);
 }
 
+/// Issue 30, item 1: an instance whose host namespace an earlier release made (a 32-bit hash in
+/// its name) keeps it and its storage directory: no second namespace, the vCluster's hostPath
+/// and the cleanup stay on the old names. A namespace of that old name that is not the
+/// instance's (another UID) is never taken: the instance gets this release's name.
+#[tokio::test]
+async fn an_instance_of_an_earlier_release_keeps_its_host_namespace_and_storage() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "legacy").await;
+    let team = cluster.create_namespace("legacy", &[]).expect("namespace");
+    // What the earlier release left: the instances, and their host namespaces of the old names
+    // (one marked with its instance's UID, one with someone else's).
+    for name in ["old", "squatted"] {
+        cluster
+            .kubectl_ok(
+                &["apply", "--server-side", "-f", "-"],
+                Some(&instance(&team, name, "Delete")),
+            )
+            .expect("apply");
+        let uid = match name {
+            "old" => uid_of(&cluster, &team, "pi", name).expect("uid"),
+            _ => "someone-else".to_string(),
+        };
+        let legacy = common::names::legacy_host_namespace(&team, name);
+        let yaml = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {legacy}\n  labels: {{ platform.di-framework.dev/host-namespace: \"true\", platform.di-framework.dev/instance-uid: {uid} }}\n  annotations: {{ platform.di-framework.dev/instance: {team}/{name} }}\n"
+        );
+        cluster
+            .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&yaml))
+            .expect("legacy namespace");
+    }
+    let storage = Storage::new(&cluster, &fx);
+    let legacy = common::names::legacy_host_namespace(&team, "old");
+    let old_dir = storage.instance(&legacy);
+    std::fs::create_dir_all(&old_dir).expect("old storage");
+    std::fs::write(old_dir.join("data.db"), "the old vCluster's").expect("data");
+
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &["--leader-elect=false", "--watch-namespace", &team],
+    );
+    for name in ["old", "squatted"] {
+        let host = installing(&cluster, &controller, &team, name).await;
+        let (kept, new) = (
+            common::names::legacy_host_namespace(&team, name),
+            common::names::host_namespace(&team, name),
+        );
+        if name == "old" {
+            assert_eq!(host, kept, "the instance keeps its namespace");
+            assert!(get(&cluster, &["get", "namespace", &new]).is_none());
+        } else {
+            assert_eq!(
+                host, new,
+                "another's namespace of the old name is not taken"
+            );
+            let squatted = get(&cluster, &["get", "namespace", &kept]).expect("left");
+            assert!(
+                squatted["metadata"]["labels"]
+                    .to_string()
+                    .contains("someone-else")
+            );
+        }
+        let deployment = get(&cluster, &["-n", &host, "get", "deployment", "vcluster"])
+            .expect("the control plane");
+        let path = deployment["spec"]["template"]["spec"]["volumes"].to_string();
+        let dir = common::names::storage_dir(&team, name, &host);
+        assert!(path.contains(&format!("/{dir}\"")), "{dir} in {path}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(old_dir.join("data.db")).expect("the data"),
+        "the old vCluster's"
+    );
+    for name in ["old", "squatted"] {
+        deleted(&cluster, &controller, &team, name).await;
+    }
+    assert!(!old_dir.exists(), "its cleanup removed the old directory");
+    assert!(
+        get(
+            &cluster,
+            &[
+                "get",
+                "namespace",
+                &common::names::legacy_host_namespace(&team, "squatted")
+            ]
+        )
+        .is_some(),
+        "the namespace that was not its own is left"
+    );
+    drop(controller);
+}
+
 #[tokio::test]
 async fn instances_provision_and_delete_as_their_policy_says() {
     let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
@@ -161,9 +243,15 @@ async fn instances_provision_and_delete_as_their_policy_says() {
             Some(&instance(&team, "gone", "Delete")),
         )
         .expect("apply");
+    cluster
+        .kubectl_ok(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&instance(&team, "taken", "Delete")),
+        )
+        .expect("apply");
 
-    // Both reach Installing with the vCluster serving and the kubeconfig written.
-    for name in ["kept", "gone"] {
+    // They reach Installing with the vCluster serving and the kubeconfig written.
+    for name in ["kept", "gone", "taken"] {
         let pi = wait_for(
             &format!("{name} to reach Installing"),
             Duration::from_secs(120),
@@ -432,18 +520,41 @@ async fn instances_provision_and_delete_as_their_policy_says() {
             .expect("host")
             .to_string();
     let storage = Storage::new(&cluster, &fx);
-    // The kubelet created each vCluster's hostPath (DirectoryOrCreate) on the node; the data
-    // vCluster would write there, a link out of it and the Retain instance's directory beside.
-    let gone_dir = storage.instance(&gone_host);
-    let kept_dir = storage.instance(&host);
+    // The kubelet created each vCluster's hostPath (DirectoryOrCreate) on the node: its storage
+    // directory, keyed by the whole digest of `<ns>/<name>`. The data vCluster would write there,
+    // a link out of it and the Retain instance's directory beside.
+    let dir_of = |name: &str, host: &str| common::names::storage_dir(&team, name, host);
+    let gone_dir = storage.instance(&dir_of("gone", &gone_host));
+    let kept_dir = storage.instance(&dir_of("kept", &host));
     for dir in [&gone_dir, &kept_dir] {
         assert!(dir.is_dir(), "the node holds {}", dir.display());
     }
     storage.fill(&gone_dir);
     std::fs::write(kept_dir.join("data.db"), "kept").expect("neighbour data");
+    // Issue 30, item 1: the owner marker of "taken"'s directory names another instance (its
+    // control plane's init container would have refused it; KWOK runs none): its cleanup
+    // removes nothing and the instance says whose the directory is.
+    let taken = get(&cluster, &["-n", &team, "get", "pi", "taken"]).expect("pi");
+    let taken_host = taken["status"]["hostNamespace"].as_str().expect("host");
+    let taken_dir = storage.instance(&dir_of("taken", taken_host));
+    std::fs::write(taken_dir.join("data.db"), "someone else's").expect("data");
+    std::fs::write(
+        taken_dir.join(".platform-instance"),
+        "u-other\nteam-b/other\n",
+    )
+    .expect("marker");
     cluster
         .kubectl_ok(
-            &["-n", &team, "delete", "pi", "kept", "gone", "--wait=false"],
+            &[
+                "-n",
+                &team,
+                "delete",
+                "pi",
+                "kept",
+                "gone",
+                "taken",
+                "--wait=false",
+            ],
             None,
         )
         .expect("delete");
@@ -497,10 +608,41 @@ async fn instances_provision_and_delete_as_their_policy_says() {
             "--root",
             "/storage",
             "--dir",
-            gone_host
+            dir_of("gone", &gone_host),
+            "--uid",
+            job["metadata"]["labels"]["platform.di-framework.dev/instance-uid"]
         ]),
-        "it removes only the instance's directory"
+        "it removes only the instance's directory, and only if it is the instance's"
     );
+    let stalled = wait_for(
+        "taken to stall with StorageConflict",
+        Duration::from_secs(120),
+        &controller,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "taken"])?;
+            let stalled = condition(&pi, "Stalled");
+            (stalled.as_ref().map(|c| (c.0.as_str(), c.1.as_str()))
+                == Some(("True", "StorageConflict")))
+            .then_some(pi)
+        },
+    )
+    .await;
+    let message = stalled["status"]["conditions"].to_string();
+    assert!(message.contains("owner marker"), "{message}");
+    assert_eq!(
+        std::fs::read_to_string(taken_dir.join("data.db")).expect("kept"),
+        "someone else's",
+        "another's directory is never erased"
+    );
+    let exit = job_pod_exit(&cluster, &fx.operator_ns, taken_host);
+    assert_eq!(exit.as_ref().map(|e| e.0), Some(3), "{exit:?}");
+    let taken_job = get(&cluster, &["-n", &fx.operator_ns, "get", "job", taken_host]).expect("job");
+    assert_eq!(
+        job_condition(&taken_job),
+        Some("Failed".into()),
+        "{taken_job}"
+    );
+    support::release_finalizer(&cluster, &team, "taken");
     assert_eq!(
         job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"],
         false
@@ -551,7 +693,7 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         },
     )
     .await;
-    let stuck_dir = storage.instance(&stuck_host);
+    let stuck_dir = storage.instance(&common::names::storage_dir(&team, "stuck", &stuck_host));
     assert!(stuck_dir.is_dir(), "{}", stuck_dir.display());
     std::fs::write(stuck_dir.join("data.db"), "still here").expect("data");
     cluster
@@ -590,21 +732,7 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         "the finalizer holds"
     );
     // Let it go, so the shared control plane keeps no instance stuck in deletion.
-    cluster
-        .kubectl_ok(
-            &[
-                "-n",
-                &team,
-                "patch",
-                "pi",
-                "stuck",
-                "--type=merge",
-                "-p",
-                r#"{"metadata":{"finalizers":null}}"#,
-            ],
-            None,
-        )
-        .expect("release the finalizer");
+    support::release_finalizer(&cluster, &team, "stuck");
 }
 
 /// The node's storage root as the stand-in kubelet (Jobs) maps it, with a link out of an
@@ -1234,6 +1362,21 @@ async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_p
 }
 
 /// Deletes instance `name` in `ns` and waits until it is gone.
+/// Waits for instance `ns/name` to reach `Installing`; its host namespace.
+async fn installing(cluster: &Shared, controller: &Controller, ns: &str, name: &str) -> String {
+    wait_for(
+        &format!("{name} to reach Installing"),
+        Duration::from_secs(120),
+        controller,
+        || {
+            let pi = get(cluster, &["-n", ns, "get", "pi", name])?;
+            (pi["status"]["phase"] == "Installing")
+                .then(|| pi["status"]["hostNamespace"].as_str().map(String::from))?
+        },
+    )
+    .await
+}
+
 async fn deleted(cluster: &Shared, controller: &Controller, ns: &str, name: &str) {
     cluster
         .kubectl_ok(&["-n", ns, "delete", "pi", name, "--wait=false"], None)

@@ -236,19 +236,5 @@ async fn a_delete_whose_storage_node_is_gone_is_blocked_naming_it() {
     let job = get(&cluster, &["-n", &fx.operator_ns, "get", "job", &host]);
     assert!(job.is_none(), "no cleanup Job: {job:?}");
     // The way out the message names once the node will not return: the finalizer, by hand.
-    cluster
-        .kubectl_ok(
-            &[
-                "-n",
-                &team,
-                "patch",
-                "pi",
-                "doomed",
-                "--type=merge",
-                "-p",
-                "{\"metadata\":{\"finalizers\":null}}",
-            ],
-            None,
-        )
-        .expect("drop the finalizer");
+    support::release_finalizer(&cluster, &team, "doomed");
 }

@@ -542,6 +542,7 @@ spec:
     }
     drop(prometheus);
 
+    the_storage_owner_check_runs_before_the_control_plane(&cluster, &storage_root);
     deletion_runs_the_cleanup_job_on_the_node(&cluster, &storage_root);
 
     // Two controller replicas as pods: one holds the Lease; when its pod is deleted, another
@@ -662,6 +663,70 @@ fn ready_reason(cluster: &ControlPlane, ns: &str, name: &str) -> Option<(String,
     })
 }
 
+/// Issue 30, item 1: the control plane's first init container (`controller claim-storage` from
+/// the operator image, as root) runs on the real node with the storage directory mounted. A
+/// directory whose owner marker names another instance stops the control plane there: the
+/// instance says whose it is (`StorageConflict`) and the marker and data stay as they were.
+fn the_storage_owner_check_runs_before_the_control_plane(cluster: &ControlPlane, root: &Path) {
+    let instance = r#"apiVersion: platform.di-framework.dev/v1alpha1
+kind: PlatformInstance
+metadata: { name: taken, namespace: team-a }
+spec:
+  version: 6.0.22
+  target: { type: vcluster }
+"#;
+    let host_ns = common::names::host_namespace("team-a", "taken");
+    let folder = root.join(common::names::storage_dir("team-a", "taken", &host_ns));
+    std::fs::create_dir_all(&folder).expect("folder");
+    std::fs::write(folder.join("data.db"), "team-b's").expect("data");
+    let theirs = "u-thief\nteam-b/thief\n";
+    std::fs::write(folder.join(".platform-instance"), theirs).expect("marker");
+    kubectl(cluster, &["apply", "-f", "-"], Some(instance));
+    let mut seen = None;
+    wait_for(
+        "the instance to report StorageConflict",
+        Duration::from_secs(240),
+        || {
+            format!(
+                "{:?}\n{}",
+                ready_reason(cluster, "team-a", "taken"),
+                diagnostics(cluster)
+            )
+        },
+        || {
+            seen = ready_reason(cluster, "team-a", "taken");
+            seen.as_ref().is_some_and(|(r, _)| r == "StorageConflict")
+        },
+    );
+    let (_, message) = seen.clone().expect("a reason");
+    assert!(message.contains("team-b/thief"), "whose it is: {message}");
+    let pods = json(cluster, &["-n", &host_ns, "get", "pods"]);
+    let init = &pods["items"][0]["status"]["initContainerStatuses"];
+    let ran = init.to_string();
+    assert!(
+        ran.contains("storage-owner") && ran.contains("\"exitCode\":3"),
+        "{ran}"
+    );
+    assert_eq!(
+        pods["items"][0]["spec"]["nodeName"],
+        e2e::real_node::NODE_NAME
+    );
+    assert_eq!(
+        std::fs::read_to_string(folder.join(".platform-instance")).expect("marker"),
+        theirs,
+        "the marker is never rewritten"
+    );
+    assert_eq!(
+        std::fs::read_to_string(folder.join("data.db")).expect("data"),
+        "team-b's"
+    );
+    kubectl(
+        cluster,
+        &["-n", "team-a", "delete", "platforminstance", "taken"],
+        None,
+    );
+}
+
 /// An instance with `deletionPolicy: Delete` beside a neighbour's storage folder: while the
 /// cleanup namespace does not admit hostPath volumes its Job cannot create its pod and the
 /// instance says so (`CleanupBlocked`); once it is privileged again the Job's pod runs in a
@@ -679,7 +744,7 @@ spec:
     kubectl(cluster, &["apply", "-f", "-"], Some(instance));
     let host_ns = common::names::host_namespace("team-a", "gone");
     // What the instance's vCluster would have written, and a neighbour's folder beside it.
-    let folder = storage_root.join(&host_ns);
+    let folder = storage_root.join(common::names::storage_dir("team-a", "gone", &host_ns));
     let neighbour = storage_root.join("pi-team-b-neighbour");
     for dir in [&folder, &neighbour] {
         std::fs::create_dir_all(dir.join("data")).expect("folder");
@@ -694,6 +759,25 @@ spec:
             cmd.args(["get", "namespace", &host_ns]);
             run(cmd, None).is_ok_and(|o| o.success)
         },
+    );
+    // Its control plane's init container claims the directory on the node: the marker names it.
+    let uid = json(
+        cluster,
+        &["-n", "team-a", "get", "platforminstance", "gone"],
+    )["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    let marker = folder.join(".platform-instance");
+    wait_for(
+        "the storage owner marker",
+        Duration::from_secs(180),
+        || diagnostics(cluster),
+        || marker.exists(),
+    );
+    assert_eq!(
+        std::fs::read_to_string(&marker).expect("marker"),
+        format!("{uid}\nteam-a/gone\n")
     );
 
     // The cleanup namespace stops admitting hostPath volumes: the Job cannot create its pod.

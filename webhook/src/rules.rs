@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use common::names::{ALLOW_DOWNGRADE_ANNOTATION, host_namespace};
+use common::names::{ALLOW_DOWNGRADE_ANNOTATION, host_namespace, legacy_host_namespace};
 use json_patch::{AddOperation, PatchOperation, jsonptr::PointerBuf};
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::{
@@ -231,15 +231,14 @@ fn check_node_port(
         ));
     }
     let (namespace, name) = (namespace_of(new), name_any(new));
-    // Its host namespace (a hash) is worked out only when a Service holds the port.
-    let own_host = std::cell::OnceCell::new();
+    // Its own Service lives in its host namespace, of this release's name or a kept earlier one.
     let taken = index.holders(port).into_iter().find(|h| match h {
         Holder::Instance {
             namespace: ns,
             name: n,
         } => !(ns == namespace && n == name),
         Holder::Service { namespace: ns, .. } => {
-            ns != own_host.get_or_init(|| host_namespace(namespace, name))
+            *ns != host_namespace(namespace, name) && *ns != legacy_host_namespace(namespace, name)
         }
     });
     if let Some(holder) = taken {
@@ -667,21 +666,27 @@ mod tests {
             },
             vec![30090],
         );
-        index.set(
-            Holder::Service {
-                namespace: host_namespace("team-a", "one"),
-                name: "gateway".into(),
-            },
-            vec![30090],
-        );
-        let v = local(
-            &s,
-            &index,
-            &Operation::Update,
-            &instance(Some("6.0.22"), 30090),
-            Some(&instance(Some("6.0.22"), 30090)),
-        );
-        assert_eq!(v.denial, None);
+        // Nor one in the host namespace it kept from an earlier release.
+        for host in [
+            host_namespace("team-a", "one"),
+            legacy_host_namespace("team-a", "one"),
+        ] {
+            index.set(
+                Holder::Service {
+                    namespace: host,
+                    name: "gateway".into(),
+                },
+                vec![30090],
+            );
+            let v = local(
+                &s,
+                &index,
+                &Operation::Update,
+                &instance(Some("6.0.22"), 30090),
+                Some(&instance(Some("6.0.22"), 30090)),
+            );
+            assert_eq!(v.denial, None);
+        }
         index.set(
             Holder::Service {
                 namespace: "default".into(),

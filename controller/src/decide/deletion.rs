@@ -202,6 +202,12 @@ fn cleanup(o: &Observed, plan: &mut PlanBuilder) -> Option<Kstatus> {
                 "the storage cleanup Job failed ({e}); the instance's storage directory is left; read the Job's logs, fix it and delete the Job to retry"
             ),
         )),
+        Cleanup::Conflict(e) => Some(Kstatus::stalled(
+            Reason::StorageConflict,
+            format!(
+                "the storage cleanup Job removed nothing: the storage directory's owner marker names another instance ({e}); the Job's pod log says whose it is; the finalizer stays until it is resolved: move the directory aside (or remove its marker if it is this instance's) and delete the Job to retry"
+            ),
+        )),
         Cleanup::Complete => None,
     }
 }

@@ -270,6 +270,9 @@ pub enum Cleanup {
     Failed(String),
     /// Failed by running past `--cleanup-deadline` (`DeadlineExceeded`).
     TimedOut(String),
+    /// Failed at once by its pod failure policy: the storage directory's owner marker names
+    /// another instance.
+    Conflict(String),
 }
 
 /// `service/vcluster` compared with what the controller recorded after the vCluster came up.
@@ -462,9 +465,15 @@ pub struct Observed {
     pub cleanup: Cleanup,
     /// The node that holds the instance's hostPath storage.
     pub storage_node: StorageNode,
+    /// The control plane's init container refused the storage directory: its owner marker
+    /// names another instance (what it said).
+    pub storage_conflict: Option<String>,
     /// The control plane's pod template requires the recorded storage node (true while none is
     /// recorded, or no Deployment is there).
     pub pinned: bool,
+    /// The control plane's pod template runs the storage owner check (its init container;
+    /// true while no Deployment is there).
+    pub claims_storage: bool,
     /// The instance's state directory exists.
     pub state_exists: bool,
     /// The PersistentVolumes bound to claims in the host namespace (read while deleting with

@@ -64,7 +64,10 @@ pub fn decide(o: &Observed) -> Plan {
     }
     let (vcluster, requeue) = vcluster(o, &mut plan);
     let vcluster_ready = vcluster.status;
-    let node_gone = (vcluster.reason == Reason::StorageNodeGone).then(|| vcluster.message.clone());
+    let stops = [Reason::StorageNodeGone, Reason::StorageConflict];
+    let stop = stops
+        .contains(&vcluster.reason)
+        .then(|| (vcluster.reason, vcluster.message.clone()));
     plan.condition(vcluster);
     if vcluster_ready {
         if let KubeconfigSecret::Foreign(secret) = &o.kubeconfig {
@@ -74,9 +77,8 @@ pub fn decide(o: &Observed) -> Plan {
         return install::decide(&o.install, plan, requeue);
     }
     waiting_for_vcluster(o, &mut plan);
-    if let Some(message) = node_gone {
-        let stalled = Kstatus::stalled(Reason::StorageNodeGone, message);
-        return plan.finish(Phase::Failed, requeue, stalled);
+    if let Some((reason, message)) = stop {
+        return plan.finish(Phase::Failed, requeue, Kstatus::stalled(reason, message));
     }
     let (phase, reconciling) = match &o.task {
         TaskState::Idle if matches!(o.exported, Exported::Refused(_)) && release_current(o) => (
@@ -105,9 +107,11 @@ fn waiting_for_vcluster(o: &Observed, plan: &mut PlanBuilder) {
     plan.condition(install::installed_while_waiting(&o.install));
 }
 
-/// The chart's release is deployed from the shipped chart, pinned to the storage node.
+/// The chart's release is deployed from the shipped chart, pinned to the storage node and
+/// checking its owner.
 fn release_current(o: &Observed) -> bool {
     o.pinned
+        && o.claims_storage
         && matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
 }
 
@@ -188,6 +192,9 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
                 StorageNode::Recorded { node, .. } if !o.pinned => format!(
                     "pinning the vCluster's control plane to node {node}, which holds its storage"
                 ),
+                _ if !o.claims_storage => {
+                    "adding the storage owner check to the vCluster's control plane".into()
+                }
                 _ => format!("upgrading the vCluster to chart {}", o.chart_version),
             };
             (Reason::Upgrading, message, Requeue::Poll)
@@ -210,6 +217,9 @@ fn serving(o: &Observed) -> (Cond, Requeue) {
             o.host_namespace
         );
         (Reason::StorageNodeGone, message, Requeue::Poll)
+    } else if let (false, Some(refused)) = (o.statefulset_ready, &o.storage_conflict) {
+        let message = format!("the control plane does not start: {refused}");
+        (Reason::StorageConflict, message, Requeue::Poll)
     } else if !o.statefulset_ready {
         let message = "waiting for the vCluster control plane (deployment/vcluster) to be ready";
         (

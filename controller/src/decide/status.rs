@@ -58,6 +58,7 @@ pub enum Reason {
     CleanupBlocked,
     CleanupTimedOut,
     StorageNodeGone,
+    StorageConflict,
     HelmTimedOut,
     ReconcileFailed,
     Idle,
@@ -98,6 +99,7 @@ impl Reason {
             | CleanupBlocked
             | CleanupTimedOut
             | StorageNodeGone
+            | StorageConflict
             | HelmTimedOut
             | ReconcileFailed
             | DriftDetected
@@ -318,6 +320,7 @@ mod tests {
             CleanupBlocked,
             CleanupTimedOut,
             StorageNodeGone,
+            StorageConflict,
             HelmTimedOut,
             ReconcileFailed,
             Idle,

@@ -32,6 +32,8 @@ fn base() -> Observed {
             gone: false,
         },
         pinned: true,
+        claims_storage: true,
+        storage_conflict: None,
         state_exists: true,
         volumes: Vec::new(),
         owner_service: OwnerService::Matches,
@@ -1098,6 +1100,53 @@ fn the_control_plane_is_recorded_pinned_and_stalls_when_its_node_is_gone() {
     assert_eq!(cond(&gone, c::STALLED), (true, "StorageNodeGone"));
     assert_eq!(cond(&gone, c::VCLUSTER_READY), (false, "StorageNodeGone"));
     assert!(want(&gone, c::STALLED).message.contains("node-1"));
+}
+
+#[test]
+fn a_storage_directory_of_another_instance_stops_the_instance_and_is_never_taken() {
+    // The control plane's init container refused the directory: stalled, nothing acted on.
+    let refused = decide(&Observed {
+        statefulset_ready: false,
+        storage_conflict: Some("it belongs to instance team-b/other (uid u-9)".into()),
+        ..base()
+    });
+    assert!(refused.actions.is_empty(), "{:?}", refused.actions);
+    assert_eq!(refused.phase, Phase::Failed);
+    assert_eq!(cond(&refused, c::STALLED), (true, "StorageConflict"));
+    assert_eq!(
+        cond(&refused, c::VCLUSTER_READY),
+        (false, "StorageConflict")
+    );
+    assert!(want(&refused, c::STALLED).message.contains("team-b/other"));
+    // A control plane without the check (installed by an earlier release) is upgraded to it.
+    let unchecked = decide(&Observed {
+        claims_storage: false,
+        ..base()
+    });
+    assert!(
+        unchecked
+            .actions
+            .contains(&Action::InstallVCluster { recover: false })
+    );
+    assert!(
+        want(&unchecked, c::VCLUSTER_READY)
+            .message
+            .contains("storage owner check")
+    );
+    // The cleanup Job refused it: stalled, the finalizer kept, no new Job.
+    let cleanup = decide(&Observed {
+        cleanup: Cleanup::Conflict("exit code 3 matching FailJob rule".into()),
+        ..cleaning()
+    });
+    assert_eq!(cond(&cleanup, c::STALLED), (true, "StorageConflict"));
+    assert!(
+        !cleanup.actions.iter().any(|a| matches!(
+            a,
+            Action::RemoveFinalizer | Action::StartCleanup(_) | Action::ReplaceCleanup
+        )),
+        "{:?}",
+        cleanup.actions
+    );
 }
 
 #[test]

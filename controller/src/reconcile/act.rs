@@ -8,7 +8,7 @@ use std::time::Instant;
 use common::crd::PlatformInstance;
 use common::names::{
     APPLIED_HASH_ANNOTATION, FINALIZER, OWNER_SERVICE_ANNOTATION, VCLUSTER,
-    VCLUSTER_NETWORK_POLICY, host_namespace, kubeconfig_secret,
+    VCLUSTER_NETWORK_POLICY, kubeconfig_secret,
 };
 use futures::FutureExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -53,7 +53,7 @@ pub async fn act(
         ctx,
         pi,
         found,
-        host_ns: host_namespace(&ns, &name),
+        host_ns: found.host_ns.clone(),
         ns,
         name,
         uid: pi.uid().unwrap_or_default(),
@@ -319,7 +319,8 @@ fn record_storage_node(t: &Target<'_>, node: &str) -> Result<(), ReconcileError>
 
 async fn start_cleanup(t: &Target<'_>, node: &str) -> Result<(), ReconcileError> {
     let settings = &t.ctx.settings;
-    let job = objects::cleanup_job(settings, &t.host_ns, &key(t.pi), &t.uid, node);
+    let names = (t.host_ns.as_str(), t.found.storage_dir.as_str());
+    let job = objects::cleanup_job(settings, names, &key(t.pi), &t.uid, node);
     let jobs: Api<Job> = Api::namespaced(t.ctx.client.clone(), &settings.cleanup_namespace);
     apply(&jobs, &t.host_ns, &job)
         .await
@@ -404,17 +405,25 @@ fn chart_install(t: &Target<'_>) -> impl Future<Output = Result<(), TaskError>> 
         t.host_ns.clone(),
     );
     let (client, node) = (t.ctx.client.clone(), t.found.storage_node.clone());
+    let (storage_dir, uid, instance) = (t.found.storage_dir.clone(), t.uid.clone(), key(t.pi));
     let guard = owner_check(t);
     async move {
         guard.await?;
         control_plane::stop(client, &namespace)
             .await
             .map_err(task_error)?;
+        let claim = objects::Claim {
+            image: &settings.cleanup_image,
+            uid: &uid,
+            instance: &instance,
+        };
         let values = objects::vcluster_values(
             &settings.storage_root_base,
             &namespace,
+            &storage_dir,
             settings.pod_security,
             node.as_deref(),
+            &claim,
         );
         helm.upgrade_install(
             &namespace,

@@ -153,9 +153,7 @@ pub async fn reconcile(
     }
     if ctx.stores.ready() {
         let (plan, found) = plan_from(&ctx, &pi, reader::Source::Stored(&ctx.stores)).await?;
-        if plan.actions.is_empty()
-            && report::unchanged(&pi, &plan, retry_ack.clone(), &found.record)
-        {
+        if plan.actions.is_empty() && report::unchanged(&pi, &plan, retry_ack.clone(), &found) {
             ctx.metrics.observed.with_label_values(&["cache"]).inc();
             return Ok(finish(&ctx, &pi, &key, &plan, timer));
         }
@@ -166,7 +164,7 @@ pub async fn reconcile(
     if let Err(e) = act::act(&ctx, &pi, &plan, &found).await {
         // The status and an Event say what failed, not only the log and the metric.
         let failed = decide::status::act_failed(plan, &e.to_string());
-        if let Err(r) = report::report(&ctx, &pi, &failed, None, &found.record).await {
+        if let Err(r) = report::report(&ctx, &pi, &failed, None, &found).await {
             tracing::warn!(instance = %key, error = %r, "reporting a failed action failed");
         }
         return Err(e);
@@ -177,7 +175,7 @@ pub async fn reconcile(
         report::publish_events(&ctx, &pi, &plan, &old).await;
         report::forget(&ctx, &key);
     } else {
-        report::report(&ctx, &pi, &plan, retry_ack, &found.record).await?;
+        report::report(&ctx, &pi, &plan, retry_ack, &found).await?;
     }
     Ok(finish(&ctx, &pi, &key, &plan, timer))
 }

@@ -8,7 +8,9 @@ use common::names::{
     MANAGED_BY_LABEL, VCLUSTER_APP, VCLUSTER_NETWORK_POLICY, kubeconfig_secret,
 };
 use k8s_openapi::ByteString;
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, HostPathVolumeSource, Namespace, PodSpec, PodTemplateSpec,
     SeccompProfile, Secret, SecurityContext, Service, Volume, VolumeMount,
@@ -125,11 +127,13 @@ pub const CLEANUP_MOUNT: &str = "/storage";
 pub const IMAGE_CONTROLLER: &str = "/usr/local/bin/controller";
 
 /// The storage cleanup Job: `controller cleanup` from `--cleanup-image` removes only this
-/// instance's directory under `--storage-root-base` (`crate::cleanup`), as root with only the
-/// capabilities to remove any file; pinned to `node`, bounded by `--cleanup-deadline`.
+/// instance's directory `storage_dir` under `--storage-root-base` (`crate::cleanup`), and none
+/// whose owner marker names another (which fails the Job at once: its pod failure policy), as
+/// root with only the capabilities to remove any file; pinned to `node`, bounded by
+/// `--cleanup-deadline`.
 pub fn cleanup_job(
     settings: &Settings,
-    host_ns: &str,
+    (host_ns, storage_dir): (&str, &str),
     instance: &str,
     uid: &str,
     node: &str,
@@ -144,7 +148,9 @@ pub fn cleanup_job(
                 "--root",
                 CLEANUP_MOUNT,
                 "--dir",
-                host_ns,
+                storage_dir,
+                "--uid",
+                uid,
             ]
             .map(String::from)
             .to_vec(),
@@ -192,6 +198,17 @@ pub fn cleanup_job(
         spec: Some(JobSpec {
             active_deadline_seconds: Some(settings.cleanup_deadline.as_secs().max(1) as i64),
             backoff_limit: Some(settings.cleanup_backoff_limit),
+            pod_failure_policy: Some(PodFailurePolicy {
+                rules: vec![PodFailurePolicyRule {
+                    action: "FailJob".to_string(),
+                    on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                        container_name: Some("cleanup".to_string()),
+                        operator: "In".to_string(),
+                        values: vec![i32::from(crate::marker::CONFLICT_EXIT)],
+                    }),
+                    on_pod_conditions: None,
+                }],
+            }),
             ttl_seconds_after_finished: Some(
                 settings.cleanup_ttl.as_secs().min(i32::MAX as u64) as i32
             ),
@@ -220,13 +237,49 @@ pub fn pin(node: &str) -> serde_json::Value {
     json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}})
 }
 
+/// Who the control plane's init container `storage-owner` claims the storage directory for:
+/// `controller claim-storage` from `image`, for the instance `<ns>/<name>` of `uid`.
+pub struct Claim<'a> {
+    /// `--cleanup-image`.
+    pub image: &'a str,
+    /// The instance's UID.
+    pub uid: &'a str,
+    /// `<ns>/<name>`.
+    pub instance: &'a str,
+}
+
+/// The init container that checks and writes the storage directory's owner marker
+/// ([`crate::marker`]) before the control plane starts: root (the directory's owner) with only
+/// `DAC_OVERRIDE`, exiting [`crate::marker::CONFLICT_EXIT`] when the marker names another.
+fn storage_owner(claim: &Claim<'_>) -> serde_json::Value {
+    json!({
+        "name": STORAGE_OWNER_CONTAINER,
+        "image": claim.image,
+        "command": [IMAGE_CONTROLLER, "claim-storage", "--dir", "/data", "--uid", claim.uid, "--instance", claim.instance],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "securityContext": {
+            "runAsUser": 0, "runAsNonRoot": false, "privileged": false,
+            "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError"
+    })
+}
+
+/// The name of the control plane's init container that claims the storage directory.
+pub const STORAGE_OWNER_CONTAINER: &str = "storage-owner";
+
 /// The vCluster chart's values for one instance (only keys of the chart's `values.schema.json`,
-/// which refuses any other), its control plane pinned to `node` once one holds its storage.
+/// which refuses any other): its storage `<storage_root_base>/<storage_dir>`, claimed by
+/// `claim` before the control plane starts, which is pinned to `node` once one holds it.
 pub fn vcluster_values(
     storage_root_base: &str,
     host_ns: &str,
+    storage_dir: &str,
     pod_security: Level,
     node: Option<&str>,
+    claim: &Claim<'_>,
 ) -> String {
     let mut values = json!({
         "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
@@ -235,10 +288,13 @@ pub fn vcluster_values(
             // localhost and the kubernetes.default names, not `vcluster.<namespace>.svc`: the
             // exported server's name must be added for any TLS client to accept it.
             "proxy": {"extraSANs": [format!("vcluster.{host_ns}.svc")]},
-            "statefulSet": {"persistence": {
-                "volumeClaim": {"enabled": false},
-                "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{host_ns}", storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
-            }}
+            "statefulSet": {
+                "persistence": {
+                    "volumeClaim": {"enabled": false},
+                    "dataVolume": [{"name": "data", "hostPath": {"path": format!("{}/{storage_dir}", storage_root_base.trim_end_matches('/')), "type": "DirectoryOrCreate"}}]
+                },
+                "initContainers": [storage_owner(claim)]
+            }
         },
         "policies": {"networkPolicy": {"enabled": false}, "podSecurityStandard": pod_security.to_string()},
         // The platform writes its tenant isolation and egress policies inside the vCluster; the
@@ -341,7 +397,7 @@ mod tests {
         assert_eq!(
             value(cleanup_job(
                 &settings,
-                host_ns,
+                (host_ns, "pi-team-a-one-full"),
                 "team-a/one",
                 "u-1",
                 "node-1"
@@ -355,6 +411,7 @@ mod tests {
                 "spec": {
                     "activeDeadlineSeconds": 1800,
                     "backoffLimit": 3,
+                    "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"containerName": "cleanup", "operator": "In", "values": [3]}}]},
                     "ttlSecondsAfterFinished": 86400,
                     "template": {"spec": {
                         "restartPolicy": "Never",
@@ -363,7 +420,7 @@ mod tests {
                         "containers": [{
                             "name": "cleanup",
                             "image": settings.cleanup_image,
-                            "command": ["/usr/local/bin/controller", "cleanup", "--root", "/storage", "--dir", host_ns],
+                            "command": ["/usr/local/bin/controller", "cleanup", "--root", "/storage", "--dir", "pi-team-a-one-full", "--uid", "u-1"],
                             "securityContext": {
                                 "privileged": false,
                                 "allowPrivilegeEscalation": false,
@@ -396,11 +453,18 @@ mod tests {
 
     #[test]
     fn the_values_carry_only_keys_of_the_chart() {
+        let claim = Claim {
+            image: "ghcr.io/di-framework/platform-operator@sha256:00",
+            uid: "u-1",
+            instance: "a/b",
+        };
         let values: serde_json::Value = serde_saphyr::from_str(&vcluster_values(
             "/srv/instances/",
             "pi-a-b-1234",
+            "pi-a-b-12345678",
             Level::Restricted,
             Some("node-7"),
+            &claim,
         ))
         .expect("yaml");
         let mut roots: Vec<&str> = values
@@ -428,7 +492,32 @@ mod tests {
         assert_eq!(persistence["volumeClaim"]["enabled"], false);
         assert_eq!(
             persistence["dataVolume"][0]["hostPath"]["path"],
-            "/srv/instances/pi-a-b-1234"
+            "/srv/instances/pi-a-b-12345678"
+        );
+        // The storage owner check runs first, on the data volume, from the operator's image.
+        let init = &values["controlPlane"]["statefulSet"]["initContainers"][0];
+        assert_eq!(init["name"], STORAGE_OWNER_CONTAINER);
+        assert_eq!(init["image"], claim.image);
+        assert_eq!(
+            init["command"],
+            json!([
+                IMAGE_CONTROLLER,
+                "claim-storage",
+                "--dir",
+                "/data",
+                "--uid",
+                "u-1",
+                "--instance",
+                "a/b"
+            ])
+        );
+        assert_eq!(
+            init["volumeMounts"],
+            json!([{"name": "data", "mountPath": "/data"}])
+        );
+        assert_eq!(
+            init["securityContext"]["capabilities"]["drop"],
+            json!(["ALL"])
         );
         let term = &values["controlPlane"]["statefulSet"]["scheduling"]["affinity"]["nodeAffinity"]
             ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
@@ -445,7 +534,13 @@ mod tests {
             cleanup_ttl: Duration::from_secs(600),
             ..settings()
         };
-        let job = value(cleanup_job(&settings, "pi-x", "a/b", "u-2", "node-7"));
+        let job = value(cleanup_job(
+            &settings,
+            ("pi-x", "pi-x-full"),
+            "a/b",
+            "u-2",
+            "node-7",
+        ));
         assert_eq!(job["spec"]["backoffLimit"], 0);
         assert_eq!(job["spec"]["ttlSecondsAfterFinished"], 600);
         assert_eq!(job["spec"]["activeDeadlineSeconds"], 1800);

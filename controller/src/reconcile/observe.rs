@@ -4,7 +4,7 @@
 use common::crd::PlatformInstance;
 use common::names::{
     ALLOW_DOWNGRADE_ANNOTATION, APPLIED_HASH_ANNOTATION, FINALIZER, KUBECONFIG_KEY,
-    OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, host_namespace, kubeconfig_secret,
+    OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, kubeconfig_secret, storage_dir,
 };
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -23,6 +23,10 @@ use crate::installer::record::Record;
 
 /// What observe found besides [`Observed`]: what the actions need.
 pub struct Found {
+    /// The host namespace (see [`super::reader::Read::host_ns`]).
+    pub host_ns: String,
+    /// The storage directory's name under `--storage-root-base`.
+    pub storage_dir: String,
     /// The kubeconfig the vCluster exported (when it was not refused).
     pub exported: Option<String>,
     /// What the program would get now.
@@ -40,7 +44,12 @@ pub fn observe(
     mut read: Read,
     now: Timestamp,
 ) -> (Observed, Found) {
-    let host_ns = host_namespace(&pi.namespace().unwrap_or_default(), &pi.name_any());
+    let host_ns = read.host_ns.clone();
+    let storage_dir = storage_dir(
+        &pi.namespace().unwrap_or_default(),
+        &pi.name_any(),
+        &host_ns,
+    );
     let uid = pi.uid().unwrap_or_default();
     let deleting = pi.meta().deletion_timestamp.is_some();
     let namespace = read.namespace.as_deref();
@@ -68,7 +77,7 @@ pub fn observe(
     let platform = read.serves == Some(true) && !deleting && settings.install_platform;
     let config = (exported.as_deref())
         .filter(|_| platform)
-        .map(|k| program_config(pi, settings, &host_ns, k, read.client_secret.take()));
+        .map(|k| program_config(pi, settings, &storage_dir, k, read.client_secret.take()));
     let install = install_observed(pi, settings, &read, config.as_ref(), now);
     let observed = Observed {
         uid: uid.clone(),
@@ -118,6 +127,13 @@ pub fn observe(
             (None, Some(node)) => StorageNode::Scheduled(node),
             (None, None) => StorageNode::Unknown,
         },
+        storage_conflict: read.storage_conflict,
+        claims_storage: read.deployment.as_deref().is_none_or(|d| {
+            let template = d.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+            let inits = template.and_then(|t| t.init_containers.as_deref());
+            let name = objects::STORAGE_OWNER_CONTAINER;
+            inits.is_some_and(|i| i.iter().any(|c| c.name == name))
+        }),
         state_exists: read.state_exists,
         volumes: read.volumes,
         owner_service: match ours {
@@ -128,9 +144,11 @@ pub fn observe(
             None => OwnerService::Unrecorded,
         },
         install,
-        host_namespace: host_ns,
+        host_namespace: host_ns.clone(),
     };
     let found = Found {
+        host_ns,
+        storage_dir,
         exported,
         config: config.and_then(Result::ok),
         record: read.record,
@@ -203,6 +221,8 @@ pub(crate) fn job_outcome(job: &Job) -> Cleanup {
         let message = f.message.clone().unwrap_or_else(|| "the Job failed".into());
         if f.reason.as_deref() == Some("DeadlineExceeded") {
             Cleanup::TimedOut(message)
+        } else if f.reason.as_deref() == Some("PodFailurePolicy") {
+            Cleanup::Conflict(message)
         } else {
             Cleanup::Failed(message)
         }
@@ -216,7 +236,7 @@ pub(crate) fn job_outcome(job: &Job) -> Cleanup {
 fn program_config(
     pi: &PlatformInstance,
     settings: &Settings,
-    host_ns: &str,
+    storage_dir: &str,
     kubeconfig: &str,
     client_secret: Option<Result<String, String>>,
 ) -> Result<ProgramConfig, String> {
@@ -226,7 +246,7 @@ fn program_config(
     Ok(program::program_config(&program::Inputs {
         platform: pi.spec.platform.as_ref(),
         storage_root: format!(
-            "{}/{host_ns}",
+            "{}/{storage_dir}",
             settings.storage_root_base.trim_end_matches('/')
         ),
         kubernetes_endpoint: endpoint,

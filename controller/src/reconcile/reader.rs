@@ -10,12 +10,12 @@ use std::time::Instant;
 use common::crd::{DeletionPolicy, PlatformInstance};
 use common::names::{
     EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, VCLUSTER, VCLUSTER_NETWORK_POLICY,
-    host_namespace, kubeconfig_secret,
+    host_namespace, kubeconfig_secret, legacy_host_namespace,
 };
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, Secret};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -43,6 +43,9 @@ pub(crate) enum Source<'a> {
 /// Everything one reconcile of an instance read.
 #[derive(Default)]
 pub(crate) struct Read {
+    /// The instance's host namespace name: the one an earlier release gave it when a namespace
+    /// of that name carries its UID, else this release's.
+    pub host_ns: String,
     pub namespace: Option<Arc<Namespace>>,
     /// `networkpolicy/vcluster-api` in it exists.
     pub network_policy: bool,
@@ -62,6 +65,9 @@ pub(crate) struct Read {
     pub storage_node: Option<String>,
     /// With none recorded, the node the control plane's pod is scheduled on.
     pub scheduled_on: Option<String>,
+    /// While the control plane is not ready: what its init container said refusing the storage
+    /// directory (another instance's owner marker).
+    pub storage_conflict: Option<String>,
     /// The recorded node is gone (looked up only while the control plane is not ready, or the
     /// storage is to be cleaned).
     pub storage_node_gone: bool,
@@ -88,15 +94,26 @@ pub(crate) async fn read(
     source: Source<'_>,
 ) -> Result<Read, ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
-    let host_ns = host_namespace(&ns, &pi.name_any());
     let uid = pi.uid().unwrap_or_default();
-    let namespace = match source {
-        Source::Stored(stores) => stores.namespaces.get(&ObjectRef::new(&host_ns)),
-        Source::Live => Api::<Namespace>::all(ctx.client.clone())
-            .get_opt(&host_ns)
-            .await
-            .map_err(observing(format!("namespace {host_ns}")))?
-            .map(Arc::new),
+    let namespace = |host_ns: String| async move {
+        let found = match source {
+            Source::Stored(stores) => stores.namespaces.get(&ObjectRef::new(&host_ns)),
+            Source::Live => Api::<Namespace>::all(ctx.client.clone())
+                .get_opt(&host_ns)
+                .await
+                .map_err(observing(format!("namespace {host_ns}")))?
+                .map(Arc::new),
+        };
+        Ok::<_, ReconcileError>((host_ns, found))
+    };
+    let legacy = namespace(legacy_host_namespace(&ns, &pi.name_any())).await?;
+    // Kept while that namespace is there, and once it was deleted (its status says so), so that
+    // the storage directory of the old name is cleaned.
+    let recorded = pi.status.as_ref().and_then(|s| s.host_namespace.as_deref());
+    let (host_ns, namespace) = match &legacy.1 {
+        Some(n) if ownership::marked(&n.metadata, &uid) == Some(true) => legacy,
+        None if recorded == Some(legacy.0.as_str()) => legacy,
+        _ => namespace(host_namespace(&ns, &pi.name_any())).await?,
     };
     let record = state_path(&ctx.settings, pi).join(STORAGE_NODE_FILE);
     let storage_node = match std::fs::read_to_string(&record) {
@@ -105,6 +122,7 @@ pub(crate) async fn read(
         Err(e) => return Err(ReconcileError::StorageNode(record, e)),
     };
     let mut read = Read {
+        host_ns: host_ns.clone(),
         namespace,
         storage_node,
         ..Read::default()
@@ -142,14 +160,17 @@ pub(crate) async fn read(
             )
             .await?
             .and_then(|s| secret_text(&s, EXPORTED_KUBECONFIG_KEY));
-        if let (None, Some(d)) = (&read.storage_node, &read.deployment) {
+        let ready = matches!(read.release, Some(Release::Deployed { .. }))
+            && (read.deployment.as_deref()).is_some_and(super::control_plane::ready);
+        if let Some(d) = read.deployment.as_deref()
+            && (read.storage_node.is_none() || !ready)
+        {
             let uid = d.uid().unwrap_or_default();
             let pods = super::control_plane::pods(&ctx.client, &host_ns, &uid).await;
             let pods = pods.map_err(observing("the control plane's pods"))?;
+            read.storage_conflict = pods.iter().find_map(storage_refusal);
             read.scheduled_on = pods.into_iter().find_map(|p| p.spec?.node_name);
         }
-        let ready = matches!(read.release, Some(Release::Deployed { .. }))
-            && (read.deployment.as_deref()).is_some_and(super::control_plane::ready);
         look_at_node |= !ready;
         if !ready {
             ctx.probes.forget(&host_ns);
@@ -204,6 +225,26 @@ pub(crate) async fn read(
     read.protection = ctx.protection.read().map(|p| p.clone()).unwrap_or_default();
     read.state_exists = state_path(&ctx.settings, pi).exists();
     Ok(read)
+}
+
+/// What the control plane pod's init container `storage-owner` said when it refused the storage
+/// directory (exit [`crate::marker::CONFLICT_EXIT`]), now or at its last run.
+fn storage_refusal(pod: &Pod) -> Option<String> {
+    let statuses = pod.status.as_ref()?.init_container_statuses.as_ref()?;
+    let status = statuses
+        .iter()
+        .find(|s| s.name == super::objects::STORAGE_OWNER_CONTAINER)?;
+    [&status.state, &status.last_state]
+        .into_iter()
+        .filter_map(|s| s.as_ref()?.terminated.as_ref())
+        .find(|t| t.exit_code == i32::from(crate::marker::CONFLICT_EXIT))
+        .map(|t| {
+            let said = t.message.as_deref().unwrap_or("").trim();
+            format!(
+                "its init container {} refused the storage directory: {said}",
+                super::objects::STORAGE_OWNER_CONTAINER
+            )
+        })
 }
 
 /// The objects of one namespace, as `source` has them.

@@ -3,7 +3,9 @@
 
 use common::conditions::{self as c, merge};
 use common::crd::{PlatformInstance, PlatformInstanceStatus, SecretKeyRef};
-use common::names::{FIELD_MANAGER, KUBECONFIG_KEY, host_namespace, kubeconfig_secret};
+use common::names::{
+    FIELD_MANAGER, KUBECONFIG_KEY, host_namespace, kubeconfig_secret, legacy_host_namespace,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, Recorder};
@@ -12,8 +14,8 @@ use serde_json::json;
 
 use super::Context;
 use super::error::ReconcileError;
+use super::observe::Found;
 use crate::decide::Plan;
-use crate::installer::record::Record;
 
 /// Writes the status when it differs, and an Event for every condition that changed.
 pub async fn report(
@@ -21,10 +23,10 @@ pub async fn report(
     pi: &PlatformInstance,
     plan: &Plan,
     retry: Option<String>,
-    record: &Record,
+    found: &Found,
 ) -> Result<(), ReconcileError> {
     let old = pi.status.clone().unwrap_or_default();
-    let status = status(pi, plan, retry, record, &old);
+    let status = status(pi, plan, retry, found, &old);
     if status == old {
         return Ok(());
     }
@@ -45,25 +47,20 @@ pub async fn report(
 }
 
 /// Whether the status the plan describes is the one the instance shows (nothing to write).
-pub fn unchanged(
-    pi: &PlatformInstance,
-    plan: &Plan,
-    retry: Option<String>,
-    record: &Record,
-) -> bool {
+pub fn unchanged(pi: &PlatformInstance, plan: &Plan, retry: Option<String>, found: &Found) -> bool {
     let none = PlatformInstanceStatus::default();
     let old = pi.status.as_ref().unwrap_or(&none);
-    status(pi, plan, retry, record, old) == *old
+    status(pi, plan, retry, found, old) == *old
 }
 
 fn status(
     pi: &PlatformInstance,
     plan: &Plan,
     retry: Option<String>,
-    record: &Record,
+    found: &Found,
     old: &PlatformInstanceStatus,
 ) -> PlatformInstanceStatus {
-    let name = pi.name_any();
+    let (name, record) = (pi.name_any(), &found.record);
     let generation = pi.meta().generation.unwrap_or(0);
     let wanted: Vec<_> = plan.conditions.iter().map(|w| w.want()).collect();
     let conditions = merge(
@@ -79,7 +76,7 @@ fn status(
         phase: Some(plan.phase),
         observed_generation: Some(generation),
         version: pi.spec.version.clone(),
-        host_namespace: Some(host_namespace(&pi.namespace().unwrap_or_default(), &name)),
+        host_namespace: Some(found.host_ns.clone()),
         kubeconfig_secret_ref: kubeconfig_ready.then(|| SecretKeyRef {
             name: kubeconfig_secret(&name),
             key: KUBECONFIG_KEY.into(),
@@ -134,5 +131,6 @@ pub fn forget(ctx: &Context, key: &str) {
     ctx.backoff.succeeded(key);
     if let Some((namespace, name)) = key.split_once('/') {
         ctx.probes.forget(&host_namespace(namespace, name));
+        ctx.probes.forget(&legacy_host_namespace(namespace, name));
     }
 }

@@ -14,7 +14,7 @@ use futures::future::FutureExt;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, PodSpec, Secret, Service};
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::{Api, PartialObjectMeta};
@@ -129,12 +129,21 @@ impl Stores {
             Api::<Deployment>::all(client.clone()),
             by_name(VCLUSTER),
             |d: &mut Deployment| {
-                // Of the pod template only the affinity (the pin to the storage node) is kept.
+                // Of the pod template only the affinity (the pin to the storage node) and the
+                // init containers' names (the storage owner check) are kept.
                 if let Some(spec) = d.spec.as_mut() {
-                    let affinity = spec.template.spec.take().and_then(|s| s.affinity);
+                    let pod = spec.template.spec.take().unwrap_or_default();
+                    let init_containers = pod.init_containers.map(|i| {
+                        let name = |c: Container| Container {
+                            name: c.name,
+                            ..Container::default()
+                        };
+                        i.into_iter().map(name).collect()
+                    });
                     spec.template = Default::default();
-                    spec.template.spec = affinity.map(|a| PodSpec {
-                        affinity: Some(a),
+                    spec.template.spec = Some(PodSpec {
+                        affinity: pod.affinity,
+                        init_containers,
                         ..PodSpec::default()
                     });
                 }

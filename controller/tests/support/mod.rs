@@ -356,6 +356,18 @@ pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixt
 }
 
 /// `kubectl ... -o json`, or `None` when it fails (not found).
+/// Removes instance `ns/name`'s finalizers by hand (what a person does when the controller may
+/// not finish a deletion), so that a shared control plane keeps no instance stuck in deletion.
+pub fn release_finalizer(cluster: &Shared, ns: &str, name: &str) {
+    let patch = r#"{"metadata":{"finalizers":null}}"#;
+    cluster
+        .kubectl_ok(
+            &["-n", ns, "patch", "pi", name, "--type=merge", "-p", patch],
+            None,
+        )
+        .expect("release the finalizer");
+}
+
 pub fn get(cluster: &Shared, args: &[&str]) -> Option<Value> {
     let mut cmd = cluster.kubectl();
     cmd.args(args).args(["-o", "json"]);
