@@ -308,7 +308,11 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     let host = pi["status"]["hostNamespace"].as_str().expect("host");
     assert_eq!(
         settings["storageRoot"],
-        format!("{}/{host}", fx.dir.join("storage").display())
+        format!(
+            "{}/{}",
+            fx.dir.join("storage").display(),
+            common::names::storage_dir(&team, "one", host)
+        )
     );
     assert!(
         settings["kubernetesEndpoint"]
