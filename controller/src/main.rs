@@ -353,6 +353,7 @@ async fn run(
         .watches_stream(triggers.deployments, by_host(namespaces.clone()))
         .watches_stream(triggers.exported, by_host(namespaces.clone()))
         .watches_stream(triggers.releases, by_host(namespaces.clone()))
+        .watches_stream(triggers.pods, by_host(namespaces.clone()))
         .reconcile_on(woken)
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)

@@ -8,13 +8,13 @@ use std::fmt::Debug;
 
 use common::names::{
     EXPORTED_KUBECONFIG_KEY, EXPORTED_KUBECONFIG_SECRET, HOST_NAMESPACE_LABEL, KUBECONFIG_KEY,
-    MANAGED_BY_SELECTOR, VCLUSTER, VCLUSTER_NETWORK_POLICY,
+    MANAGED_BY_SELECTOR, VCLUSTER, VCLUSTER_APP, VCLUSTER_NETWORK_POLICY,
 };
 use futures::future::FutureExt;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Secret, Service};
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::{Api, PartialObjectMeta};
@@ -59,6 +59,9 @@ pub struct Triggers {
     pub exported: Trigger<Secret>,
     /// The Helm release records of each host namespace.
     pub releases: Trigger<PartialObjectMeta<Secret>>,
+    /// The vCluster pods (`app=vcluster`; metadata, no store): a control plane pod whose init
+    /// container refuses the storage directory changes nothing the other watches see.
+    pub pods: Trigger<PartialObjectMeta<Pod>>,
 }
 
 /// A reflected watch of `api` narrowed by `config`, `trim` applied before an object is stored.
@@ -168,7 +171,16 @@ impl Stores {
             exported,
             kubeconfigs,
         };
+        let pods = watcher::watcher(
+            Api::<PartialObjectMeta<Pod>>::all(client.clone()),
+            watcher::Config::default()
+                .labels(&format!("app={VCLUSTER_APP}"))
+                .any_semantic(),
+        )
+        .default_backoff()
+        .touched_objects();
         let triggers = Triggers {
+            pods: pods.boxed(),
             kubeconfigs: kubeconfig_events.boxed(),
             services: service_events.boxed(),
             deployments: deployment_events.boxed(),

@@ -212,7 +212,7 @@ rules:
     resources: [roles, rolebindings]
     verbs: [get, list, watch, create, update, patch, delete]
   # ... and what its Role (vCluster 0.37.3, with the operator's values) grants the vCluster
-  # syncer in the host namespace. The controller lists the control plane's pods itself.
+  # syncer in the host namespace. The controller lists and watches the control plane's pods itself.
   - apiGroups: [""]
     resources: [pods, pods/attach, pods/portforward, pods/exec, persistentvolumeclaims, endpoints]
     verbs: [get, list, watch, create, update, patch, delete]
