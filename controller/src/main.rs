@@ -27,6 +27,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
+/// jemalloc, not glibc's malloc: glibc keeps most of what provisioning 1,000 instances freed
+/// (80.5 MiB resident at idle against 53.9 MiB with jemalloc; docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Command-line flags of the controller.
 #[derive(Debug, Parser)]
 #[command(
