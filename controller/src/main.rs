@@ -242,13 +242,26 @@ impl Args {
             let values: serde_json::Value = serde_saphyr::from_str(&text).with_context(|| {
                 format!("--vcluster-extra-values {} is not YAML", path.display())
             })?;
-            anyhow::ensure!(
-                values
-                    .pointer("/controlPlane/statefulSet/scheduling/affinity")
-                    .is_none(),
-                "--vcluster-extra-values {} sets controlPlane.statefulSet.scheduling.affinity, which the controller sets itself to keep each control plane on the node that holds its storage: remove it (nodeSelector and tolerations may be set)",
-                path.display()
-            );
+            // Helm replaces these whole: the controller's pin and its storage owner check.
+            for (key, what) in [
+                (
+                    "scheduling/affinity",
+                    "to keep each control plane on the node that holds its storage: remove it (nodeSelector and tolerations may be set)",
+                ),
+                (
+                    "initContainers",
+                    "to check who owns each storage directory before the control plane starts: remove it",
+                ),
+            ] {
+                anyhow::ensure!(
+                    values
+                        .pointer(&format!("/controlPlane/statefulSet/{key}"))
+                        .is_none(),
+                    "--vcluster-extra-values {} sets controlPlane.statefulSet.{}, which the controller sets itself {what}",
+                    path.display(),
+                    key.replace('/', ".")
+                );
+            }
         }
         anyhow::ensure!(
             !has_credentials(&self.installer.npm_registry),
@@ -717,6 +730,14 @@ mod tests {
             "{refused}"
         );
         with(&other).expect("a nodeSelector is fine");
+        let inits = dir.join("inits.yaml");
+        let text = "controlPlane:\n  statefulSet:\n    initContainers: [{name: x}]\n";
+        std::fs::write(&inits, text).expect("write");
+        let refused = with(&inits).expect_err("init containers are refused");
+        assert!(
+            refused.to_string().contains("statefulSet.initContainers"),
+            "{refused}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }
