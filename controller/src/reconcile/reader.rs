@@ -228,16 +228,19 @@ pub(crate) async fn read(
 }
 
 /// What the control plane pod's init container `storage-owner` said when it refused the storage
-/// directory (exit [`crate::marker::CONFLICT_EXIT`]), now or at its last run.
+/// directory (exit [`crate::marker::CONFLICT_EXIT`]): at its current run, or, while it waits to
+/// run again, at its last; a run that passed or is running clears it.
 fn storage_refusal(pod: &Pod) -> Option<String> {
     let statuses = pod.status.as_ref()?.init_container_statuses.as_ref()?;
     let status = statuses
         .iter()
         .find(|s| s.name == super::objects::STORAGE_OWNER_CONTAINER)?;
-    [&status.state, &status.last_state]
-        .into_iter()
-        .filter_map(|s| s.as_ref()?.terminated.as_ref())
-        .find(|t| t.exit_code == i32::from(crate::marker::CONFLICT_EXIT))
+    let now = status.state.as_ref()?;
+    let last = || status.last_state.as_ref()?.terminated.as_ref();
+    now.terminated
+        .as_ref()
+        .or_else(|| now.waiting.as_ref().and(last()))
+        .filter(|t| t.exit_code == i32::from(crate::marker::CONFLICT_EXIT))
         .map(|t| {
             let said = t.message.as_deref().unwrap_or("").trim();
             format!(
@@ -479,4 +482,42 @@ async fn client_for(kubeconfig: &str) -> Option<kube::Client> {
         .await
         .ok()?;
     kube::Client::try_from(config).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_counts_until_the_check_runs_again_and_passes() {
+        let pod = |status: serde_json::Value| -> Pod {
+            serde_json::from_value(
+                serde_json::json!({"status": {"initContainerStatuses": [status]}}),
+            )
+            .expect("pod")
+        };
+        let refused = serde_json::json!({"terminated": {"exitCode": 3, "message": "team-b/x's"}});
+        let base = serde_json::json!({"name": "storage-owner", "image": "i", "imageID": "", "ready": false, "restartCount": 1});
+        let with = |state: serde_json::Value, last: serde_json::Value| {
+            let mut s = base.clone();
+            s["state"] = state;
+            s["lastState"] = last;
+            storage_refusal(&pod(s))
+        };
+        let waiting = serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        let passed = serde_json::json!({"terminated": {"exitCode": 0}});
+        assert!(
+            with(refused.clone(), serde_json::json!({})).is_some_and(|m| m.contains("team-b/x's"))
+        );
+        assert!(
+            with(waiting, refused.clone()).is_some(),
+            "backing off after a refusal"
+        );
+        assert_eq!(
+            with(passed, refused.clone()),
+            None,
+            "the marker was moved aside"
+        );
+        assert_eq!(with(serde_json::json!({"running": {}}), refused), None);
+    }
 }
