@@ -230,7 +230,7 @@ pub(crate) async fn read(
 /// What the control plane pod's init container `storage-owner` said when it refused the storage
 /// directory (exit [`crate::marker::CONFLICT_EXIT`]): at its current run, or, while it waits to
 /// run again, at its last; a run that passed or is running clears it.
-fn storage_refusal(pod: &Pod) -> Option<String> {
+pub(crate) fn storage_refusal(pod: &Pod) -> Option<String> {
     let statuses = pod.status.as_ref()?.init_container_statuses.as_ref()?;
     let status = statuses
         .iter()

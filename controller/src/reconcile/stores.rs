@@ -59,9 +59,10 @@ pub struct Triggers {
     pub exported: Trigger<Secret>,
     /// The Helm release records of each host namespace.
     pub releases: Trigger<PartialObjectMeta<Secret>>,
-    /// The vCluster pods (`app=vcluster`; metadata, no store): a control plane pod whose init
-    /// container refuses the storage directory changes nothing the other watches see.
-    pub pods: Trigger<PartialObjectMeta<Pod>>,
+    /// The vCluster pods (`app=vcluster`, no store), each when its storage owner check starts or
+    /// stops refusing: a control plane pod whose init container refuses the storage directory
+    /// changes nothing the other watches see (and a pod's other changes wake nobody).
+    pub pods: Trigger<Pod>,
 }
 
 /// A reflected watch of `api` narrowed by `config`, `trim` applied before an object is stored.
@@ -171,14 +172,16 @@ impl Stores {
             exported,
             kubeconfigs,
         };
+        let refused = |p: &Pod| Some(u64::from(super::reader::storage_refusal(p).is_some()));
         let pods = watcher::watcher(
-            Api::<PartialObjectMeta<Pod>>::all(client.clone()),
+            Api::<Pod>::all(client.clone()),
             watcher::Config::default()
                 .labels(&format!("app={VCLUSTER_APP}"))
                 .any_semantic(),
         )
         .default_backoff()
-        .touched_objects();
+        .touched_objects()
+        .predicate_filter(refused, Default::default());
         let triggers = Triggers {
             pods: pods.boxed(),
             kubeconfigs: kubeconfig_events.boxed(),
