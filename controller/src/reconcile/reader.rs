@@ -106,14 +106,20 @@ pub(crate) async fn read(
         };
         Ok::<_, ReconcileError>((host_ns, found))
     };
-    let legacy = namespace(legacy_host_namespace(&ns, &pi.name_any())).await?;
+    // An instance whose status names this release's host namespace has no other: the one of
+    // the earlier releases' name is looked up only for the others (one read less per reconcile).
+    let current = host_namespace(&ns, &pi.name_any());
+    let recorded = pi.status.as_ref().and_then(|s| s.host_namespace.as_deref());
+    let legacy = match recorded == Some(current.as_str()) {
+        true => (String::new(), None),
+        false => namespace(legacy_host_namespace(&ns, &pi.name_any())).await?,
+    };
     // Kept while that namespace is there, and once it was deleted (its status says so), so that
     // the storage directory of the old name is cleaned.
-    let recorded = pi.status.as_ref().and_then(|s| s.host_namespace.as_deref());
     let (host_ns, namespace) = match &legacy.1 {
         Some(n) if ownership::marked(&n.metadata, &uid) == Some(true) => legacy,
         None if recorded == Some(legacy.0.as_str()) => legacy,
-        _ => namespace(host_namespace(&ns, &pi.name_any())).await?,
+        _ => namespace(current).await?,
     };
     let record = state_path(&ctx.settings, pi).join(STORAGE_NODE_FILE);
     let storage_node = match std::fs::read_to_string(&record) {
