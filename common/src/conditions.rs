@@ -19,6 +19,8 @@ pub const KUBECONFIG_READY: &str = "KubeconfigReady";
 pub const OWNER_SERVICE_PROTECTED: &str = "OwnerServiceProtected";
 /// The platform program is installed (set by the installer).
 pub const INSTALLED: &str = "Installed";
+/// `spec.suspend` holds every install, upgrade, repair and Helm run of the instance.
+pub const SUSPENDED: &str = "Suspended";
 /// The last repair preview found the platform changed behind Pulumi's back.
 pub const DRIFT_DETECTED: &str = "DriftDetected";
 

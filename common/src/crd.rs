@@ -34,6 +34,7 @@ pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version","description":"The requested @di-framework/platform version."}"#,
     printcolumn = r#"{"name":"Installed","type":"string","jsonPath":".status.installedVersion","description":"The version the last successful install applied."}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the instance is installed and serving."}"#,
+    printcolumn = r#"{"name":"Suspended","type":"boolean","jsonPath":".spec.suspend","description":"Whether installs, upgrades, repairs and Helm runs are held (spec.suspend)."}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("self.metadata.name.size() <= 242").message(
         "metadata.name must be at most 242 characters: the instance's kubeconfig Secret <name>-kubeconfig must fit in 253"
@@ -70,6 +71,13 @@ pub struct PlatformInstanceSpec {
     /// is lost by an accidental delete; `Delete` removes them, running a storage cleanup Job.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+
+    /// `true` holds the instance as it is: no install, upgrade, repair or Helm run starts (one
+    /// already running finishes) and work waiting for an install slot leaves the queue; deleting
+    /// the instance is still honoured. The status reports `Suspended=True`. Setting it back to
+    /// `false` (or removing it) resumes where the instance stopped.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
 }
 
 /// Where an instance runs.

@@ -367,7 +367,10 @@ mod tests {
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Phase", "Version", "Installed", "Ready", "Age"]);
+        assert_eq!(
+            cols,
+            ["Phase", "Version", "Installed", "Ready", "Suspended", "Age"]
+        );
     }
 
     #[test]
@@ -445,6 +448,7 @@ mod tests {
                     egress_allowed_destinations: Some(vec!["api.example:443".into()]),
                 }),
                 deletion_policy: DeletionPolicy::Delete,
+                suspend: true,
             },
         );
         pi.status = Some(PlatformInstanceStatus {

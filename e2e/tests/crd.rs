@@ -435,6 +435,7 @@ async fn kubectl_get_shows_the_printer_columns() {
             "VERSION",
             "INSTALLED",
             "READY",
+            "SUSPENDED",
             "AGE"
         ],
         "{table}"

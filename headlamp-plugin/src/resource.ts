@@ -25,6 +25,7 @@ export interface InstanceSpec {
   version?: string;
   target?: { type?: string };
   deletionPolicy?: 'Retain' | 'Delete' | string;
+  suspend?: boolean;
   platform?: {
     networkPolicyEngine?: string;
     gateway?: { httpNodePort?: number; httpEndpoint?: string };
@@ -126,6 +127,11 @@ export class PlatformInstance extends KubeObject<KubePlatformInstance> {
   /** The `Ready` condition's status (`True`, `False`, `Unknown`), `Unknown` when absent. */
   get ready(): string {
     return this.status.conditions?.find(c => c.type === 'Ready')?.status ?? 'Unknown';
+  }
+
+  /** `spec.suspend`: installs, upgrades, repairs and Helm runs are held. */
+  get suspended(): boolean {
+    return this.spec.suspend === true;
   }
 
   /** What the deletion policy does, in a user's words. */

@@ -8,16 +8,19 @@ pub mod model;
 pub mod ownership;
 pub mod provision;
 pub mod status;
+pub mod suspend;
 
 pub use model::{Action, Plan, Requeue};
 
 use model::Observed;
 
 /// Decides what to do for an instance: its deletion when it is being deleted, else its
-/// provisioning and install.
+/// provisioning and install, held while it is suspended.
 pub fn decide(o: &Observed) -> Plan {
     if o.deleting {
         deletion::decide(o)
+    } else if o.suspended {
+        suspend::hold(o, provision::decide(o))
     } else {
         provision::decide(o)
     }

@@ -437,6 +437,8 @@ pub struct Observed {
     pub uid: String,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
+    /// `spec.suspend`: nothing but deletion runs.
+    pub suspended: bool,
     /// The instance carries the operator's finalizer.
     pub has_finalizer: bool,
     /// `spec.deletionPolicy`.
@@ -536,7 +538,7 @@ pub enum Action {
     Preview,
     /// Stop the install or preview task (the instance is being deleted).
     CancelInstall,
-    /// Drop the helm task still waiting for a slot (the instance is being deleted).
+    /// Drop the instance's tasks still waiting for a slot (it is being deleted or suspended).
     CancelHelm,
     /// Start (or queue) a helm task that uninstalls the vCluster.
     UninstallVCluster,

@@ -63,6 +63,7 @@ pub enum Reason {
     ReconcileFailed,
     Idle,
     Progressing,
+    Suspended,
 }
 
 impl Reason {
@@ -325,6 +326,7 @@ mod tests {
             ReconcileFailed,
             Idle,
             Progressing,
+            Suspended,
         ];
         all.extend(
             [

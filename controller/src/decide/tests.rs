@@ -12,6 +12,7 @@ fn base() -> Observed {
     Observed {
         uid: "u-1".into(),
         deleting: false,
+        suspended: false,
         has_finalizer: true,
         deletion_policy: DeletionPolicy::Retain,
         invalid_spec: None,
@@ -1185,4 +1186,54 @@ fn a_cleanup_runs_only_on_its_storage_node_and_waits_while_it_is_gone() {
             .any(|a| matches!(a, Action::StartCleanup(_)))
     );
     assert!(never.actions.contains(&Action::RemoveFinalizer));
+}
+
+#[test]
+fn a_suspended_instance_starts_nothing_but_is_still_deleted() {
+    // Work an unsuspended instance would start: the first install.
+    let working = decide(&fresh());
+    assert!(working.actions.contains(&Action::Install {
+        mode: Mode::Install
+    }));
+    let plan = decide(&Observed {
+        suspended: true,
+        ..fresh()
+    });
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(cond(&plan, c::SUSPENDED), (true, "Suspended"));
+    assert_eq!(cond(&plan, c::RECONCILING), (false, "Suspended"));
+    assert_eq!(cond(&plan, c::READY), (false, "Suspended"));
+    assert!(want(&plan, c::READY).message.contains("installing 6.0.22"));
+    assert_eq!(plan.requeue, Requeue::Idle);
+    // Queued work leaves the queue; the finalizer is still added; a serving instance stays Ready.
+    let new = Observed {
+        suspended: true,
+        has_finalizer: false,
+        ..fresh()
+    };
+    assert_eq!(decide(&new).actions, [Action::AddFinalizer]);
+    let queued = Observed {
+        suspended: true,
+        task: TaskState::Queued(3),
+        ..fresh()
+    };
+    assert_eq!(decide(&queued).actions, [Action::CancelHelm]);
+    let ready = decide(&Observed {
+        suspended: true,
+        ..base()
+    });
+    assert_eq!(cond(&ready, c::READY), (true, "Installed"));
+    let deleting = Observed {
+        suspended: true,
+        deleting: true,
+        ..base()
+    };
+    assert_eq!(
+        decide(&deleting),
+        decide(&Observed {
+            suspended: false,
+            ..deleting.clone()
+        })
+    );
+    assert!(!decide(&deleting).actions.is_empty());
 }

@@ -73,8 +73,8 @@ pub async fn act(
             Action::Preview => preview(&t),
             Action::CancelInstall => cancel_install(&t),
             Action::CancelHelm => {
-                if ctx.tasks.dequeue(&key(pi)) {
-                    tracing::info!(instance = %key(pi), "cancelled a queued helm install: the instance is being deleted");
+                for k in task_keys(pi).iter().filter(|k| ctx.tasks.dequeue(k)) {
+                    tracing::info!(task = %k, "dropped a queued task: the instance is being deleted or is suspended");
                 }
             }
             Action::RecordStorageNode(node) => record_storage_node(&t, node)?,

@@ -82,6 +82,7 @@ pub fn observe(
     let observed = Observed {
         uid: uid.clone(),
         deleting,
+        suspended: pi.spec.suspend,
         has_finalizer: pi.finalizers().iter().any(|f| f == FINALIZER),
         deletion_policy: pi.spec.deletion_policy,
         invalid_spec: invalid_spec(pi),

@@ -1,4 +1,5 @@
-// The detail view of one instance: spec and status, what the last install applied, endpoints,
+// The detail view of one instance: spec and status, whether it is suspended, what the last
+// install applied, endpoints,
 // conditions with reasons and messages, recent Events, the host namespace and the kubeconfig;
 // Edit (the form, sending a JSON Patch) and Delete (saying what deletionPolicy will do).
 import {
@@ -174,6 +175,27 @@ function LastInstallSection({ item }: { item: PlatformInstance }) {
 }
 
 /**
+ * What the controller will do next: whether the instance is suspended (and what is held).
+ */
+export function ActivitySection({ item }: { item: PlatformInstance }) {
+  const held = item.status.conditions?.find(c => c.type === 'Suspended' && c.status === 'True');
+  return (
+    <SectionBox title="Activity">
+      <NameValueTable
+        rows={[
+          {
+            name: 'Suspended',
+            value: item.suspended
+              ? held?.message ?? 'yes: spec.suspend is true (the controller has not seen it yet)'
+              : 'no',
+          },
+        ]}
+      />
+    </SectionBox>
+  );
+}
+
+/**
  * The conditions with their reasons and messages in plain sight (Headlamp's ConditionsTable
  * shows a message only on hover).
  */
@@ -227,6 +249,7 @@ export function PlatformInstanceDetail() {
           ? [
               { name: 'Phase', value: <PhaseLabel phase={item.phase} /> },
               { name: 'Ready', value: <ReadyLabel ready={item.ready} /> },
+              { name: 'Suspended', value: item.suspended ? 'yes' : 'no' },
               { name: 'Version', value: versionText(item.spec, item.status) },
               { name: 'Installed version', value: item.status.installedVersion ?? '' },
               {
@@ -266,6 +289,7 @@ export function PlatformInstanceDetail() {
                   </SectionBox>
                 ),
               },
+              { id: 'di-framework.activity', section: <ActivitySection item={item} /> },
               { id: 'di-framework.last-install', section: <LastInstallSection item={item} /> },
               {
                 id: 'di-framework.conditions',

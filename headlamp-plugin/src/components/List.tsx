@@ -1,6 +1,6 @@
 // The Platform Instances list: name, namespace, phase, version (with the installed version while
-// an upgrade is in progress), Ready and age; sortable, filtered by Headlamp's namespace selector,
-// kept live by Headlamp's watch of the API.
+// an upgrade is in progress), Ready, Suspended and age; sortable, filtered by Headlamp's namespace
+// selector, kept live by Headlamp's watch of the API.
 import { ResourceListView } from '@kinvolk/headlamp-plugin/lib/CommonComponents';
 import { Button } from '@mui/material';
 import React from 'react';
@@ -43,6 +43,11 @@ export function PlatformInstanceList() {
             label: 'Ready',
             getValue: (item: PlatformInstance) => item.ready,
             render: (item: PlatformInstance) => <ReadyLabel ready={item.ready} />,
+          },
+          {
+            id: 'suspended',
+            label: 'Suspended',
+            getValue: (item: PlatformInstance) => (item.suspended ? 'yes' : ''),
           },
           'age',
         ]}

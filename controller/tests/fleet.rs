@@ -1,0 +1,128 @@
+//! End-to-end tests of what a fleet needs (issue 31): suspend, retries you can see and bound,
+//! history, and the GitOps health of an instance. The controller binary runs on the local
+//! control plane with the stand-in vCluster chart and real helm, as in `e2e.rs`; instances are
+//! written with `kubectl apply --server-side`, as a user would.
+
+use std::time::Duration;
+
+use e2e::shared::Shared;
+use serde_json::Value;
+
+mod support;
+use support::{Controller, condition, fixture, get, reaches, wait_for};
+
+/// Helm runs the controller made (the `_count` of its helm durations).
+const HELM_RUNS: &str = "platform_operator_controller_helm_duration_seconds_count";
+
+/// Instance `ns/name` at 6.0.22 with `extra` spec lines.
+fn instance(ns: &str, name: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec:\n  version: 6.0.22\n  deletionPolicy: Retain\n{extra}"
+    )
+}
+
+fn apply(cluster: &Shared, yaml: &str) {
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(yaml))
+        .expect("kubectl apply --server-side");
+}
+
+/// Applies instance `ns/held` with `suspend: true`, and waits until it reports `Suspended`.
+async fn suspend(cluster: &Shared, controller: &Controller, ns: &str) -> Value {
+    apply(cluster, &instance(ns, "held", "  suspend: true\n"));
+    let (condition, limit) = (("Suspended", "True", "Suspended"), Duration::from_secs(120));
+    reaches((cluster, controller), (ns, "held"), condition, limit).await
+}
+
+fn pi(cluster: &Shared, ns: &str, name: &str) -> Value {
+    get(cluster, &["-n", ns, "get", "pi", name]).expect("the instance")
+}
+
+/// Item 1: `spec.suspend` holds every Helm run and write (deletion is still honoured), says so
+/// in a condition and a column of `kubectl get pi`, and resumes where it stopped.
+#[tokio::test]
+async fn a_suspended_instance_runs_nothing_until_resumed_and_is_still_deleted() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "suspend").await;
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &["--leader-elect=false", "--watch-namespace", &team],
+    );
+    let cc = (&cluster, &controller);
+    let limit = Duration::from_secs(120);
+
+    // Created suspended: the finalizer only; no host namespace, no helm.
+    let held = suspend(&cluster, &controller, &team).await;
+    assert_eq!(
+        condition(&held, "Reconciling"),
+        Some(("False".into(), "Suspended".into()))
+    );
+    assert!(held["metadata"]["finalizers"].as_array().is_some());
+    let host = held["status"]["hostNamespace"]
+        .as_str()
+        .expect("host")
+        .to_string();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(get(&cluster, &["get", "namespace", &host]).is_none());
+    assert_eq!(controller.metric(HELM_RUNS).await, 0.0);
+    let table = cluster
+        .kubectl_ok(&["-n", &team, "get", "pi", "held"], None)
+        .expect("kubectl get pi");
+    let (header, row) = table.split_once('\n').expect("two lines");
+    let column = header.find("SUSPENDED");
+    let column = column.unwrap_or_else(|| panic!("no SUSPENDED column: {table}"));
+    assert!(row[column..].starts_with("true "), "{table}");
+
+    // Resumed (the field removed by the same apply): it provisions.
+    apply(&cluster, &instance(&team, "held", ""));
+    let resumed = reaches(
+        cc,
+        (&team, "held"),
+        ("Installed", "False", "InstallerDisabled"),
+        limit,
+    )
+    .await;
+    assert!(condition(&resumed, "Suspended").is_none(), "{resumed}");
+    let secret = common::names::kubeconfig_secret("held");
+    assert!(get(&cluster, &["-n", &team, "get", "secret", &secret]).is_some());
+
+    // Suspended again: its kubeconfig Secret deleted stays deleted, no helm runs ...
+    suspend(&cluster, &controller, &team).await;
+    let helm_runs = controller.metric(HELM_RUNS).await;
+    cluster
+        .kubectl_ok(&["-n", &team, "delete", "secret", &secret], None)
+        .expect("delete the kubeconfig Secret");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(get(&cluster, &["-n", &team, "get", "secret", &secret]).is_none());
+    assert_eq!(controller.metric(HELM_RUNS).await, helm_runs);
+    // ... until it resumes.
+    apply(&cluster, &instance(&team, "held", "  suspend: false\n"));
+    wait_for(
+        "the kubeconfig Secret to be written again",
+        limit,
+        &controller,
+        || get(&cluster, &["-n", &team, "get", "secret", &secret]),
+    )
+    .await;
+    assert!(condition(&pi(&cluster, &team, "held"), "Suspended").is_none());
+
+    // Deleting a suspended instance is honoured.
+    suspend(&cluster, &controller, &team).await;
+    cluster
+        .kubectl_ok(&["-n", &team, "delete", "pi", "held", "--wait=false"], None)
+        .expect("delete");
+    wait_for(
+        "the suspended instance to be deleted",
+        limit,
+        &controller,
+        || {
+            get(&cluster, &["-n", &team, "get", "pi", "held"])
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+}

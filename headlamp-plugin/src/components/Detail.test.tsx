@@ -1,0 +1,50 @@
+// The detail view's sections that say what the controller does next, rendered with Headlamp's
+// components from status objects as the controller writes them.
+import { screen } from '@testing-library/react';
+import { KubePlatformInstance, PlatformInstance } from '../resource';
+import { renderInHeadlamp } from '../testing';
+import { ActivitySection } from './Detail';
+
+vi.setConfig({ testTimeout: 60_000 });
+
+function instance(spec: object, status: object): PlatformInstance {
+  const json: KubePlatformInstance = {
+    apiVersion: 'platform.di-framework.dev/v1alpha1',
+    kind: 'PlatformInstance',
+    metadata: { name: 'one', namespace: 'team-a', uid: 'u-1', creationTimestamp: '' },
+    spec: { version: '6.0.22', ...spec },
+    status,
+  } as any;
+  return new PlatformInstance(json);
+}
+
+describe('ActivitySection', () => {
+  it('shows a suspended instance and what is held', () => {
+    const held =
+      'spec.suspend is true: no install, upgrade, repair or Helm run starts (one already running finishes); set it to false to resume';
+    renderInHeadlamp(
+      <ActivitySection
+        item={instance(
+          { suspend: true },
+          {
+            conditions: [
+              {
+                type: 'Suspended',
+                status: 'True',
+                reason: 'Suspended',
+                message: held,
+                lastTransitionTime: '2026-12-01T00:00:00Z',
+              },
+            ],
+          }
+        )}
+      />
+    );
+    expect(screen.getByText(held)).toBeTruthy();
+  });
+
+  it('shows an instance that is not suspended', () => {
+    renderInHeadlamp(<ActivitySection item={instance({}, {})} />);
+    expect(screen.getByText('no')).toBeTruthy();
+  });
+});
