@@ -409,6 +409,18 @@ pub struct PlatformInstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub acknowledged_retry: Option<String>,
+
+    /// Failed runs in a row (installs, upgrades, repairs or Helm runs) of the failure the
+    /// conditions report, at `observedGeneration`; absent once a run succeeds. At the controller's
+    /// `--max-retries` the instance stops retrying (`Stalled=True`, reason `RetriesExhausted`)
+    /// until the spec changes or the retry annotation is set to a new value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<u32>,
+
+    /// When the controller runs the failed install, upgrade, repair or Helm run again (capped
+    /// exponential backoff: 5 s doubling to 5 min); absent when no retry waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_retry_at: Option<Time>,
 }
 
 /// The instance's published endpoints.

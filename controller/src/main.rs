@@ -141,6 +141,12 @@ struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     install_platform: bool,
 
+    /// Failed installs, upgrades, repairs or Helm runs in a row at one generation after which an
+    /// instance stops retrying (`Stalled`, reason `RetriesExhausted`) until its spec changes or
+    /// the retry annotation is set; 0 retries forever.
+    #[arg(long, default_value_t = 5)]
+    max_retries: u32,
+
     /// The namespace the operator runs in.
     #[arg(long, env = "POD_NAMESPACE", default_value = "platform-operator")]
     namespace: String,
@@ -307,6 +313,7 @@ impl Args {
                 format!("system:serviceaccount:{}:platform-operator", self.namespace)
             }),
             install_platform: self.install_platform,
+            max_retries: self.max_retries,
             pod_security: self.pod_security_standard,
         }
     }

@@ -1,13 +1,13 @@
 //! Tracked long-running work (Helm), so a reconcile never holds a worker for minutes: one task per
 //! instance at most, installs bounded by `--max-concurrent-installs` and queued in order, and
 //! failures remembered with a capped backoff (`backon`'s, without jitter: one retry per failed
-//! task, held back here). Reconciles poll a running task every `--target-poll`; the registry
+//! task, held back here) and counted in a row per key, until a success or [`Tasks::start_over`]. Reconciles poll a running task every `--target-poll`; the registry
 //! wakes an instance itself ([`Tasks::woken`]) when its task ends, when a queued task starts, and
 //! when a queued task's place, as the status words it ([`queue_place`]), changes: a queued
 //! instance is not polled, so n queued instances cost O(n log n) reconciles, not n² per queue.
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::future::{AbortHandle, Abortable, BoxFuture};
@@ -26,6 +26,8 @@ struct Failure {
     error: TaskError,
     /// When the key may run again.
     until: Instant,
+    /// The same, on the wall clock (what the status shows).
+    at: SystemTime,
     /// The waits of the next failures in a row.
     waits: ExponentialBackoff,
 }
@@ -51,6 +53,8 @@ struct Inner {
     running: HashMap<String, AbortHandle>,
     queue: VecDeque<Waiting>,
     failed: HashMap<String, Failure>,
+    /// Failed runs in a row, by key (0 after a success).
+    failures: HashMap<String, u32>,
 }
 
 /// The task registry.
@@ -103,11 +107,32 @@ impl Tasks {
             })
     }
 
-    /// Forgets the backoff of `key` (a person asked for an immediate retry).
-    pub fn clear_backoff(&self, key: &str) {
-        if let Some(f) = lock(&self.inner).failed.get_mut(key) {
-            f.until = Instant::now();
+    /// Failed runs of `key` in a row, and when its retry may run (`None`: now, or no failure).
+    pub fn retry(&self, key: &str) -> (u32, Option<SystemTime>) {
+        let inner = lock(&self.inner);
+        let failures = inner.failures.get(key).copied().unwrap_or(0);
+        let failed = inner.failed.get(key);
+        let at = failed.filter(|f| f.until > Instant::now()).map(|f| f.at);
+        (failures, at)
+    }
+
+    /// Starts the retries of `key` over: no backoff, no failures counted (a person asked for a
+    /// retry, or the spec changed).
+    pub fn start_over(&self, key: &str) {
+        let mut inner = lock(&self.inner);
+        if let Some(f) = inner.failed.get_mut(key) {
+            (f.until, f.waits) = (Instant::now(), waits());
         }
+        inner.failures.insert(key.to_string(), 0);
+    }
+
+    /// Counts `failures` for `key` unless this registry counts it already (after a restart: the
+    /// count the status kept).
+    pub fn resume(&self, key: &str, failures: u32) {
+        lock(&self.inner)
+            .failures
+            .entry(key.to_string())
+            .or_insert(failures);
     }
 
     /// The keys whose instances the reconcile loop must look at again (a cancelled task's is not
@@ -165,12 +190,15 @@ impl Tasks {
                 let mut inner = lock(&this.inner);
                 inner.running.remove(&key);
                 let failed = inner.failed.remove(&key);
+                let count = inner.failures.entry(key.clone()).or_default();
+                *count = if result.is_ok() { 0 } else { *count + 1 };
                 if let Err(error) = result {
                     let mut waits = failed.map_or_else(waits, |f| f.waits);
-                    let until = Instant::now() + waits.next().unwrap_or(BACKOFF_CAP);
+                    let wait = waits.next().unwrap_or(BACKOFF_CAP);
                     let failure = Failure {
                         error,
-                        until,
+                        until: Instant::now() + wait,
+                        at: SystemTime::now() + wait,
                         waits,
                     };
                     inner.failed.insert(key.clone(), failure);
@@ -232,6 +260,7 @@ impl Tasks {
     pub fn cancel(self: &Arc<Self>, key: &str) -> bool {
         self.drop_task(key, |inner| {
             inner.failed.remove(key);
+            inner.failures.remove(key);
             inner.running.remove(key).map(|h| h.abort()).is_some()
         })
     }
@@ -244,7 +273,10 @@ impl Tasks {
 
     /// Drops the record of `key` (the instance is gone).
     pub fn forget(self: &Arc<Self>, key: &str) {
-        self.drop_task(key, |inner| inner.failed.remove(key).is_some());
+        self.drop_task(key, |inner| {
+            inner.failures.remove(key);
+            inner.failed.remove(key).is_some()
+        });
     }
 }
 
@@ -503,12 +535,31 @@ mod tests {
             "a failure backs off"
         );
         assert!(tasks.retry_in("ns/c") > Duration::ZERO);
-        tasks.clear_backoff("ns/c");
+        let (failures, at) = tasks.retry("ns/c");
+        assert_eq!(failures, 1);
+        let wait = at.expect("a retry time").duration_since(SystemTime::now());
+        assert!(wait.clone().expect("later") <= BACKOFF_BASE, "{wait:?}");
+        tasks.resume("ns/c", 4);
+        assert_eq!(
+            tasks.retry("ns/c").0,
+            1,
+            "a count kept here wins over the status's"
+        );
+        tasks.start_over("ns/c");
+        assert_eq!(tasks.retry("ns/c"), (0, None));
         assert!(
             tasks.submit("ns/c", true, async { Ok(()) }.boxed()),
             "a retry request skips the backoff"
         );
         until(&tasks, "ns/c", TaskState::Idle).await;
+        tasks.resume("ns/new", 3);
+        assert_eq!(
+            tasks.retry("ns/new"),
+            (3, None),
+            "after a restart: the status's count"
+        );
+        tasks.forget("ns/new");
+        assert_eq!(tasks.retry("ns/new"), (0, None));
     }
 
     #[tokio::test]

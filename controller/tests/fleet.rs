@@ -126,3 +126,112 @@ async fn a_suspended_instance_runs_nothing_until_resumed_and_is_still_deleted() 
     )
     .await;
 }
+
+/// Item 2: a failing Helm run (real helm refusing values the chart's schema does not allow)
+/// shows its failures and when it retries, stops at `--max-retries` as `Stalled`, and starts
+/// over at once on a spec change and on the retry annotation.
+#[tokio::test]
+async fn a_failing_helm_run_says_when_it_retries_and_stalls_at_max_retries() {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, "retries").await;
+    // The stand-in chart's schema, as strict as the real chart's, has no policies.notAField.
+    std::fs::write(&fx.values, "policies: { notAField: true }\n").expect("values");
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--watch-namespace",
+            &team,
+            "--max-retries=2",
+        ],
+    );
+    let limit = Duration::from_secs(120);
+    let failures = |pi: &Value| pi["status"]["failures"].as_u64();
+
+    apply(&cluster, &instance(&team, "flaky", ""));
+    let first = wait_for("the first failure", limit, &controller, || {
+        let pi = get(&cluster, &["-n", &team, "get", "pi", "flaky"])?;
+        (failures(&pi) == Some(1)).then_some(pi)
+    })
+    .await;
+    let next = first["status"]["nextRetryAt"]
+        .as_str()
+        .expect("nextRetryAt");
+    let message = message(&first, "VClusterReady");
+    assert_eq!(
+        condition(&first, "VClusterReady").map(|c| c.1),
+        Some("InstallFailed".into())
+    );
+    assert!(
+        message.contains("notAField")
+            && message.contains(&format!(
+                "failure 1 of --max-retries 2; the next try runs at {next}"
+            )),
+        "{message}"
+    );
+
+    // The second failure stops it: Stalled (kstatus Failed), no retry time, no more helm.
+    let cc = (&cluster, &controller);
+    let stalled = ("Stalled", "True", "RetriesExhausted");
+    let pi = reaches(cc, (&team, "flaky"), stalled, limit).await;
+    assert_eq!(failures(&pi), Some(2));
+    assert!(pi["status"]["nextRetryAt"].is_null(), "{pi}");
+    assert_eq!(pi["status"]["phase"], "Failed");
+    let runs = controller.metric(HELM_RUNS).await;
+    assert_eq!(runs, 2.0);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(controller.metric(HELM_RUNS).await, runs, "no third try");
+
+    // A spec change starts over at once: two more tries, then stalled again.
+    apply(
+        &cluster,
+        &instance(&team, "flaky", "").replace("6.0.22", "6.0.21"),
+    );
+    wait_for("helm to run again", limit, &controller, || {
+        let pi = get(&cluster, &["-n", &team, "get", "pi", "flaky"])?;
+        let generation = pi["metadata"]["generation"].as_i64();
+        let at = pi["status"]["observedGeneration"].as_i64() == generation;
+        (at && failures(&pi) == Some(1)).then_some(())
+    })
+    .await;
+    reaches(cc, (&team, "flaky"), stalled, limit).await;
+    assert_eq!(controller.metric(HELM_RUNS).await, runs + 2.0);
+
+    // Fixed, and the retry annotation set: it starts over at once and provisions.
+    std::fs::write(&fx.values, "{}\n").expect("values");
+    cluster
+        .kubectl_ok(
+            &[
+                "-n",
+                &team,
+                "annotate",
+                "pi",
+                "flaky",
+                "platform.di-framework.dev/retry=1",
+            ],
+            None,
+        )
+        .expect("annotate");
+    let pi = reaches(
+        cc,
+        (&team, "flaky"),
+        ("Installed", "False", "InstallerDisabled"),
+        limit,
+    )
+    .await;
+    assert!(
+        failures(&pi).is_none() && pi["status"]["nextRetryAt"].is_null(),
+        "{pi}"
+    );
+    assert_eq!(condition(&pi, "Stalled").map(|c| c.0), Some("False".into()));
+}
+
+/// The message of condition `type_`.
+fn message(pi: &Value, type_: &str) -> String {
+    let conditions = pi["status"]["conditions"].as_array();
+    let found = conditions.and_then(|c| c.iter().find(|c| c["type"] == type_));
+    found.map(|c| c["message"].to_string()).unwrap_or_default()
+}

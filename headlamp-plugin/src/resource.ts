@@ -54,6 +54,8 @@ export interface InstanceStatus {
   kubeconfigSecretRef?: { name: string; key: string };
   endpoints?: { http?: string; routeUrlPattern?: string };
   acknowledgedRetry?: string;
+  failures?: number;
+  nextRetryAt?: string;
   conditions?: InstanceCondition[];
   lastInstall?: {
     result: string;
@@ -144,6 +146,22 @@ export class PlatformInstance extends KubeObject<KubePlatformInstance> {
 export function instancePath(namespace: string, name?: string): string {
   const base = `/apis/${API_VERSION}/namespaces/${encodeURIComponent(namespace)}/${crd.plural}`;
   return name ? `${base}/${encodeURIComponent(name)}` : base;
+}
+
+/**
+ * When the failed run is tried again: "3 failures in a row; next try at <time>", "... no more
+ * tries (Stalled: <message>)" once the controller stopped at --max-retries, or "" with none.
+ */
+export function retryText(status: InstanceStatus | undefined): string {
+  const failures = status?.failures ?? 0;
+  if (failures === 0) return '';
+  const runs = `${failures} failure${failures === 1 ? '' : 's'} in a row`;
+  if (status?.nextRetryAt) return `${runs}; next try at ${status.nextRetryAt}`;
+  const stalled = status?.conditions?.find(
+    c => c.type === 'Stalled' && c.status === 'True' && c.reason === 'RetriesExhausted'
+  );
+  if (stalled) return `${runs}; no more tries until the spec changes or a retry is asked for`;
+  return `${runs}; retrying now`;
 }
 
 /** "6.0.22", or "6.0.22 (installed 6.0.21)" while an upgrade to spec.version is in progress. */

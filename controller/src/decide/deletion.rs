@@ -23,6 +23,7 @@ pub fn decide(o: &Observed) -> Plan {
             phase: Phase::Deleting,
             conditions: plan.conditions,
             requeue: Requeue::Idle,
+            retry: Default::default(),
         };
     }
     if o.install.outcome.busy() || o.install.preview_task.busy() {

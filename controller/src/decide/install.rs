@@ -330,14 +330,28 @@ fn failed_run(
     backoff: bool,
     plan: &mut PlanBuilder,
 ) -> Outcome {
-    let what = &x.what;
-    let text = match &x.i.installed {
-        Some(v) if *v != x.i.requested => {
-            format!("{what} failed: {error}; {v} stays installed; retrying with backoff")
-        }
-        _ => format!("{what} failed: {error}; retrying with backoff"),
+    let (what, retry) = (&x.what, &x.i.retry);
+    plan.retry = retry.clone();
+    let stays = match &x.i.installed {
+        Some(v) if *v != x.i.requested => format!("; {v} stays installed"),
+        _ => String::new(),
     };
     let reason = Reason::Failed(failure);
+    if retry.exhausted() {
+        plan.actions
+            .retain(|a| !matches!(a, Action::Install { .. }));
+        let text = format!(
+            "{what} failed: {error}{stays}; {}: not retrying until the spec changes or the annotation {RETRY_ANNOTATION} is set to a new value",
+            retry.words()
+        );
+        plan.condition(Cond::no(c::INSTALLED, reason, text.clone()));
+        let kstatus = Kstatus::stalled(Reason::RetriesExhausted, text);
+        return (Phase::Failed, kstatus, Requeue::Idle);
+    }
+    let text = format!(
+        "{what} failed: {error}{stays}; retrying with backoff ({})",
+        retry.words()
+    );
     let requeue = if backoff {
         Requeue::Backoff
     } else {

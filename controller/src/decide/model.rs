@@ -394,6 +394,39 @@ impl InstallOutcome {
     }
 }
 
+/// A task's failed runs in a row at the instance's generation and when it retries, against
+/// `--max-retries`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Retry {
+    /// Failed runs in a row.
+    pub failures: u32,
+    /// When the retry may run (`None`: now, or nothing failed).
+    pub at: Option<Time>,
+    /// `--max-retries` (0: no bound).
+    pub max: u32,
+}
+
+impl Retry {
+    /// `--max-retries` failures in a row: no retry until the spec changes or a person asks.
+    pub fn exhausted(&self) -> bool {
+        self.max > 0 && self.failures >= self.max
+    }
+
+    /// `failure n of m` (or `failure n` with no bound), and when the next try runs.
+    pub fn words(&self) -> String {
+        let (n, max) = (self.failures, self.max);
+        let bound = if max > 0 {
+            format!(" of --max-retries {max}")
+        } else {
+            String::new()
+        };
+        match &self.at {
+            Some(at) => format!("failure {n}{bound}; the next try runs at {}", at.0),
+            None => format!("failure {n}{bound}"),
+        }
+    }
+}
+
 /// What the installer knows about one instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InstallObserved {
@@ -428,6 +461,8 @@ pub struct InstallObserved {
     pub downgrade_allowed: bool,
     /// A person asked for a retry (a new value of the retry annotation): repair at once.
     pub retry_requested: bool,
+    /// The install task's failures in a row.
+    pub retry: Retry,
 }
 
 /// Everything observed about one instance.
@@ -455,6 +490,8 @@ pub struct Observed {
     pub chart_version: String,
     /// The helm task.
     pub task: TaskState,
+    /// The helm task's failures in a row.
+    pub helm_retry: Retry,
     /// The vCluster control plane (the Deployment `vcluster`) has rolled out and is ready.
     pub statefulset_ready: bool,
     /// The kubeconfig the vCluster exported.
@@ -589,6 +626,8 @@ pub struct Plan {
     pub conditions: Vec<Cond>,
     /// When to look again.
     pub requeue: Requeue,
+    /// The failed task the status reports (its failures and next try), if any.
+    pub retry: Retry,
 }
 
 /// Builds a [`Plan`]: actions and detail conditions are added as the decision goes, and
@@ -599,14 +638,16 @@ pub struct PlanBuilder {
     pub actions: Vec<Action>,
     /// Conditions so far.
     pub conditions: Vec<Cond>,
+    /// The failed task the status reports.
+    pub retry: Retry,
 }
 
 impl PlanBuilder {
     /// A builder starting with `conditions`.
     pub fn with(conditions: impl IntoIterator<Item = Cond>) -> Self {
         Self {
-            actions: Vec::new(),
             conditions: conditions.into_iter().collect(),
+            ..Self::default()
         }
     }
 
@@ -638,6 +679,7 @@ impl PlanBuilder {
             phase,
             conditions,
             requeue,
+            retry: self.retry,
         }
     }
 }

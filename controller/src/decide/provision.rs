@@ -65,9 +65,11 @@ pub fn decide(o: &Observed) -> Plan {
     let (vcluster, requeue) = vcluster(o, &mut plan);
     let vcluster_ready = vcluster.status;
     let stops = [Reason::StorageNodeGone, Reason::StorageConflict];
-    let stop = stops
-        .contains(&vcluster.reason)
-        .then(|| (vcluster.reason, vcluster.message.clone()));
+    let stop = if helm_exhausted(o) {
+        Some((Reason::RetriesExhausted, vcluster.message.clone()))
+    } else {
+        (stops.contains(&vcluster.reason)).then(|| (vcluster.reason, vcluster.message.clone()))
+    };
     plan.condition(vcluster);
     if vcluster_ready {
         if let KubeconfigSecret::Foreign(secret) = &o.kubeconfig {
@@ -150,12 +152,36 @@ fn owner_service(o: &Observed, plan: &mut PlanBuilder) -> Option<Plan> {
     }
 }
 
+/// Helm failed `--max-retries` times in a row at this generation and the release still needs it:
+/// it is not run again until the spec changes or a person asks.
+fn helm_exhausted(o: &Observed) -> bool {
+    o.helm_retry.exhausted() && !release_current(o) && !o.task.busy()
+}
+
 /// The `VClusterReady` condition, the helm action it needs, and when to look again.
 fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
     let current = release_current(o);
     let install = Action::InstallVCluster {
         recover: matches!(o.release, Release::Pending(_)),
     };
+    if matches!(o.task, TaskState::Failed(_)) || helm_exhausted(o) {
+        plan.retry = o.helm_retry.clone();
+    }
+    if helm_exhausted(o) {
+        let (reason, error) = match &o.task {
+            TaskState::Failed(e) => (Reason::helm(e, Reason::HelmFailed), e.message.as_str()),
+            _ => (
+                Reason::HelmFailed,
+                "its error was before the controller restarted",
+            ),
+        };
+        let message = format!(
+            "helm failed: {error}; {}: not retrying until the spec changes or the annotation {} is set to a new value",
+            o.helm_retry.words(),
+            common::names::RETRY_ANNOTATION
+        );
+        return (Cond::no(c::VCLUSTER_READY, reason, message), Requeue::Idle);
+    }
     let (reason, message, requeue) = match (&o.task, &o.release) {
         (TaskState::Queued(position), _) => {
             let place = super::model::queue_place(*position);
@@ -170,7 +196,8 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
         }
         (TaskState::Failed(e), _) if !current => {
             plan.act(install);
-            let message = format!("helm failed: {e}; retrying with backoff");
+            let retry = o.helm_retry.words();
+            let message = format!("helm failed: {e}; retrying with backoff ({retry})");
             let reason = Reason::helm(e, Reason::HelmFailed);
             (reason, message, Requeue::Backoff)
         }

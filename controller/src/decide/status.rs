@@ -64,6 +64,7 @@ pub enum Reason {
     Idle,
     Progressing,
     Suspended,
+    RetriesExhausted,
 }
 
 impl Reason {
@@ -327,6 +328,7 @@ mod tests {
             Idle,
             Progressing,
             Suspended,
+            RetriesExhausted,
         ];
         all.extend(
             [

@@ -7,6 +7,7 @@ use super::decide;
 use super::model::*;
 use crate::decide::model::Failure;
 use crate::decide::model::Mode;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 fn base() -> Observed {
     Observed {
@@ -23,6 +24,7 @@ fn base() -> Observed {
         },
         chart_version: "0.37.3".into(),
         task: TaskState::Idle,
+        helm_retry: Retry::default(),
         statefulset_ready: true,
         exported: Exported::Accepted { serves: Some(true) },
         kubeconfig: KubeconfigSecret::Current,
@@ -1236,4 +1238,75 @@ fn a_suspended_instance_starts_nothing_but_is_still_deleted() {
         })
     );
     assert!(!decide(&deleting).actions.is_empty());
+}
+
+#[test]
+fn failures_retry_with_their_time_until_max_retries_then_stall() {
+    let at = Time("2026-12-01T00:00:10Z".parse().expect("time"));
+    let retry = |failures| Retry {
+        failures,
+        at: Some(at.clone()),
+        max: 2,
+    };
+    // Helm: the first failure retries, saying when; the second stops it.
+    let helm = |failures, task| Observed {
+        release: Release::Failed("failed".into()),
+        task,
+        helm_retry: retry(failures),
+        ..base()
+    };
+    let boom = || TaskState::Failed("boom".to_string().into());
+    let plan = decide(&helm(1, boom()));
+    assert_eq!(plan.actions, [Action::InstallVCluster { recover: false }]);
+    assert_eq!(
+        (plan.retry.failures, plan.retry.at.clone()),
+        (1, Some(at.clone()))
+    );
+    let message = &want(&plan, c::VCLUSTER_READY).message;
+    assert!(
+        message.contains("failure 1 of --max-retries 2; the next try runs at 2026-12-01T00:00:10Z"),
+        "{message}"
+    );
+    assert_eq!(cond(&plan, c::STALLED), (false, "Progressing"));
+    for task in [boom(), TaskState::Idle] {
+        // Idle: after a restart, with the status's count.
+        let plan = decide(&helm(2, task));
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "InstallFailed"));
+        assert_eq!(cond(&plan, c::STALLED), (true, "RetriesExhausted"));
+        assert_eq!((plan.phase, plan.requeue), (Phase::Failed, Requeue::Idle));
+        assert_eq!(plan.retry.failures, 2);
+    }
+    // Installs: the same, the failure's own reason kept on Installed.
+    let install = |failures| {
+        with_install(|i| {
+            i.requested = "6.0.23".into();
+            i.outcome = failed("6.0.23", Failure::InstallFailed, "boom", true);
+            i.retry = retry(failures);
+        })
+    };
+    let plan = decide(&install(1));
+    assert_eq!(
+        plan.actions,
+        [Action::Install {
+            mode: Mode::Upgrade
+        }]
+    );
+    assert_eq!(plan.requeue, Requeue::Backoff);
+    let plan = decide(&install(2));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(cond(&plan, c::INSTALLED), (false, "InstallFailed"));
+    assert_eq!(cond(&plan, c::STALLED), (true, "RetriesExhausted"));
+    let message = &want(&plan, c::STALLED).message;
+    assert!(
+        message.contains("6.0.22 stays installed; failure 2 of --max-retries 2"),
+        "{message}"
+    );
+    assert_eq!(plan.phase, Phase::Failed);
+    // 0 is no bound.
+    let unbounded = Retry {
+        max: 0,
+        ..retry(50)
+    };
+    assert!(!unbounded.exhausted());
 }

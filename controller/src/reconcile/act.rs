@@ -229,7 +229,7 @@ fn install(t: &Target<'_>, mode: Mode) {
         .is_some_and(|l| l.version != job.version)
         || record.attempted_config_hash.as_ref() != Some(&job.config.hash)
     {
-        t.ctx.tasks.clear_backoff(&install_key(t.pi));
+        t.ctx.tasks.start_over(&install_key(t.pi));
     }
     let (installer, client) = (t.ctx.installer.clone(), t.ctx.client.clone());
     let work = async move { installer.install(client, job).await };

@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use common::crd::PlatformInstance;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::Reporter;
+use kube::{Resource, ResourceExt};
 
 pub use error::ReconcileError;
 pub use objects::{cleanup_job, service_hash, vcluster_values};
@@ -70,6 +70,8 @@ pub struct Settings {
     pub operator_user: String,
     /// Run the platform program (`--install-platform`).
     pub install_platform: bool,
+    /// Failed runs in a row after which an instance stops retrying (`--max-retries`; 0: never).
+    pub max_retries: u32,
     /// The Pod Security level enforced inside each vCluster (`--pod-security-standard`).
     pub pod_security: crate::pod_security::Level,
 }
@@ -147,8 +149,16 @@ pub async fn reconcile(
     let retry_ack = observe::retry_request(&pi).cloned();
     if retry_ack.is_some() {
         tracing::info!(instance = %key, "retry requested by annotation");
-        for k in task_keys(&pi) {
-            ctx.tasks.clear_backoff(&k);
+    }
+    // Retries start over at a new generation or on request; else a count this controller has
+    // not kept yet (it restarted) is the status's.
+    let status = pi.status.as_ref();
+    let seen = status.and_then(|s| s.observed_generation) == pi.meta().generation;
+    for k in task_keys(&pi) {
+        match status.and_then(|s| s.failures) {
+            Some(failures) if seen && retry_ack.is_none() => ctx.tasks.resume(&k, failures),
+            _ if seen && retry_ack.is_none() => {}
+            _ => ctx.tasks.start_over(&k),
         }
     }
     if ctx.stores.ready() {

@@ -15,11 +15,12 @@ use super::reader::Read;
 use super::{Settings, key, objects};
 use crate::decide::model::{
     Cleanup, Exported, HostNamespace, InstallObserved, InstallOutcome, KubeconfigSecret, Observed,
-    OwnerService, Release, StorageNode,
+    OwnerService, Release, Retry, StorageNode,
 };
 use crate::decide::ownership;
 use crate::installer::config::{self as program, ProgramConfig};
 use crate::installer::record::Record;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// What observe found besides [`Observed`]: what the actions need.
 pub struct Found {
@@ -97,6 +98,7 @@ pub fn observe(
         release: ours.and(read.release).unwrap_or(Release::Missing),
         chart_version: settings.chart_version.clone(),
         task: read.tasks[0].clone(),
+        helm_retry: retry(settings, read.retries[0]),
         statefulset_ready: ours.is_some()
             && read
                 .deployment
@@ -295,6 +297,20 @@ fn install_observed(
             .get(ALLOW_DOWNGRADE_ANNOTATION)
             .is_some_and(|v| v == "true"),
         retry_requested: retry_request(pi).is_some(),
+        retry: retry(settings, read.retries[1]),
+    }
+}
+
+/// A task's failures in a row and when it retries, against `--max-retries`.
+fn retry(settings: &Settings, (failures, at): (u32, Option<std::time::SystemTime>)) -> Retry {
+    let at = at.and_then(|t| Timestamp::try_from(t).ok());
+    Retry {
+        failures,
+        // To the second: the status shows no more.
+        at: at
+            .and_then(|t| Timestamp::from_second(t.as_second() + 1).ok())
+            .map(Time),
+        max: settings.max_retries,
     }
 }
 

@@ -75,6 +75,8 @@ pub(crate) struct Read {
     pub client_secret: Option<Result<String, String>>,
     /// The helm, install and preview tasks (read before the record).
     pub tasks: [TaskState; 3],
+    /// Their failures in a row and when each may retry.
+    pub retries: [(u32, Option<std::time::SystemTime>); 3],
     pub record: Record,
     /// Why the installer's record, which exists, cannot be read.
     pub record_error: Option<String>,
@@ -218,6 +220,7 @@ pub(crate) async fn read(
     }
     // The tasks' states before the record (see `InstallOutcome::fold`).
     read.tasks = task_keys(pi).map(|k| ctx.tasks.state(&k));
+    read.retries = task_keys(pi).map(|k| ctx.tasks.retry(&k));
     match ctx.installer.record(&ns, &pi.name_any()) {
         Ok(record) => read.record = record,
         Err(e) => read.record_error = Some(e.to_string()),

@@ -43,6 +43,31 @@ describe('ActivitySection', () => {
     expect(screen.getByText(held)).toBeTruthy();
   });
 
+  it('shows when a failed run is tried again, and when it is not', () => {
+    renderInHeadlamp(
+      <ActivitySection item={instance({}, { failures: 1, nextRetryAt: '2026-12-01T00:00:10Z' })} />
+    );
+    expect(screen.getByText('1 failure in a row; next try at 2026-12-01T00:00:10Z')).toBeTruthy();
+  });
+
+  it('shows an instance that stopped retrying', () => {
+    const stalled = {
+      type: 'Stalled',
+      status: 'True',
+      reason: 'RetriesExhausted',
+      message: 'helm failed',
+      lastTransitionTime: '2026-12-01T00:00:00Z',
+    };
+    renderInHeadlamp(
+      <ActivitySection item={instance({}, { failures: 5, conditions: [stalled] })} />
+    );
+    expect(
+      screen.getByText(
+        '5 failures in a row; no more tries until the spec changes or a retry is asked for'
+      )
+    ).toBeTruthy();
+  });
+
   it('shows an instance that is not suspended', () => {
     renderInHeadlamp(<ActivitySection item={instance({}, {})} />);
     expect(screen.getByText('no')).toBeTruthy();

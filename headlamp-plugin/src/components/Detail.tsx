@@ -1,5 +1,5 @@
-// The detail view of one instance: spec and status, whether it is suspended, what the last
-// install applied, endpoints,
+// The detail view of one instance: spec and status, whether it is suspended and when a failed
+// run is retried, what the last install applied, endpoints,
 // conditions with reasons and messages, recent Events, the host namespace and the kubeconfig;
 // Edit (the form, sending a JSON Patch) and Delete (saying what deletionPolicy will do).
 import {
@@ -15,7 +15,13 @@ import {
 import { Alert, Button } from '@mui/material';
 import React from 'react';
 import { useHistory, useParams } from 'react-router-dom';
-import { deletionPolicyText, InstanceCondition, PlatformInstance, versionText } from '../resource';
+import {
+  deletionPolicyText,
+  InstanceCondition,
+  PlatformInstance,
+  retryText,
+  versionText,
+} from '../resource';
 import { InstanceForm, requestErrorText } from './InstanceForm';
 import { KubeconfigSection } from './Kubeconfig';
 import { PhaseLabel, ReadyLabel } from './labels';
@@ -175,7 +181,8 @@ function LastInstallSection({ item }: { item: PlatformInstance }) {
 }
 
 /**
- * What the controller will do next: whether the instance is suspended (and what is held).
+ * What the controller will do next: whether the instance is suspended (and what is held), and
+ * when a failed run is tried again.
  */
 export function ActivitySection({ item }: { item: PlatformInstance }) {
   const held = item.status.conditions?.find(c => c.type === 'Suspended' && c.status === 'True');
@@ -189,6 +196,7 @@ export function ActivitySection({ item }: { item: PlatformInstance }) {
               ? held?.message ?? 'yes: spec.suspend is true (the controller has not seen it yet)'
               : 'no',
           },
+          { name: 'Next retry', value: retryText(item.status), hide: !item.status.failures },
         ]}
       />
     </SectionBox>

@@ -276,6 +276,7 @@ spec:
             - {{ printf "--repair-interval=%v" .Values.repairInterval | quote }}
             - {{ printf "--target-poll=%v" .Values.targetPoll | quote }}
             - {{ printf "--max-concurrent-installs=%v" .Values.maxConcurrentInstalls | quote }}
+            - {{ printf "--max-retries=%v" .Values.maxRetries | quote }}
             {{- with .Values.cleanupNamespace }}
             - {{ printf "--cleanup-namespace=%v" . | quote }}
             {{- end }}
