@@ -417,6 +417,12 @@ pub struct PlatformInstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failures: Option<u32>,
 
+    /// The last five installs, upgrades, re-applies and repairs, newest first (what each ran, how
+    /// it ended and what it applied), kept in the installer's record on the state volume.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub history: Vec<HistoryEntry>,
+
     /// When the controller runs the failed install, upgrade, repair or Helm run again (capped
     /// exponential backoff: 5 s doubling to 5 min); absent when no retry waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -471,6 +477,53 @@ pub struct LastInstall {
     pub message: Option<String>,
 
     /// A summary of the resources the install applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<InstallSummary>,
+}
+
+/// The most runs `status.history` keeps.
+pub const HISTORY_LIMIT: usize = 5;
+
+/// Why an install ran.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstallKind {
+    /// The first install.
+    Install,
+    /// A new `spec.version`.
+    Upgrade,
+    /// Changed settings at the installed version.
+    Reapply,
+    /// Drift, an interrupted run or a request put back at the installed version.
+    Repair,
+}
+
+/// One run of the platform program, as `status.history` keeps it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    /// Why it ran: `Install`, `Upgrade`, `Reapply` or `Repair`.
+    pub kind: InstallKind,
+
+    /// The platform version it ran.
+    #[schemars(length(max = 64))]
+    pub version: String,
+
+    /// How it ended: `Succeeded`, `Failed` or `TimedOut`.
+    pub result: InstallResult,
+
+    /// When it started.
+    pub started_at: Time,
+
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+
+    /// SHA-256 of the configuration it was given (secret values excluded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 80))]
+    pub config_hash: Option<String>,
+
+    /// The resources it created, updated, deleted and left unchanged (when it succeeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<InstallSummary>,
 }

@@ -57,6 +57,15 @@ export interface InstanceStatus {
   failures?: number;
   nextRetryAt?: string;
   conditions?: InstanceCondition[];
+  history?: {
+    kind: string;
+    version: string;
+    result: string;
+    startedAt: string;
+    finishedAt?: string;
+    configHash?: string;
+    summary?: { created?: number; updated?: number; deleted?: number; unchanged?: number };
+  }[];
   lastInstall?: {
     result: string;
     version: string;

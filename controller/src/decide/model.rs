@@ -3,7 +3,10 @@
 //! decision returns. The drivers (`tasks`, `helm`, `policy`) import these types, not the
 //! decisions.
 
-use common::crd::{DeletionPolicy, Endpoints, InstallResult, LastInstall, Phase};
+use common::crd::{
+    DeletionPolicy, Endpoints, HISTORY_LIMIT, HistoryEntry, InstallKind, InstallResult,
+    InstallSummary, LastInstall, Phase,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +24,17 @@ pub enum Mode {
     Reapply,
     /// Drift (or an interrupted install) put back at the installed version.
     Repair,
+}
+
+impl From<Mode> for common::crd::InstallKind {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Install => Self::Install,
+            Mode::Upgrade => Self::Upgrade,
+            Mode::Reapply => Self::Reapply,
+            Mode::Repair => Self::Repair,
+        }
+    }
 }
 
 /// Why an install or preview failed: each a condition reason documented in `docs/controller.md`.
@@ -88,9 +102,34 @@ pub struct Record {
     /// The names of the per-membership kubeconfig Secrets the last install wrote.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub membership_secrets: Vec<String>,
+    /// The last finished runs, newest first (`status.history`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
 }
 
 impl Record {
+    /// Adds the last install, finished, as a `kind` run to the history, keeping the newest
+    /// [`HISTORY_LIMIT`].
+    pub fn remember(&mut self, kind: InstallKind) {
+        let Some(last) = &self.last_install else {
+            return;
+        };
+        let entry = HistoryEntry {
+            kind,
+            version: last.version.clone(),
+            result: last.result,
+            started_at: last.started_at.clone(),
+            finished_at: last.finished_at.clone(),
+            config_hash: self.attempted_config_hash.clone(),
+            summary: (last.summary.clone()).map(|s| InstallSummary {
+                config_hash: None,
+                ..s
+            }),
+        };
+        self.history.insert(0, entry);
+        self.history.truncate(HISTORY_LIMIT);
+    }
+
     /// When the instance was last installed or previewed (what the repair interval counts from).
     pub fn last_checked(&self) -> Option<&Time> {
         let install = self

@@ -321,6 +321,7 @@ impl Installer {
             });
         }
         rec.failure = outcome.as_ref().err().and_then(|e| e.failure);
+        rec.remember(job.mode.into());
         // Before the record, which is read as the task's end.
         self.collect_trees().await;
         if let Err(e) = record::store(&dir, &rec) {

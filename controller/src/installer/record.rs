@@ -86,6 +86,7 @@ mod tests {
             preview: None,
             preview_failure: Some((Failure::PreviewFailed, "why".into())),
             membership_secrets: vec!["one-acme-dev-kubeconfig".into()],
+            history: Vec::new(),
         };
         store(&dir, &record).expect("store");
         assert_eq!(load(&dir).expect("load"), record);
@@ -99,6 +100,54 @@ mod tests {
             "{unreadable}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_history_keeps_the_last_five_runs_newest_first() {
+        use common::crd::{InstallKind, InstallSummary};
+        let mut record = Record::default();
+        record.remember(InstallKind::Install);
+        assert!(record.history.is_empty(), "no run, nothing remembered");
+        for i in 0..7 {
+            let ok = i % 2 == 0;
+            record.attempted_config_hash = Some(format!("sha256:{i}"));
+            record.last_install = Some(LastInstall {
+                version: format!("6.0.{i}"),
+                started_at: at("2026-11-30T00:00:00Z"),
+                finished_at: Some(at("2026-11-30T00:01:00Z")),
+                result: if ok {
+                    InstallResult::Succeeded
+                } else {
+                    InstallResult::Failed
+                },
+                message: Some("a long message the history leaves out".into()),
+                summary: ok.then(|| InstallSummary {
+                    created: i,
+                    config_hash: Some(format!("sha256:{i}")),
+                    ..InstallSummary::default()
+                }),
+            });
+            record.remember(if i == 0 {
+                InstallKind::Install
+            } else {
+                InstallKind::Repair
+            });
+        }
+        let versions: Vec<&str> = record.history.iter().map(|h| h.version.as_str()).collect();
+        assert_eq!(versions, ["6.0.6", "6.0.5", "6.0.4", "6.0.3", "6.0.2"]);
+        let newest = &record.history[0];
+        assert_eq!(newest.kind, InstallKind::Repair);
+        assert_eq!(newest.config_hash.as_deref(), Some("sha256:6"));
+        let summary = newest.summary.as_ref().expect("a summary");
+        assert_eq!((summary.created, summary.config_hash.as_deref()), (6, None));
+        assert_eq!(record.history[1].result, InstallResult::Failed);
+        assert!(record.history[1].summary.is_none());
+        // It survives the record's round trip.
+        let json = serde_json::to_vec(&record).expect("json");
+        assert_eq!(
+            serde_json::from_slice::<Record>(&json).expect("record"),
+            record
+        );
     }
 
     #[test]

@@ -89,6 +89,10 @@ fn status(
             .or(old.installed_version.clone()),
         endpoints: record.endpoints.clone().or(old.endpoints.clone()),
         last_install: record.last_install.clone().or(old.last_install.clone()),
+        history: match record.history.is_empty() {
+            true => old.history.clone(),
+            false => record.history.clone(),
+        },
         failures: Some(plan.retry.failures).filter(|f| *f > 0),
         next_retry_at: plan.retry.at.clone().filter(|_| !plan.retry.exhausted()),
     }

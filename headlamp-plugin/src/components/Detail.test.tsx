@@ -3,7 +3,7 @@
 import { screen } from '@testing-library/react';
 import { KubePlatformInstance, PlatformInstance } from '../resource';
 import { renderInHeadlamp } from '../testing';
-import { ActivitySection } from './Detail';
+import { ActivitySection, HistorySection } from './Detail';
 
 vi.setConfig({ testTimeout: 60_000 });
 
@@ -71,5 +71,45 @@ describe('ActivitySection', () => {
   it('shows an instance that is not suspended', () => {
     renderInHeadlamp(<ActivitySection item={instance({}, {})} />);
     expect(screen.getByText('no')).toBeTruthy();
+  });
+});
+
+describe('HistorySection', () => {
+  it('shows the runs newest first, with what each applied', () => {
+    const run = (kind: string, result: string, finishedAt: string, summary?: object) => ({
+      kind,
+      version: '6.0.22',
+      result,
+      startedAt: '2026-12-01T00:00:00Z',
+      finishedAt,
+      configHash: `sha256:${kind}`,
+      summary,
+    });
+    renderInHeadlamp(
+      <HistorySection
+        item={instance(
+          {},
+          {
+            history: [
+              run('Repair', 'Failed', '2026-12-01T02:00:00Z'),
+              run('Install', 'Succeeded', '2026-12-01T01:00:00Z', { created: 7 }),
+            ],
+          }
+        )}
+      />
+    );
+    const rows = screen.getAllByRole('row').map(r => r.textContent ?? '');
+    const repair = rows.findIndex(r => r.includes('Repair'));
+    const install = rows.findIndex(r => r.includes('Install'));
+    expect(repair).toBeGreaterThan(0);
+    expect(install).toBeGreaterThan(repair);
+    expect(rows[install]).toContain('7 created, 0 updated, 0 deleted, 0 unchanged');
+    expect(rows[install]).toContain('sha256:Install');
+    expect(rows[repair]).toContain('Failed');
+  });
+
+  it('says when nothing has run', () => {
+    renderInHeadlamp(<HistorySection item={instance({}, {})} />);
+    expect(screen.getByText('No install has finished yet.')).toBeTruthy();
   });
 });

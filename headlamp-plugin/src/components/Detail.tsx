@@ -1,5 +1,5 @@
 // The detail view of one instance: spec and status, whether it is suspended and when a failed
-// run is retried, what the last install applied, endpoints,
+// run is retried, what the last install applied and the history of runs, endpoints,
 // conditions with reasons and messages, recent Events, the host namespace and the kubeconfig;
 // Edit (the form, sending a JSON Patch) and Delete (saying what deletionPolicy will do).
 import {
@@ -203,6 +203,34 @@ export function ActivitySection({ item }: { item: PlatformInstance }) {
   );
 }
 
+/** The last runs of the platform program, newest first (`status.history`). */
+export function HistorySection({ item }: { item: PlatformInstance }) {
+  type Run = NonNullable<PlatformInstance['status']['history']>[number];
+  const counts = (s: Run['summary']) =>
+    s
+      ? `${s.created ?? 0} created, ${s.updated ?? 0} updated, ${s.deleted ?? 0} deleted, ${
+          s.unchanged ?? 0
+        } unchanged`
+      : '';
+  return (
+    <SectionBox title="History">
+      <SimpleTable
+        columns={[
+          { label: 'Kind', getter: (r: Run) => r.kind },
+          { label: 'Version', getter: (r: Run) => r.version },
+          { label: 'Result', getter: (r: Run) => r.result },
+          { label: 'Started', getter: (r: Run) => r.startedAt },
+          { label: 'Finished', getter: (r: Run) => r.finishedAt ?? '' },
+          { label: 'Resources', getter: (r: Run) => counts(r.summary) },
+          { label: 'Config hash', getter: (r: Run) => r.configHash ?? '' },
+        ]}
+        data={item.status.history ?? []}
+        emptyMessage="No install has finished yet."
+      />
+    </SectionBox>
+  );
+}
+
 /**
  * The conditions with their reasons and messages in plain sight (Headlamp's ConditionsTable
  * shows a message only on hover).
@@ -299,6 +327,7 @@ export function PlatformInstanceDetail() {
               },
               { id: 'di-framework.activity', section: <ActivitySection item={item} /> },
               { id: 'di-framework.last-install', section: <LastInstallSection item={item} /> },
+              { id: 'di-framework.history', section: <HistorySection item={item} /> },
               {
                 id: 'di-framework.conditions',
                 section: <ConditionsSection item={item} />,
