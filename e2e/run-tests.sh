@@ -29,10 +29,11 @@ debian_packages() {
   # One job, so two apt runs never contend for apt's lock.
   # Chromium for the browser test; for the real node (e2e/src/real_node.rs, lane 4) containerd,
   # runc, the CNI plugins and iptables, and for its images (e2e/src/images.rs) buildah and
-  # busybox-static.
+  # busybox-static; lua5.4 runs the Argo CD health check (docs/argocd-health.lua) in the
+  # controller's tests.
   local want=() pkg
   [ -x /usr/bin/chromium ] || want+=(chromium)
-  for pkg in containerd runc containernetworking-plugins iptables buildah busybox-static; do
+  for pkg in containerd runc containernetworking-plugins iptables buildah busybox-static lua5.4; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || want+=("$pkg")
   done
   if [ "${#want[@]}" -gt 0 ]; then

@@ -2,6 +2,7 @@
 
 use common::conditions::RECONCILING;
 use common::crd::PlatformInstance;
+use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -188,6 +189,8 @@ pub struct InstanceConditions {
     phases: IntGaugeVec,
     conditions: IntGaugeVec,
     reconciling_age: Gauge,
+    info: IntGaugeVec,
+    condition: IntGaugeVec,
 }
 
 impl InstanceConditions {
@@ -213,6 +216,20 @@ impl InstanceConditions {
                 "platform_operator_controller_reconciling_max_age_seconds",
                 "How long the instance Reconciling the longest has been so; 0 when none is.",
             )?,
+            info: IntGaugeVec::new(
+                Opts::new(
+                    "platform_operator_instance_info",
+                    "Always 1, one series per PlatformInstance: its versions and phase.",
+                ),
+                &["namespace", "name", "version", "installed_version", "phase"],
+            )?,
+            condition: IntGaugeVec::new(
+                Opts::new(
+                    "platform_operator_instance_condition",
+                    "Always 1, one series per condition of each PlatformInstance, with its status.",
+                ),
+                &["namespace", "name", "type", "status"],
+            )?,
         })
     }
 }
@@ -222,11 +239,16 @@ impl Collector for InstanceConditions {
         let mut descs = self.phases.desc();
         descs.extend(self.conditions.desc());
         descs.extend(self.reconciling_age.desc());
+        descs.extend(self.info.desc());
+        descs.extend(self.condition.desc());
         descs
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        self.conditions.reset();
+        // Only the instances in the cache now: one series each (and one per condition).
+        for gauges in [&self.conditions, &self.info, &self.condition] {
+            gauges.reset();
+        }
         // Every phase is shown (at 0 until an instance reaches it).
         for phase in common::crd::Phase::ALL {
             self.phases.with_label_values(&[phase.as_str()]).set(0);
@@ -234,9 +256,17 @@ impl Collector for InstanceConditions {
         let now = k8s_openapi::jiff::Timestamp::now();
         let mut oldest: f64 = 0.0;
         for instance in self.store.state() {
-            let Some(status) = &instance.status else {
-                continue;
-            };
+            let none = Default::default();
+            let status = instance.status.as_ref().unwrap_or(&none);
+            let (namespace, name) = (
+                instance.namespace().unwrap_or_default(),
+                instance.name_any(),
+            );
+            let phase = status.phase.map_or("", |p| p.as_str());
+            let version = instance.spec.version.as_deref().unwrap_or_default();
+            let installed = status.installed_version.as_deref().unwrap_or_default();
+            let info = [namespace.as_str(), &name, version, installed, phase];
+            self.info.with_label_values(&info).set(1);
             if let Some(phase) = status.phase {
                 self.phases.with_label_values(&[phase.as_str()]).inc();
             }
@@ -244,6 +274,8 @@ impl Collector for InstanceConditions {
                 self.conditions
                     .with_label_values(&[c.type_.as_str(), c.status.as_str(), c.reason.as_str()])
                     .inc();
+                let labels = [namespace.as_str(), &name, &c.type_, &c.status];
+                self.condition.with_label_values(&labels).set(1);
                 if c.type_ == RECONCILING && c.status == "True" {
                     let age = now.duration_since(c.last_transition_time.0).as_secs_f64();
                     oldest = oldest.max(age);
@@ -254,6 +286,8 @@ impl Collector for InstanceConditions {
         let mut families = self.phases.collect();
         families.extend(self.conditions.collect());
         families.extend(self.reconciling_age.collect());
+        families.extend(self.info.collect());
+        families.extend(self.condition.collect());
         families
     }
 }
@@ -281,7 +315,7 @@ mod tests {
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
                 .expect("docs/metrics.md");
         let described = common::metrics::describe(&collectors);
-        assert_eq!(described.len(), 17);
+        assert_eq!(described.len(), 19);
         common::metrics::check_doc(&doc, "Controller", &described)
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -362,6 +396,32 @@ mod tests {
         assert_eq!(count("Stalled", "True", "InstallFailed"), Some(1.0));
         assert_eq!(count("Ready", "True", "Idle"), Some(1.0));
         assert_eq!(count("Ready", "False", "Idle"), None);
+        let condition = |name: &str, type_: &str, status: &str| {
+            value(
+                "platform_operator_instance_condition",
+                &[
+                    ("namespace", "team"),
+                    ("name", name),
+                    ("type", type_),
+                    ("status", status),
+                ],
+            )
+        };
+        assert_eq!(condition("b", "Stalled", "True"), Some(1.0));
+        assert_eq!(condition("b", "Stalled", "False"), None);
+        assert_eq!(condition("a", "Ready", "True"), Some(1.0));
+        let info = |name: &str| {
+            value(
+                "platform_operator_instance_info",
+                &[
+                    ("namespace", "team"),
+                    ("name", name),
+                    ("version", ""),
+                    ("phase", ""),
+                ],
+            )
+        };
+        assert_eq!((info("a"), info("c")), (Some(1.0), Some(1.0)));
         let age = value(
             "platform_operator_controller_reconciling_max_age_seconds",
             &[],

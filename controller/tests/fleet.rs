@@ -9,7 +9,7 @@ use e2e::shared::Shared;
 use serde_json::Value;
 
 mod support;
-use support::{Controller, condition, fixture, get, reaches, wait_for};
+use support::{Controller, Fixture, argo_health, condition, fixture, get, reaches, wait_for};
 
 /// Helm runs the controller made (the `_count` of its helm durations).
 const HELM_RUNS: &str = "platform_operator_controller_helm_duration_seconds_count";
@@ -19,6 +19,21 @@ fn instance(ns: &str, name: &str, extra: &str) -> String {
     format!(
         "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ name: {name}, namespace: {ns} }}\nspec:\n  version: 6.0.22\n  deletionPolicy: Retain\n{extra}"
     )
+}
+
+/// The shared control plane with the CRD, a fixture named `name` whose vCluster chart gets the
+/// extra `values`, a new namespace, and a controller watching it with `flags`. (Bind all four:
+/// the controller must stop before the fixture.)
+async fn start(name: &str, values: &str, flags: &[&str]) -> (Shared, Fixture, String, Controller) {
+    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = fixture(&cluster, name).await;
+    std::fs::write(&fx.values, values).expect("values");
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    let mut args = vec!["--leader-elect=false", "--watch-namespace", &team];
+    args.extend(flags);
+    let controller = Controller::start(&cluster, &fx, &args);
+    (cluster, fx, team, controller)
 }
 
 fn apply(cluster: &Shared, yaml: &str) {
@@ -34,6 +49,25 @@ async fn suspend(cluster: &Shared, controller: &Controller, ns: &str) -> Value {
     reaches((cluster, controller), (ns, "held"), condition, limit).await
 }
 
+/// Sets the retry annotation of instance `ns/name`, as a person asking for a retry.
+fn ask_for_retry(cluster: &Shared, ns: &str, name: &str) {
+    let annotation = "platform.di-framework.dev/retry=1";
+    let args = ["-n", ns, "annotate", "pi", name, annotation];
+    cluster.kubectl_ok(&args, None).expect("annotate");
+}
+
+/// Deletes instance `ns/name` and waits until it is gone.
+async fn delete(cluster: &Shared, controller: &Controller, ns: &str, name: &str) {
+    let args = ["-n", ns, "delete", "pi", name, "--wait=false"];
+    cluster.kubectl_ok(&args, None).expect("delete");
+    let limit = Duration::from_secs(180);
+    wait_for(&format!("{name} to be gone"), limit, controller, || {
+        let gone = get(cluster, &["-n", ns, "get", "pi", name]).is_none();
+        gone.then_some(())
+    })
+    .await;
+}
+
 fn pi(cluster: &Shared, ns: &str, name: &str) -> Value {
     get(cluster, &["-n", ns, "get", "pi", name]).expect("the instance")
 }
@@ -42,15 +76,7 @@ fn pi(cluster: &Shared, ns: &str, name: &str) -> Value {
 /// in a condition and a column of `kubectl get pi`, and resumes where it stopped.
 #[tokio::test]
 async fn a_suspended_instance_runs_nothing_until_resumed_and_is_still_deleted() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
-    cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "suspend").await;
-    let team = cluster.create_namespace("team", &[]).expect("namespace");
-    let controller = Controller::start(
-        &cluster,
-        &fx,
-        &["--leader-elect=false", "--watch-namespace", &team],
-    );
+    let (cluster, _fx, team, controller) = start("suspend", "{}\n", &[]).await;
     let cc = (&cluster, &controller);
     let limit = Duration::from_secs(120);
 
@@ -61,6 +87,7 @@ async fn a_suspended_instance_runs_nothing_until_resumed_and_is_still_deleted() 
         Some(("False".into(), "Suspended".into()))
     );
     assert!(held["metadata"]["finalizers"].as_array().is_some());
+    assert_eq!(argo_health(&held).0, "Suspended");
     let host = held["status"]["hostNamespace"]
         .as_str()
         .expect("host")
@@ -86,6 +113,9 @@ async fn a_suspended_instance_runs_nothing_until_resumed_and_is_still_deleted() 
     )
     .await;
     assert!(condition(&resumed, "Suspended").is_none(), "{resumed}");
+    let (health, message) = argo_health(&resumed);
+    assert_eq!(health, "Progressing");
+    assert!(message.contains("--install-platform=false"), "{message}");
     let secret = common::names::kubeconfig_secret("held");
     assert!(get(&cluster, &["-n", &team, "get", "secret", &secret]).is_some());
 
@@ -111,20 +141,7 @@ async fn a_suspended_instance_runs_nothing_until_resumed_and_is_still_deleted() 
 
     // Deleting a suspended instance is honoured.
     suspend(&cluster, &controller, &team).await;
-    cluster
-        .kubectl_ok(&["-n", &team, "delete", "pi", "held", "--wait=false"], None)
-        .expect("delete");
-    wait_for(
-        "the suspended instance to be deleted",
-        limit,
-        &controller,
-        || {
-            get(&cluster, &["-n", &team, "get", "pi", "held"])
-                .is_none()
-                .then_some(())
-        },
-    )
-    .await;
+    delete(&cluster, &controller, &team, "held").await;
 }
 
 /// Item 2: a failing Helm run (real helm refusing values the chart's schema does not allow)
@@ -132,22 +149,13 @@ async fn a_suspended_instance_runs_nothing_until_resumed_and_is_still_deleted() 
 /// over at once on a spec change and on the retry annotation.
 #[tokio::test]
 async fn a_failing_helm_run_says_when_it_retries_and_stalls_at_max_retries() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
-    cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "retries").await;
     // The stand-in chart's schema, as strict as the real chart's, has no policies.notAField.
-    std::fs::write(&fx.values, "policies: { notAField: true }\n").expect("values");
-    let team = cluster.create_namespace("team", &[]).expect("namespace");
-    let controller = Controller::start(
-        &cluster,
-        &fx,
-        &[
-            "--leader-elect=false",
-            "--watch-namespace",
-            &team,
-            "--max-retries=2",
-        ],
-    );
+    let (cluster, fx, team, controller) = start(
+        "retries",
+        "policies: { notAField: true }\n",
+        &["--max-retries=2"],
+    )
+    .await;
     let limit = Duration::from_secs(120);
     let failures = |pi: &Value| pi["status"]["failures"].as_u64();
 
@@ -180,6 +188,12 @@ async fn a_failing_helm_run_says_when_it_retries_and_stalls_at_max_retries() {
     assert_eq!(failures(&pi), Some(2));
     assert!(pi["status"]["nextRetryAt"].is_null(), "{pi}");
     assert_eq!(pi["status"]["phase"], "Failed");
+    let (health, message) = argo_health(&pi);
+    assert_eq!(health, "Degraded");
+    assert!(
+        message.starts_with("RetriesExhausted: helm failed"),
+        "{message}"
+    );
     let runs = controller.metric(HELM_RUNS).await;
     assert_eq!(runs, 2.0);
     tokio::time::sleep(Duration::from_secs(12)).await;
@@ -202,19 +216,7 @@ async fn a_failing_helm_run_says_when_it_retries_and_stalls_at_max_retries() {
 
     // Fixed, and the retry annotation set: it starts over at once and provisions.
     std::fs::write(&fx.values, "{}\n").expect("values");
-    cluster
-        .kubectl_ok(
-            &[
-                "-n",
-                &team,
-                "annotate",
-                "pi",
-                "flaky",
-                "platform.di-framework.dev/retry=1",
-            ],
-            None,
-        )
-        .expect("annotate");
+    ask_for_retry(&cluster, &team, "flaky");
     let pi = reaches(
         cc,
         (&team, "flaky"),
@@ -234,4 +236,125 @@ fn message(pi: &Value, type_: &str) -> String {
     let conditions = pi["status"]["conditions"].as_array();
     let found = conditions.and_then(|c| c.iter().find(|c| c["type"] == type_));
     found.map(|c| c["message"].to_string()).unwrap_or_default()
+}
+
+/// Items 5 and 7: a real install (the STAND-IN `@di-framework/platform` from the test npm
+/// registry, the real Pulumi CLI) and a repair asked for by the retry annotation are kept in
+/// `status.history`, newest first; the Argo CD health check reads the Ready instance as Healthy;
+/// the per-instance metrics show it while it exists, and not after.
+#[tokio::test]
+async fn the_history_keeps_each_run_newest_first_and_a_ready_instance_is_healthy() {
+    let (cluster, _fx, team, controller) = start(
+        "history",
+        "{}\n",
+        &["--install-platform=true", "--install-timeout", "300s"],
+    )
+    .await;
+    let history = |pi: &Value| {
+        pi["status"]["history"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    apply(&cluster, &instance(&team, "one", ""));
+    // A liveness bound, not a timing: provisioning and a first npm and Pulumi install at a
+    // version (see tests/installer.rs).
+    let pi = wait_for(
+        "one to be Ready",
+        Duration::from_secs(1500),
+        &controller,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "one"])?;
+            (condition(&pi, "Ready") == Some(("True".into(), "Installed".into()))).then_some(pi)
+        },
+    )
+    .await;
+    let runs = history(&pi);
+    assert_eq!(runs.len(), 1, "{pi}");
+    let install = &runs[0];
+    assert_eq!(
+        (&install["kind"], &install["result"], &install["version"]),
+        (&"Install".into(), &"Succeeded".into(), &"6.0.22".into())
+    );
+    assert!(
+        install["summary"]["created"].as_i64() > Some(0),
+        "{install}"
+    );
+    assert_eq!(
+        install["configHash"],
+        pi["status"]["lastInstall"]["summary"]["configHash"]
+    );
+    assert!(install["startedAt"].is_string() && install["finishedAt"].is_string());
+    assert_eq!(argo_health(&pi).0, "Healthy");
+
+    // The per-instance metrics, without kube-state-metrics.
+    let one = "name=\"one\"";
+    let info = "platform_operator_instance_info";
+    let labels = [
+        one,
+        "installed_version=\"6.0.22\"",
+        "phase=\"Ready\"",
+        "version=\"6.0.22\"",
+    ];
+    let text = e2e::control_plane::plain_get(controller.ops_port(), "/metrics").await;
+    let text = text.map(|(_, body)| body).unwrap_or_default();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(info) && l.contains(one));
+    let line = line.unwrap_or_else(|| panic!("no {info} of one:\n{text}"));
+    assert!(
+        labels.iter().all(|l| line.contains(l)) && line.ends_with(" 1"),
+        "{line}"
+    );
+    let condition_series = "platform_operator_instance_condition";
+    let ready = [one, "type=\"Ready\"", "status=\"True\""];
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(condition_series) && ready.iter().all(|r| l.contains(r))),
+        "{text}"
+    );
+
+    // A repair on request: newest first, the install kept behind it.
+    ask_for_retry(&cluster, &team, "one");
+    let pi = wait_for(
+        "the repair in the history",
+        Duration::from_secs(600),
+        &controller,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "one"])?;
+            (history(&pi).len() == 2).then_some(pi)
+        },
+    )
+    .await;
+    let runs = history(&pi);
+    assert_eq!(
+        (&runs[0]["kind"], &runs[0]["result"]),
+        (&"Repair".into(), &"Succeeded".into())
+    );
+    assert_eq!(runs[1], *install, "the install, unchanged, behind it");
+
+    // Deleted: its series go.
+    delete(&cluster, &controller, &team, "one").await;
+    let gone = controller.metric_with(info, one).await;
+    let conditions = controller.metric_with(condition_series, one).await;
+    assert_eq!((gone, conditions), (0.0, 0.0));
+}
+
+/// Item 7: the health check shown in docs/operations.md is the file the tests run.
+#[test]
+fn the_health_check_in_the_operations_guide_is_the_shipped_file() {
+    let read = |f: &str| std::fs::read_to_string(e2e::repo_root().join(f)).expect(f);
+    let (script, guide) = (read("docs/argocd-health.lua"), read("docs/operations.md"));
+    let indented: String = script
+        .lines()
+        .map(|l| match l.is_empty() {
+            true => "\n".to_string(),
+            false => format!("    {l}\n"),
+        })
+        .collect();
+    let key = "resource.customizations.health.platform.di-framework.dev_PlatformInstance: |\n";
+    assert!(
+        guide.contains(&format!("{key}{indented}```")),
+        "docs/operations.md"
+    );
 }

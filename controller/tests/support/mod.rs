@@ -440,3 +440,52 @@ pub async fn reaches(
     )
     .await
 }
+
+/// What the Argo CD health check `docs/argocd-health.lua` says of `pi` (its status and message),
+/// run by a real Lua interpreter (Debian's `lua5.4`, which `e2e/run-tests.sh` installs) with
+/// `obj` as Argo CD passes it: the object as a Lua table.
+pub fn argo_health(pi: &Value) -> (String, String) {
+    let script = e2e::repo_root().join("docs/argocd-health.lua");
+    let program = format!(
+        "obj = {}\nlocal hs = dofile({})\nio.write(hs.status, '\\n', hs.message or '')\n",
+        lua(pi),
+        lua(&Value::String(script.display().to_string()))
+    );
+    let lua = ["lua5.4", "lua"]
+        .into_iter()
+        .find(|l| Command::new(l).arg("-v").output().is_ok())
+        .expect("a Lua interpreter: apt-get install lua5.4 (e2e/run-tests.sh does)");
+    let mut cmd = Command::new(lua);
+    cmd.arg("-");
+    let out = e2e::cmd::run(cmd, Some(&program)).expect("lua runs");
+    let out = out.ok("the Argo CD health check").expect("the check runs");
+    let (status, message) = out.split_once('\n').unwrap_or((&out, ""));
+    (status.to_string(), message.to_string())
+}
+
+/// `v` as a Lua expression: objects and arrays as tables, strings with every byte outside
+/// printable ASCII (and `"` and `\`) escaped.
+fn lua(v: &Value) -> String {
+    match v {
+        Value::Null => "nil".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => {
+            let escaped = s.bytes().map(|b| match b {
+                b'"' | b'\\' | ..b' ' | 0x7f.. => format!("\\{b:03}"),
+                _ => char::from(b).to_string(),
+            });
+            format!("\"{}\"", escaped.collect::<String>())
+        }
+        Value::Array(items) => format!(
+            "{{{}}}",
+            items.iter().map(lua).collect::<Vec<_>>().join(",")
+        ),
+        Value::Object(fields) => {
+            let fields = fields
+                .iter()
+                .map(|(k, v)| format!("[{}]={}", lua(&Value::String(k.clone())), lua(v)));
+            format!("{{{}}}", fields.collect::<Vec<_>>().join(","))
+        }
+    }
+}
