@@ -66,6 +66,10 @@ rust_build() {
   cargo clippy --workspace --all-targets --locked -- -D warnings
 }
 background rust rust_build
+# The real vCluster's tools (e2e/tools/build.sh vcluster: vcluster from the vendored source, kine
+# and CoreDNS; ~15 min cold on two cores, nothing warm) build beside the rest from the start, so
+# that their cold build fills the same gaps; awaited before the timing-sensitive plugin tests.
+background vcluster_tools bash e2e/tools/build.sh vcluster
 
 step "building the test control plane from pinned Go modules (cached)"
 await verdaccio
@@ -78,6 +82,9 @@ await debian
 # with rustc.
 step "the Rust workspace, built in the background meanwhile (test binaries, clippy)"
 await rust
+
+step "the real vCluster's tools, built in the background meanwhile (cached)"
+await vcluster_tools
 
 step "Headlamp plugin: npm packages (cached), lint, types, unit and component tests"
 # The browser test itself runs under cargo test (e2e/tests/headlamp.rs) against the real API server.
@@ -101,7 +108,8 @@ step "cargo test (unit, router and end-to-end tests), in five lanes"
 # control planes starting), so they run beside the rest instead of after it: lane 1 the installer (its longest test in lane 1b),
 # lane 2 the Headlamp browser test and the stand-in platform, lane 4 the real node (root, Debian's
 # containerd; its pods need the cores least when they start beside the rest; the node itself, then
-# the chart with the operator image built from the Dockerfile), lane 3 every other test target
+# the chart with the operator image built from the Dockerfile, then one instance on the real
+# vCluster), lane 3 every other test target
 # (found in the workspace's metadata, so a new test file runs without being named here), then the
 # doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
 # one. cargo holds its build lock only while it builds (everything is built above), not while
@@ -113,7 +121,7 @@ lane_one=(installer)
 # lane 1b then runs nothing and lane 1 runs every installer test.
 installer_longest=installs_upgrades_fails_times_out_and_repairs_drift
 lane_two=(headlamp standin_platform)
-lane_four=(real_node real_node_chart)
+lane_four=(real_node real_node_chart real_vcluster)
 mapfile -t lane_three < <(
   cargo metadata --no-deps --format-version 1 --locked |
     python3 -c '

@@ -290,3 +290,33 @@ fn newest(path: &Path) -> Option<std::time::SystemTime> {
         .filter_map(|e| newest(&e.path()))
         .max()
 }
+
+/// The operator chart's state claim on a real node: a folder under the control plane's own that
+/// uid 1000 may write, and a hostPath PersistentVolume bound ahead to the claim
+/// `platform-operator-state` of the release namespace `namespace`. Returns the folder.
+pub fn state_volume(
+    cluster: &crate::ControlPlane,
+    namespace: &str,
+) -> Result<PathBuf, HarnessError> {
+    let volume = cluster.dir().join("state-volume");
+    std::fs::create_dir_all(&volume).map_err(|e| HarnessError::io(&volume, e))?;
+    std::os::unix::fs::chown(&volume, Some(1000), Some(1000))
+        .map_err(|e| HarnessError::io(&volume, e))?;
+    let pv = format!(
+        r#"apiVersion: v1
+kind: PersistentVolume
+metadata: {{ name: platform-operator-state }}
+spec:
+  capacity: {{ storage: 10Gi }}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  claimRef: {{ namespace: {namespace}, name: platform-operator-state }}
+  hostPath: {{ path: {path:?}, type: Directory }}
+"#,
+        path = volume.display().to_string()
+    );
+    let mut kubectl = cluster.kubectl();
+    kubectl.args(["apply", "-f", "-"]);
+    crate::cmd::run(kubectl, Some(&pv))?.ok("kubectl apply of the state volume")?;
+    Ok(volume)
+}

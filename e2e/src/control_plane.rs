@@ -46,6 +46,10 @@ pub struct Options {
     /// it. Needs root and the Debian packages [`crate::real_node::DEBIAN_PACKAGES`]; off by
     /// default.
     pub real_node: bool,
+    /// Give the real node a cluster DNS ([`crate::cluster_dns`]: CoreDNS serving
+    /// `cluster.local` only, at [`crate::real_node::CLUSTER_DNS_IP`]); needs the real vCluster's
+    /// tools (`e2e/tools/build.sh vcluster`) for its image. Off by default.
+    pub cluster_dns: bool,
 }
 
 impl Options {
@@ -60,6 +64,7 @@ impl Options {
             operator_bin_dir: None,
             node_pods: 1000,
             real_node: false,
+            cluster_dns: false,
         }
     }
 
@@ -93,6 +98,13 @@ impl Options {
     /// Also starts a real node beside the KWOK one (see [`Options::real_node`]).
     pub fn real_node(mut self) -> Self {
         self.real_node = true;
+        self
+    }
+
+    /// Also starts a real node with a cluster DNS (see [`Options::cluster_dns`]).
+    pub fn real_node_with_dns(mut self) -> Self {
+        self.real_node = true;
+        self.cluster_dns = true;
         self
     }
 
@@ -356,7 +368,10 @@ impl ControlPlane {
         args.extend(options.apiserver_args.iter().cloned());
         if options.real_node && options.workloads {
             // Before the API server starts: it dials the node through the egress proxy.
-            let node = crate::real_node::RealNode::prepare(&self.dir.join("node"))?;
+            let mut node = crate::real_node::RealNode::prepare(&self.dir.join("node"))?;
+            if options.cluster_dns {
+                node.with_cluster_dns();
+            }
             let cert = self.dir.join("pki/admin.crt");
             let key = self.dir.join("pki/admin.key");
             std::fs::write(&cert, &pki.admin_cert).map_err(|e| HarnessError::io(&cert, e))?;
@@ -418,6 +433,9 @@ impl ControlPlane {
                     ca_file: files.ca_cert.clone(),
                 };
                 node.start(&access, &client, deadline).await?;
+                if options.cluster_dns {
+                    crate::cluster_dns::deploy(node, &self.kubeconfig, &self.tools, deadline)?;
+                }
             }
         }
         Ok(())
@@ -679,6 +697,11 @@ impl ControlPlane {
     /// The real node, when [`Options::real_node`] asked for one.
     pub fn real_node(&self) -> Option<&crate::real_node::RealNode> {
         self.real_node.as_ref()
+    }
+
+    /// The real node, to open relays into it ([`crate::real_node::RealNode::relay`]).
+    pub fn real_node_mut(&mut self) -> Option<&mut crate::real_node::RealNode> {
+        self.real_node.as_mut()
     }
 
     /// Stops the real node (its processes by pid, its mounts, cgroups and network removed), the

@@ -292,7 +292,7 @@ fn hash_tree(root: &Path, dir: &Path, ctx: &mut ring::digest::Context) -> Result
 }
 
 /// A fresh folder under the images cache for assembling a tree (removed by the caller).
-fn scratch(name: &str) -> Result<PathBuf, HarnessError> {
+pub(crate) fn scratch(name: &str) -> Result<PathBuf, HarnessError> {
     let dir = images_dir().join(format!(
         "tree-{name}-{}-{}",
         std::process::id(),
@@ -305,13 +305,13 @@ fn scratch(name: &str) -> Result<PathBuf, HarnessError> {
     Ok(dir)
 }
 
-fn mkdir(path: &Path, mode: u32) -> Result<(), HarnessError> {
+pub(crate) fn mkdir(path: &Path, mode: u32) -> Result<(), HarnessError> {
     std::fs::create_dir_all(path).map_err(|e| HarnessError::io(path, e))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| HarnessError::io(path, e))
 }
 
-fn write(path: &Path, text: &str) -> Result<(), HarnessError> {
+pub(crate) fn write(path: &Path, text: &str) -> Result<(), HarnessError> {
     std::fs::write(path, text).map_err(|e| HarnessError::io(path, e))
 }
 
@@ -342,38 +342,8 @@ pub fn pause() -> Result<BuiltImage, HarnessError> {
 /// The busybox image: Debian's statically linked busybox, a link for each applet in `/bin`, a
 /// root and a nobody user, and `/tmp`.
 pub fn busybox() -> Result<BuiltImage, HarnessError> {
-    let source = Path::new("/bin/busybox");
-    if !source.is_file() {
-        return Err(HarnessError::Node(format!(
-            "/bin/busybox is missing: install the Debian packages {DEBIAN_PACKAGES}"
-        )));
-    }
     let tree = scratch("busybox")?;
-    let result = (|| {
-        for (dir, mode) in [
-            ("bin", 0o755),
-            ("etc", 0o755),
-            ("tmp", 0o1777),
-            ("root", 0o700),
-        ] {
-            mkdir(&tree.join(dir), mode)?;
-        }
-        std::fs::copy(source, tree.join("bin/busybox")).map_err(|e| HarnessError::io(source, e))?;
-        let mut list = Command::new(source);
-        list.arg("--list");
-        let applets = crate::cmd::run(list, None)?.ok("busybox --list")?;
-        for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
-            if applet == "busybox" {
-                continue;
-            }
-            let link = tree.join("bin").join(applet);
-            std::os::unix::fs::symlink("busybox", &link).map_err(|e| HarnessError::io(&link, e))?;
-        }
-        write(
-            &tree.join("etc/passwd"),
-            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-        )?;
-        write(&tree.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")?;
+    let result = busybox_tree(&tree).and_then(|()| {
         build(&ImageSpec {
             name: BUSYBOX_IMAGE.into(),
             rootfs: tree.clone(),
@@ -381,9 +351,44 @@ pub fn busybox() -> Result<BuiltImage, HarnessError> {
             env: vec![("PATH".into(), "/bin".into())],
             ..ImageSpec::default()
         })
-    })();
+    });
     let _ = std::fs::remove_dir_all(&tree);
     result
+}
+
+/// The busybox image's tree in `tree`: Debian's statically linked busybox with a link for each
+/// applet in `/bin`, `/etc/passwd` and `/etc/group` with root and nobody, `/tmp` and `/root`.
+pub(crate) fn busybox_tree(tree: &Path) -> Result<(), HarnessError> {
+    let source = Path::new("/bin/busybox");
+    if !source.is_file() {
+        return Err(HarnessError::Node(format!(
+            "/bin/busybox is missing: install the Debian packages {DEBIAN_PACKAGES}"
+        )));
+    }
+    for (dir, mode) in [
+        ("bin", 0o755),
+        ("etc", 0o755),
+        ("tmp", 0o1777),
+        ("root", 0o700),
+    ] {
+        mkdir(&tree.join(dir), mode)?;
+    }
+    std::fs::copy(source, tree.join("bin/busybox")).map_err(|e| HarnessError::io(source, e))?;
+    let mut list = Command::new(source);
+    list.arg("--list");
+    let applets = crate::cmd::run(list, None)?.ok("busybox --list")?;
+    for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
+        if applet == "busybox" {
+            continue;
+        }
+        let link = tree.join("bin").join(applet);
+        std::os::unix::fs::symlink("busybox", &link).map_err(|e| HarnessError::io(&link, e))?;
+    }
+    write(
+        &tree.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    )?;
+    write(&tree.join("etc/group"), "root:x:0:\nnogroup:x:65534:\n")
 }
 
 /// The images every real node imports: pause and busybox.
@@ -628,9 +633,48 @@ fn operator_tree(
     })
 }
 
-/// The base: Debian's merged-`/usr` links, [`OPERATOR_BASE_PACKAGES`]' files, `/tmp`, and the
+/// The base: Debian's merged-`/usr` links, [`OPERATOR_BASE_PACKAGES`]' files, coreutils' `env`,
+/// `/tmp`, and the
 /// users the Node.js image has (root, and `node` with uid and gid 1000).
 fn base_tree(tree: &Path) -> Result<(), HarnessError> {
+    merged_usr_tree(tree)?;
+    mkdir(&tree.join("tmp"), 0o1777)?;
+    mkdir(&tree.join("root"), 0o700)?;
+    for package in OPERATOR_BASE_PACKAGES {
+        copy_package(tree, package)?;
+    }
+    let sh = tree.join("usr/bin/sh");
+    if std::fs::symlink_metadata(&sh).is_err() {
+        std::os::unix::fs::symlink("dash", &sh).map_err(|e| HarnessError::io(&sh, e))?;
+    }
+    // npm is a script starting `#!/usr/bin/env node`: without coreutils' `env` (which the base
+    // image has) running it fails with "No such file or directory".
+    let env = Path::new("/usr/bin/env");
+    std::fs::copy(env, tree.join("usr/bin/env")).map_err(|e| HarnessError::io(env, e))?;
+    // npm as it is on disk: an npm upgraded in place (`npm install -g npm`) has files the
+    // package's list (`dpkg -L nodejs`) does not name, and misses them otherwise.
+    let npm = Path::new("/usr/lib/node_modules/npm");
+    if npm.is_dir() {
+        let into = tree.join("usr/lib/node_modules/npm");
+        let _ = std::fs::remove_dir_all(&into);
+        copy_dir(npm, &into)?;
+    }
+    write(
+        &tree.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nnode:x:1000:1000::/home/node:/bin/sh\n\
+         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    )?;
+    write(
+        &tree.join("etc/group"),
+        "root:x:0:\nnode:x:1000:\nnogroup:x:65534:\n",
+    )?;
+    Ok(())
+}
+
+/// Debian's merged-`/usr` layout in `tree`: the `usr` folders, `etc`, and the links `bin`,
+/// `sbin`, `lib` and `lib64` into `usr` (what [`copy_package`] needs before it copies a
+/// package's files, whose paths go through those links on this machine).
+pub(crate) fn merged_usr_tree(tree: &Path) -> Result<(), HarnessError> {
     for dir in [
         "usr/bin",
         "usr/sbin",
@@ -650,30 +694,12 @@ fn base_tree(tree: &Path) -> Result<(), HarnessError> {
         let path = tree.join(link);
         std::os::unix::fs::symlink(target, &path).map_err(|e| HarnessError::io(&path, e))?;
     }
-    mkdir(&tree.join("tmp"), 0o1777)?;
-    mkdir(&tree.join("root"), 0o700)?;
-    for package in OPERATOR_BASE_PACKAGES {
-        copy_package(tree, package)?;
-    }
-    let sh = tree.join("usr/bin/sh");
-    if std::fs::symlink_metadata(&sh).is_err() {
-        std::os::unix::fs::symlink("dash", &sh).map_err(|e| HarnessError::io(&sh, e))?;
-    }
-    write(
-        &tree.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\nnode:x:1000:1000::/home/node:/bin/sh\n\
-         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-    )?;
-    write(
-        &tree.join("etc/group"),
-        "root:x:0:\nnode:x:1000:\nnogroup:x:65534:\n",
-    )?;
     Ok(())
 }
 
 /// Copies the files Debian's package `package` installed on this machine (`dpkg -L`) into
 /// `tree`, links as links, leaving out [`SKIPPED_PREFIXES`].
-fn copy_package(tree: &Path, package: &str) -> Result<(), HarnessError> {
+pub(crate) fn copy_package(tree: &Path, package: &str) -> Result<(), HarnessError> {
     let mut dpkg = Command::new("dpkg");
     dpkg.args(["-L", package]);
     let list = crate::cmd::run(dpkg, None)?
@@ -812,7 +838,7 @@ fn run_into(tree: &Path, rest: &str) -> Result<(), HarnessError> {
 }
 
 /// Copies the folder `from` (files and links, not deeper folders' owners) to `to`.
-fn copy_dir(from: &Path, to: &Path) -> Result<(), HarnessError> {
+pub(crate) fn copy_dir(from: &Path, to: &Path) -> Result<(), HarnessError> {
     std::fs::create_dir_all(to).map_err(|e| HarnessError::io(to, e))?;
     for entry in std::fs::read_dir(from).map_err(|e| HarnessError::io(from, e))? {
         let entry = entry.map_err(|e| HarnessError::io(from, e))?;

@@ -2,6 +2,7 @@
 //! usable from Rust tests ([`ControlPlane`], [`shared`]) and from the `local-cluster` command.
 
 pub mod chart;
+pub mod cluster_dns;
 pub mod cmd;
 pub mod control_plane;
 pub mod dockerfile;
@@ -13,6 +14,7 @@ pub mod pki;
 pub mod process;
 pub mod prometheus;
 pub mod real_node;
+pub mod real_vcluster;
 pub mod shared;
 pub mod standin_kubelet;
 pub mod standin_vcluster;

@@ -341,6 +341,18 @@ impl NodeNetwork {
     /// Opens the API server relay: [`API_PORT`] on every address of the node's namespace,
     /// carried to `127.0.0.1:api_port` on the machine.
     pub fn start_api_relay(&mut self, api_port: u16) -> Result<(), HarnessError> {
+        self.start_relay("api-relay", API_PORT, api_port)
+    }
+
+    /// Opens a relay: `port` on every address of the node's namespace, carried to
+    /// `127.0.0.1:upstream` on the machine (a server of the test on loopback, such as the npm
+    /// registry, made reachable from the pods without leaving the test's namespaces).
+    pub fn start_relay(
+        &mut self,
+        name: &'static str,
+        port: u16,
+        upstream: u16,
+    ) -> Result<(), HarnessError> {
         let listener = {
             let netns = self
                 .netns
@@ -349,21 +361,21 @@ impl NodeNetwork {
             // Bound by a short-lived thread inside the namespace; the listener stays there.
             std::thread::spawn(move || -> std::io::Result<std::net::TcpListener> {
                 netns.enter_thread()?;
-                let listener = std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, API_PORT))?;
+                let listener = std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
                 listener.set_nonblocking(true)?;
                 Ok(listener)
             })
             .join()
             .map_err(|_| HarnessError::Pki("the relay's thread panicked".into()))?
-            .map_err(|e| HarnessError::io(Path::new("the API server relay"), e))?
+            .map_err(|e| HarnessError::io(Path::new(name), e))?
         };
         let mut stop = self.stop.subscribe();
-        let thread = crate::process::spawn_on_own_runtime("api-relay", move || async move {
+        let thread = crate::process::spawn_on_own_runtime(name, move || async move {
             let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
                 return;
             };
             let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-            let upstream = SocketAddr::from(([127, 0, 0, 1], api_port));
+            let upstream = SocketAddr::from(([127, 0, 0, 1], upstream));
             loop {
                 let accepted = tokio::select! {
                     _ = stop.changed() => return,
@@ -383,7 +395,7 @@ impl NodeNetwork {
                 });
             }
         })
-        .map_err(|e| HarnessError::io(Path::new("api-relay thread"), e))?;
+        .map_err(|e| HarnessError::io(Path::new(name), e))?;
         self.threads.push(thread);
         Ok(())
     }

@@ -32,6 +32,8 @@ use crate::node_net::{API_PORT, NODE_IP, NodeNetwork, POD_BRIDGE, POD_CIDR};
 pub const NODE_NAME: &str = "real-node";
 /// The `kubernetes` Service's ClusterIP (the first address of the Service range).
 pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+/// The cluster DNS Service's ClusterIP when the node has one ([`RealNode::with_cluster_dns`]).
+pub const CLUSTER_DNS_IP: &str = "10.96.0.10";
 /// The taint the KWOK node carries when a real node runs beside it: pods go to the real node
 /// unless they tolerate it.
 pub const KWOK_TAINT: &str = "kwok.x-k8s.io/node";
@@ -195,6 +197,7 @@ pub struct RealNode {
     processes: Vec<Process>,
     kubeconfig: Option<PathBuf>,
     figures: StartFigures,
+    cluster_dns: bool,
 }
 
 impl std::fmt::Debug for RealNode {
@@ -219,11 +222,34 @@ impl RealNode {
             processes: Vec::new(),
             kubeconfig: None,
             figures: StartFigures::default(),
+            cluster_dns: false,
         };
         for note in node.notes() {
             eprintln!("real node: {note}");
         }
         Ok(node)
+    }
+
+    /// Gives the node's pods a cluster DNS (set before [`RealNode::start`]): the kubelet's
+    /// `clusterDNS` is [`CLUSTER_DNS_IP`], and the `resolv.conf` of pods with `dnsPolicy: Default`
+    /// names it too, so no pod's lookup ever leaves the test's namespaces. The server itself
+    /// ([`crate::cluster_dns`]) is deployed once the node is Ready.
+    pub fn with_cluster_dns(&mut self) {
+        self.cluster_dns = true;
+    }
+
+    /// Opens a relay from `port` on the node's addresses to `127.0.0.1:upstream` on the machine
+    /// ([`NodeNetwork::start_relay`]); it closes with the node.
+    pub fn relay(
+        &mut self,
+        name: &'static str,
+        port: u16,
+        upstream: u16,
+    ) -> Result<(), HarnessError> {
+        self.network
+            .as_mut()
+            .ok_or_else(|| HarnessError::Node("the node's network is gone".into()))?
+            .start_relay(name, port, upstream)
     }
 
     /// What this machine lacked and how the node works around it.
@@ -586,10 +612,15 @@ oom_score = 0
 
     fn write_kubelet_config(&self, access: &ControlPlaneAccess) -> Result<PathBuf, HarnessError> {
         let resolv = self.dir.join("resolv.conf");
-        write(
-            &resolv,
-            "# The real node's pods get no name servers: nothing of theirs is looked up.\n",
-        )?;
+        let resolv_text = if self.cluster_dns {
+            format!(
+                "# The real node's pods ask only the cluster DNS, which forwards nowhere.\n\
+                 nameserver {CLUSTER_DNS_IP}\n"
+            )
+        } else {
+            "# The real node's pods get no name servers: nothing of theirs is looked up.\n".into()
+        };
+        write(&resolv, &resolv_text)?;
         let mut config = json!({
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -636,6 +667,9 @@ oom_score = 0
         });
         if !self.machine.cgroup_v1.is_empty() {
             config["failCgroupV1"] = json!(false);
+        }
+        if self.cluster_dns {
+            config["clusterDNS"] = json!([CLUSTER_DNS_IP]);
         }
         let path = self.dir.join("kubelet.yaml");
         write(&path, &config.to_string())?;

@@ -279,23 +279,7 @@ metadata:
     kubectl(&cluster, &["apply", "-f", "-"], Some(&cleanup_ns));
     let storage_root = cluster.dir().join("instances");
     std::fs::create_dir_all(&storage_root).expect("storage root");
-    let volume = cluster.dir().join("state-volume");
-    std::fs::create_dir_all(&volume).expect("state volume");
-    std::os::unix::fs::chown(&volume, Some(1000), Some(1000)).expect("chown the state volume");
-    let pv = format!(
-        r#"apiVersion: v1
-kind: PersistentVolume
-metadata: {{ name: platform-operator-state }}
-spec:
-  capacity: {{ storage: 10Gi }}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  claimRef: {{ namespace: {NS}, name: platform-operator-state }}
-  hostPath: {{ path: {path:?}, type: Directory }}
-"#,
-        path = volume.display().to_string()
-    );
-    kubectl(&cluster, &["apply", "-f", "-"], Some(&pv));
+    e2e::chart::state_volume(&cluster, NS).unwrap_or_else(|e| panic!("state volume: {e}"));
 
     // helm install, timed until both Deployments' pods are Ready.
     let helm = Helm::with_kubeconfig(cluster.kubeconfig()).expect("helm");

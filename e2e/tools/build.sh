@@ -10,7 +10,10 @@
 # version, so a fresh clone reuses them; `$cache/bin` holds links to the current builds.
 #
 #   e2e/tools/build.sh            build what is missing, print the bin folder
+#   e2e/tools/build.sh vcluster   build only the real vCluster's tools (see build_vcluster below)
 #   PLATFORM_OPERATOR_CACHE=...   cache root (default: ${XDG_CACHE_HOME:-~/.cache}/platform-operator)
+#   PLATFORM_OPERATOR_VCLUSTER_VENDOR=...  the vendored vCluster (default: ../shared/vendor/vcluster
+#                                 beside the clone)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -71,6 +74,54 @@ build() {
   for b in "$out"/bin/*; do ln -sfn "$b" "$cache/bin/$(basename "$b")"; done
   if [ -d "$out/stage" ]; then ln -sfn "$out/stage" "$cache/kwok-stage"; fi
 }
+
+# The real vCluster (e2e/tests/real_vcluster.rs; its source and chart are vendored outside the
+# clone, see ../shared/vendor/vcluster/README.md), each built as a tool, never copied from:
+#  - vcluster from the source archive, checked against SHA256SUMS first, with its committed vendor/
+#    (no network; ~11 min and 2.5 GB cold on two cores). Unstamped, it reports version `dev`,
+#    which also turns its telemetry off.
+#  - kine (the syncer's sqlite backend; the distro image carries it since vCluster 0.36) from its Go
+#    module, with cgo for mattn/go-sqlite3, linked statically so it runs in any image (~3 min).
+#  - CoreDNS from its Go module, at the version vCluster selects for the virtual cluster's
+#    Kubernetes minor (pkg/constants/coredns.go: 1.35 -> coredns/coredns:1.14.1).
+# One lock: the test command starts this in the background and a test may call it too; the second
+# caller waits for the first and then finds everything built.
+build_vcluster() {
+  local vendor="${PLATFORM_OPERATOR_VCLUSTER_VENDOR:-$here/../../../shared/vendor/vcluster}"
+  local archive=vcluster-src-0.37.0-rc.1.tar.gz
+  exec 9>"$cache/tools/.vcluster.lock"
+  flock 9
+  if [ ! -f "$vendor/$archive" ] || [ ! -f "$vendor/SHA256SUMS" ]; then
+    echo "the vendored vCluster is missing: $vendor/$archive (set PLATFORM_OPERATOR_VCLUSTER_VENDOR)" >&2
+    exit 1
+  fi
+  local sum out
+  sum="$(grep " $archive\$" "$vendor/SHA256SUMS" | cut -d' ' -f1)"
+  out="$cache/tools/vcluster-$({ echo "$sum"; go env GOVERSION; } | sha256sum | cut -c1-12)"
+  if [ ! -f "$out/.complete" ]; then
+    log "building vcluster into $out (cold: ~11 min on two cores, 2.5 GB)"
+    (cd "$vendor" && grep " $archive\$" SHA256SUMS | sha256sum -c --quiet -) || {
+      echo "$vendor/$archive does not match its SHA256SUMS" >&2
+      exit 1
+    }
+    rm -rf "$out"
+    mkdir -p "$out/bin" "$out/src"
+    tar -xzf "$vendor/$archive" -C "$out/src" --strip-components=1
+    (cd "$out/src" && CGO_ENABLED=0 go build -mod=vendor -trimpath -ldflags "-s -w" -o "$out/bin/vcluster" ./cmd/vcluster)
+    rm -rf "$out/src"
+    touch "$out/.complete"
+  fi
+  ln -sfn "$out/bin/vcluster" "$cache/bin/vcluster"
+  CGO_ENABLED=1 build kine "-X github.com/k3s-io/kine/pkg/version.Version=$(modver kine github.com/k3s-io/kine) -extldflags -static" \
+    -tags "netgo osusergo sqlite_omit_load_extension" github.com/k3s-io/kine
+  CGO_ENABLED=0 build coredns "" github.com/coredns/coredns
+  flock -u 9
+}
+if [ "${1:-}" = vcluster ]; then
+  build_vcluster
+  echo "$cache/bin"
+  exit 0
+fi
 
 k8s_version="$(modver kubernetes k8s.io/kubernetes)"
 k8s_minor="$(echo "$k8s_version" | cut -d. -f2)"
