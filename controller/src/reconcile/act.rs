@@ -154,7 +154,7 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
     let install = chart_install(t);
     let work = async move {
         if recover {
-            let secrets: Api<Secret> = Api::namespaced(client, &namespace);
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
             let releases = secrets
                 .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
                 .await
@@ -163,6 +163,9 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
             if let Release::Pending(status) = release_from_records(records) {
                 tracing::info!(%namespace, %status, "recovering an interrupted helm release");
                 guard.await?;
+                // A rollback changes the pod template: stopped first, never two pods on one disk.
+                let stopped = control_plane::stop(client, &namespace).await;
+                stopped.map_err(task_error)?;
                 helm.recover(&namespace, &status)
                     .await
                     .map_err(helm_error)?;
