@@ -343,6 +343,7 @@ mod tests {
             chart_version: "0.37.3".into(),
             extra_values: None,
             operator_user: "op".into(),
+            syncer_account: "vc-vcluster".into(),
             install_platform: true,
             pod_security: Level::Baseline,
         }
