@@ -203,6 +203,9 @@ enum Task {
         #[arg(long)]
         uid: Option<String>,
     },
+    /// Helm's post-renderer: the vCluster chart's manifest from standard input to standard output,
+    /// its control plane set to the `Recreate` strategy (`controller::helm::post_render`).
+    PostRender,
     /// Claim the storage directory `dir` for the instance (what the control plane's init
     /// container runs): write its owner marker when there is none; exit 3 when it names another.
     ClaimStorage {
@@ -399,6 +402,11 @@ async fn run(
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
+    if let Some(Task::PostRender) = &args.task {
+        let manifest = std::io::read_to_string(std::io::stdin())?;
+        print!("{}", controller::helm::post_render(&manifest)?);
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
     if let Some(Task::ClaimStorage { dir, uid, instance }) = &args.task {
         if let Err(e) = controller::marker::claim(dir, uid, instance) {
             return conflict(e);

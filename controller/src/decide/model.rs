@@ -474,6 +474,9 @@ pub struct Observed {
     /// The control plane's pod template runs the storage owner check (its init container;
     /// true while no Deployment is there).
     pub claims_storage: bool,
+    /// The control plane's Deployment has the `Recreate` strategy the post-renderer gives it
+    /// (true while no Deployment is there).
+    pub recreates: bool,
     /// The instance's state directory exists.
     pub state_exists: bool,
     /// The PersistentVolumes bound to claims in the host namespace (read while deleting with

@@ -112,6 +112,7 @@ fn waiting_for_vcluster(o: &Observed, plan: &mut PlanBuilder) {
 fn release_current(o: &Observed) -> bool {
     o.pinned
         && o.claims_storage
+        && o.recreates
         && matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
 }
 
@@ -194,6 +195,9 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
                 ),
                 _ if !o.claims_storage => {
                     "adding the storage owner check to the vCluster's control plane".into()
+                }
+                _ if !o.recreates => {
+                    "giving the vCluster's control plane the Recreate strategy".into()
                 }
                 _ => format!("upgrading the vCluster to chart {}", o.chart_version),
             };

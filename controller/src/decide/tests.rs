@@ -33,6 +33,7 @@ fn base() -> Observed {
         },
         pinned: true,
         claims_storage: true,
+        recreates: true,
         storage_conflict: None,
         state_exists: true,
         volumes: Vec::new(),
@@ -1133,6 +1134,17 @@ fn a_storage_directory_of_another_instance_stops_the_instance_and_is_never_taken
             .message
             .contains("storage owner check")
     );
+    // A control plane that rolls (installed by an earlier release, or patched) is upgraded.
+    let rolls = decide(&Observed {
+        recreates: false,
+        ..base()
+    });
+    assert!(
+        rolls
+            .actions
+            .contains(&Action::InstallVCluster { recover: false })
+    );
+    assert!(want(&rolls, c::VCLUSTER_READY).message.contains("Recreate"));
     // The cleanup Job refused it: stalled, the finalizer kept, no new Job.
     let cleanup = decide(&Observed {
         cleanup: Cleanup::Conflict("exit code 3 matching FailJob rule".into()),
