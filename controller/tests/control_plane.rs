@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 mod support;
 use e2e::shared::Shared;
-use support::{Controller, Fixture, fixture, get, reaches, wait_for};
+use support::{Controller, LIMIT, fixture, get, serving, wait_for};
 
 /// What the test saw of `deployment/vcluster`: its replicas and its pod template's
 /// `vClusterConfigHash` (which differs between two revisions of different values).
@@ -80,27 +80,6 @@ async fn release_status(cluster: &e2e::shared::Shared, host: &str, status: &str)
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
-
-/// The controller's control plane for instance `one` of a new namespace, serving: the
-/// namespace, the controller and the instance's host namespace.
-async fn serving(cluster: &Shared, fx: &Fixture) -> (String, Controller, String) {
-    cluster.install_crd().expect("CRD");
-    let team = cluster.create_namespace("team", &[]).expect("namespace");
-    let pi = format!(
-        "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ name: one, namespace: {team} }}\nspec:\n  version: 6.0.22\n  deletionPolicy: Delete\n"
-    );
-    cluster
-        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&pi))
-        .expect("apply");
-    let controller = Controller::start(cluster, fx, &["--watch-namespace", &team]);
-    let pi = reaches((cluster, &controller), (&team, "one"), READY, LIMIT).await;
-    let host = pi["status"]["hostNamespace"].as_str().expect("host");
-    let host = host.to_string();
-    (team, controller, host)
-}
-
-const READY: (&str, &str, &str) = ("VClusterReady", "True", "VClusterServing");
-const LIMIT: Duration = Duration::from_secs(120);
 
 /// `deployment/vcluster` in `host` has rolled out its current template to one ready pod.
 fn rolled_out(cluster: &Shared, host: &str) -> Option<()> {

@@ -284,8 +284,6 @@ pub enum OwnerService {
     Matches,
     /// Deleted.
     Missing,
-    /// Its spec or labels changed.
-    Changed,
     /// Recreated with the recorded spec: objects owned by the old one must point at the new UID.
     Recreated {
         /// The UID the owner references still name.

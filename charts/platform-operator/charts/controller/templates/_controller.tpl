@@ -169,7 +169,8 @@ rules:
   - apiGroups: [""]
     resources: [services]
     verbs: [get, list, watch, create, update, patch, delete]
-  # Owner references relinked in host namespaces (list, patch); the vCluster chart's ConfigMaps;
+  # Owner references relinked in host namespaces (list, patch, as on every kind vCluster syncs,
+  # all below); the vCluster chart's ConfigMaps;
   # the rest is in its Role.
   - apiGroups: [""]
     resources: [configmaps]
