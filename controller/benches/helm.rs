@@ -204,6 +204,7 @@ async fn main() {
         binary: cluster.helm.display().to_string(),
         timeout: Duration::from_secs(300),
         work_dir: dir.clone(),
+        post_renderer: Some(env!("CARGO_BIN_EXE_controller").into()),
     };
     let mut sums = vec![Sum::default(); variants.len()];
     // The requests of reading the metrics themselves.

@@ -86,6 +86,41 @@ pub struct Helm {
     /// Where values files are written.
     #[arg(skip = std::env::temp_dir().join("platform-operator-helm"))]
     pub work_dir: PathBuf,
+    /// Helm's post-renderer: this binary's `post-render` ([`post_render`]).
+    #[arg(skip = std::env::current_exe().ok())]
+    pub post_renderer: Option<PathBuf>,
+}
+
+/// Helm's post-renderer (`controller post-render`, standard input to standard output): the
+/// chart's manifest with its control plane, the Deployment `vcluster`, set to the `Recreate`
+/// strategy. The chart rolls it with `maxSurge: 1`, and the syncer patches its own pod template
+/// to rotate its certificates: that rollout would start a second pod on the same hostPath data.
+/// With `Recreate` the Deployment controller starts the new pod only once the old one is gone,
+/// whoever changes the template. That document is written back as JSON (plain YAML, read the
+/// same by every parser); every other document passes as it came.
+pub fn post_render(manifest: &str) -> Result<String, serde_saphyr::Error> {
+    let mut docs = vec![String::new()];
+    for line in manifest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            docs.push(String::new());
+        }
+        if let Some(doc) = docs.last_mut() {
+            doc.push_str(line);
+        }
+    }
+    let mut out = String::with_capacity(manifest.len());
+    for doc in docs {
+        if doc.contains("Deployment") {
+            let mut object: serde_json::Value = serde_saphyr::from_str(&doc)?;
+            if object["kind"] == "Deployment" && object["metadata"]["name"] == RELEASE {
+                object["spec"]["strategy"] = serde_json::json!({"type": "Recreate"});
+                out.push_str(&format!("---\n{object}\n"));
+                continue;
+            }
+        }
+        out.push_str(&doc);
+    }
+    Ok(out)
 }
 
 impl Helm {
@@ -148,6 +183,11 @@ impl Helm {
             format!("{CHART_VERSION_LABEL}={chart_version}"),
             "--disable-openapi-validation".into(),
         ];
+        if let Some(renderer) = &self.post_renderer {
+            args.push("--post-renderer".into());
+            args.push(renderer.display().to_string());
+            args.push("--post-renderer-args=post-render".into());
+        }
         if let Some(extra) = extra_values {
             args.push("--values".into());
             args.push(extra.display().to_string());
@@ -214,6 +254,7 @@ mod tests {
             binary: "helm".into(),
             timeout: Duration::from_secs(600),
             work_dir: PathBuf::from("/tmp/w"),
+            post_renderer: Some(PathBuf::from("/usr/local/bin/controller")),
         };
         let args = helm.upgrade_args(
             "pi-a-b-1",
@@ -227,7 +268,8 @@ mod tests {
             "upgrade --install vcluster /charts/vcluster.tgz -n pi-a-b-1 \
              --values /tmp/w/values.yaml --timeout 600s --history-max 3 \
              --labels platform.di-framework.dev/chart-version=0.37.3 \
-             --disable-openapi-validation --values /etc/extra.yaml"
+             --disable-openapi-validation --post-renderer /usr/local/bin/controller \
+             --post-renderer-args=post-render --values /etc/extra.yaml"
         );
     }
 
@@ -250,6 +292,7 @@ mod tests {
             binary: script.display().to_string(),
             timeout: Duration::from_millis(500),
             work_dir: dir.clone(),
+            post_renderer: None,
         };
         let started = std::time::Instant::now();
         let e = helm.uninstall("pi-a-b-1").await.expect_err("timed out");

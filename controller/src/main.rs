@@ -209,6 +209,9 @@ enum Task {
         #[arg(long)]
         uid: Option<String>,
     },
+    /// Helm's post-renderer: the vCluster chart's manifest from standard input to standard output,
+    /// its control plane set to the `Recreate` strategy (`controller::helm::post_render`).
+    PostRender,
     /// Claim the storage directory `dir` for the instance (what the control plane's init
     /// container runs): write its owner marker when there is none; exit 3 when it names another.
     ClaimStorage {
@@ -242,12 +245,14 @@ impl Args {
                 "--watch-namespace {namespace:?} is not a namespace name: use lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit"
             );
         }
-        if let Some(path) = &self.vcluster_extra_values {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading --vcluster-extra-values {}", path.display()))?;
-            let values: serde_json::Value = serde_saphyr::from_str(&text).with_context(|| {
-                format!("--vcluster-extra-values {} is not YAML", path.display())
-            })?;
+        if let (Some(path), Some(values)) = (&self.vcluster_extra_values, self.extra_values()?) {
+            // The policy names it in a CEL string: a ServiceAccount name (a DNS subdomain) only.
+            let account = controller::policy::syncer_account(Some(&values));
+            anyhow::ensure!(
+                account.split('.').all(common::names::is_dns_label),
+                "--vcluster-extra-values {} sets controlPlane.advanced.serviceAccount.name {account:?}, which is no ServiceAccount name",
+                path.display()
+            );
             // Helm replaces these whole: the controller's pin and its storage owner check.
             for (key, what) in [
                 (
@@ -290,6 +295,18 @@ impl Args {
         Ok(())
     }
 
+    /// The `--vcluster-extra-values` file, parsed.
+    fn extra_values(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        let Some(path) = &self.vcluster_extra_values else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --vcluster-extra-values {}", path.display()))?;
+        let values = serde_saphyr::from_str(&text)
+            .with_context(|| format!("--vcluster-extra-values {} is not YAML", path.display()))?;
+        Ok(Some(values))
+    }
+
     fn settings(&self, chart_version: String) -> Settings {
         Settings {
             storage_root_base: self.storage_root_base.clone(),
@@ -312,6 +329,9 @@ impl Args {
             operator_user: self.operator_user.clone().unwrap_or_else(|| {
                 format!("system:serviceaccount:{}:platform-operator", self.namespace)
             }),
+            syncer_account: controller::policy::syncer_account(
+                self.extra_values().ok().flatten().as_ref(),
+            ),
             install_platform: self.install_platform,
             max_retries: self.max_retries,
             pod_security: self.pod_security_standard,
@@ -389,6 +409,11 @@ async fn run(
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
+    if let Some(Task::PostRender) = &args.task {
+        let manifest = std::io::read_to_string(std::io::stdin())?;
+        print!("{}", controller::helm::post_render(&manifest)?);
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
     if let Some(Task::ClaimStorage { dir, uid, instance }) = &args.task {
         if let Err(e) = controller::marker::claim(dir, uid, instance) {
             return conflict(e);
@@ -745,6 +770,20 @@ mod tests {
             refused.to_string().contains("statefulSet.initContainers"),
             "{refused}"
         );
+        // The syncer's ServiceAccount, as the values name it, is what the policy lets through.
+        let renamed = dir.join("renamed.yaml");
+        let account = |name: &str| {
+            let text = format!(
+                "controlPlane:\n  advanced:\n    serviceAccount:\n      name: \"{name}\"\n"
+            );
+            std::fs::write(&renamed, text).expect("write");
+            let args = parse_with(&["--vcluster-extra-values", renamed.to_str().expect("path")]);
+            let args = args.expect("flags");
+            args.check()
+                .map(|()| args.settings("0.37.3".into()).syncer_account)
+        };
+        assert_eq!(account("syncer.a").expect("a name"), "syncer.a");
+        account("x' || true || 'y").expect_err("no ServiceAccount name");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -1,6 +1,6 @@
 //! The cluster-wide `ValidatingAdmissionPolicy` `platform-operator-protect-vcluster-service` and
-//! its binding: in host namespaces, only the operator (and the vCluster's own service accounts)
-//! may change or delete `service/vcluster`. The namespace controller and the garbage collector
+//! its binding: in host namespaces, only the operator (and the vCluster syncer's ServiceAccount,
+//! named as the chart values in force name it) may change or delete `service/vcluster`. The namespace controller and the garbage collector
 //! are never stopped, so deleting a host namespace cannot hang. Where the API server has no
 //! admission policies, the controller carries on and reports it.
 
@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 use kube::api::Api;
+use serde_json::Value;
 
 use crate::api::{apply, not_found};
 use crate::decide::model::Protection;
@@ -45,8 +46,20 @@ fn strings<const N: usize>(items: [&str; N]) -> Option<Vec<String>> {
     Some(items.map(String::from).to_vec())
 }
 
-/// The policy object for an operator running as `operator_user`.
-pub fn policy(operator_user: &str) -> ValidatingAdmissionPolicy {
+/// The ServiceAccount the vCluster syncer runs as (and writes `service/vcluster` as, at its first
+/// start) with the chart values `extra` in force: as the chart names it, its
+/// `controlPlane.advanced.serviceAccount.name` when set, else `vc-<release>`.
+pub fn syncer_account(extra: Option<&Value>) -> String {
+    let name = extra.and_then(|v| v.pointer("/controlPlane/advanced/serviceAccount/name"));
+    match name.and_then(Value::as_str) {
+        Some(name) if !name.is_empty() => name.to_string(),
+        _ => format!("vc-{VCLUSTER}"),
+    }
+}
+
+/// The policy object for an operator running as `operator_user`, the syncer as ServiceAccount
+/// `syncer` of each host namespace.
+pub fn policy(operator_user: &str, syncer: &str) -> ValidatingAdmissionPolicy {
     let system = SYSTEM_USERS.map(|u| format!("'{u}'")).join(", ");
     let condition = |name: &str, expression: String| MatchCondition {
         name: name.to_string(),
@@ -80,7 +93,7 @@ pub fn policy(operator_user: &str) -> ValidatingAdmissionPolicy {
                 condition("not-namespace-controller-or-gc", format!("!(request.userInfo.username in [{system}])")),
             ]),
             validations: Some(vec![Validation {
-                expression: format!("request.userInfo.username == '{operator_user}' || request.userInfo.username.startsWith('system:serviceaccount:' + request.namespace + ':vc-')"),
+                expression: format!("request.userInfo.username == '{operator_user}' || request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':{syncer}'"),
                 message: Some("service/vcluster of a PlatformInstance host namespace is managed by the platform operator; change the PlatformInstance instead".to_string()),
                 reason: Some("Forbidden".to_string()),
                 message_expression: None,
@@ -108,7 +121,7 @@ pub fn binding() -> ValidatingAdmissionPolicyBinding {
 pub async fn keep(ctx: Arc<Context>, interval: Duration) {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(ctx.client.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
-    let policy = policy(&ctx.settings.operator_user);
+    let policy = policy(&ctx.settings.operator_user, &ctx.settings.syncer_account);
     loop {
         let applied = async {
             apply(&policies, NAME, &policy).await?;
@@ -138,6 +151,7 @@ mod tests {
     fn the_policy_spares_system_controllers_and_names_the_operator() {
         let p = serde_json::to_value(policy(
             "system:serviceaccount:platform-operator:platform-operator",
+            "vc-vcluster",
         ))
         .expect("json");
         let conditions = p["spec"]["matchConditions"].to_string();
@@ -184,13 +198,14 @@ mod tests {
                     {"name": "not-namespace-controller-or-gc", "expression": format!("!(request.userInfo.username in [{system}])")}
                 ],
                 "validations": [{
-                    "expression": format!("request.userInfo.username == '{user}' || request.userInfo.username.startsWith('system:serviceaccount:' + request.namespace + ':vc-')"),
+                    "expression": format!("request.userInfo.username == '{user}' || request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':vc-vcluster'"),
                     "message": "service/vcluster of a PlatformInstance host namespace is managed by the platform operator; change the PlatformInstance instead",
                     "reason": "Forbidden"
                 }]
             }
         });
-        assert_eq!(serde_json::to_value(policy(user)).expect("json"), literal);
+        let typed = policy(user, &syncer_account(None));
+        assert_eq!(serde_json::to_value(typed).expect("json"), literal);
         assert_eq!(
             serde_json::to_value(binding()).expect("json"),
             json!({
@@ -199,6 +214,24 @@ mod tests {
                 "metadata": {"name": NAME, "labels": {"app.kubernetes.io/managed-by": "platform-operator"}},
                 "spec": {"policyName": NAME, "validationActions": ["Deny"]}
             })
+        );
+    }
+
+    /// The syncer's ServiceAccount is named as the real chart names it (`serviceaccount.yaml`,
+    /// `statefulset.yaml`: the name value when set, else `vc-<release>`).
+    #[test]
+    fn the_syncer_is_named_as_the_values_in_force_name_it() {
+        assert_eq!(syncer_account(None), "vc-vcluster");
+        let named =
+            |name: &str| json!({"controlPlane": {"advanced": {"serviceAccount": {"name": name}}}});
+        assert_eq!(syncer_account(Some(&named(""))), "vc-vcluster");
+        assert_eq!(syncer_account(Some(&named("syncer"))), "syncer");
+        let rule = serde_json::to_value(policy("op", "syncer")).expect("json")["spec"]["validations"][0]
+            ["expression"]
+            .to_string();
+        assert!(
+            rule.contains("request.namespace + ':syncer'") && !rule.contains(":vc-"),
+            "{rule}"
         );
     }
 }

@@ -61,6 +61,7 @@ fn the_controllers_helm_flags_check_what_helms_default_checks() {
         binary: cluster.helm.display().to_string(),
         timeout: Duration::from_secs(120),
         work_dir: dir.clone(),
+        post_renderer: Some(env!("CARGO_BIN_EXE_controller").into()),
     };
     let mut outcomes = Vec::new();
     for controllers in [false, true] {

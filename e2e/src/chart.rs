@@ -18,6 +18,11 @@ pub fn chart_dir() -> PathBuf {
     crate::repo_root().join("charts/platform-operator")
 }
 
+/// The real vCluster chart kept in `../shared/vendor/vcluster` (its README says what it is).
+pub fn vendored_vcluster_chart() -> PathBuf {
+    crate::repo_root().join("../shared/vendor/vcluster/vcluster-0.37.0-rc.1.tgz")
+}
+
 /// A digest for the operator image in tests: nothing pulls it (the stand-in kubelet (Jobs) runs
 /// this workspace's binaries for it).
 pub const TEST_DIGEST: &str =
@@ -163,6 +168,95 @@ impl Rendered {
     pub fn args(&self, deployment: &str) -> Vec<String> {
         strings(&self.container(deployment)["args"])
     }
+}
+
+/// `helm template vcluster <chart> -n <ns> --kube-version 1.35.0` of a vCluster chart (the real
+/// one or the stand-in) with a values file (in `dir`) holding `values` (YAML): what rendered, or
+/// helm's standard error.
+pub fn render_vcluster(
+    chart: &Path,
+    ns: &str,
+    values: &str,
+    dir: &Path,
+) -> Result<Rendered, String> {
+    let file = dir.join(format!("values-{}.yaml", values.len()));
+    std::fs::write(&file, values).map_err(|e| e.to_string())?;
+    let (chart, file) = (chart.display().to_string(), file.display().to_string());
+    let args = [
+        "template",
+        "vcluster",
+        &chart,
+        "-n",
+        ns,
+        "--kube-version",
+        "1.35.0",
+    ];
+    let out = Helm::offline()
+        .and_then(|h| h.run(&[&args[..], &["--values", &file]].concat()))
+        .map_err(|e| e.to_string())?;
+    if !out.success {
+        return Err(out.stderr);
+    }
+    Rendered::parse(&out.stdout)
+}
+
+/// The vCluster values the controller binary prints for instance `team-a/one`, and its host
+/// namespace.
+pub fn controller_vcluster_values() -> (String, String) {
+    let (controller, _) = operator_binaries().expect("operator binaries");
+    let out = Command::new(controller)
+        .args(["--print-vcluster-values", "team-a/one"])
+        .args(["--storage-root-base", "/var/lib/kubesolo/instances"])
+        .arg(format!(
+            "--cleanup-image=ghcr.io/di-framework/platform-operator@{TEST_DIGEST}"
+        ))
+        .output()
+        .expect("controller");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let host = common::names::host_namespace("team-a", "one");
+    (String::from_utf8(out.stdout).expect("utf-8"), host)
+}
+
+/// Every permission an RBAC `role` grants, one per `[apiGroup, resource, verb, resourceName]`
+/// (resourceName empty: every name; a non-resource URL as group `:url`, resource the URL).
+pub fn permissions(role: &Value) -> Vec<[String; 4]> {
+    let mut out = Vec::new();
+    for rule in role["rules"].as_array().into_iter().flatten() {
+        let mut groups = strings(&rule["apiGroups"]);
+        let mut resources = strings(&rule["resources"]);
+        let urls = strings(&rule["nonResourceURLs"]);
+        if !urls.is_empty() {
+            (groups, resources) = (vec![":url".to_string()], urls);
+        }
+        let mut names = strings(&rule["resourceNames"]);
+        if names.is_empty() {
+            names.push(String::new());
+        }
+        for g in &groups {
+            for r in &resources {
+                for v in strings(&rule["verbs"]) {
+                    for n in &names {
+                        out.push([g.clone(), r.clone(), v.clone(), n.clone()]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `held` covers `needed` as the API server's escalation check sees it: group, resource
+/// and verb equal or `*`, and a held rule naming resources only covers those names.
+pub fn covers(held: &[[String; 4]], needed: &[String; 4]) -> bool {
+    held.iter().any(|h| {
+        let url = (h[0] == ":url") == (needed[0] == ":url");
+        let fits = |i: usize| h[i] == needed[i] || h[i] == "*";
+        url && fits(0) && fits(1) && fits(2) && (h[3].is_empty() || h[3] == needed[3])
+    })
 }
 
 /// A JSON array of strings as a vector (empty when it is not one).

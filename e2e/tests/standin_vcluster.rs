@@ -2,14 +2,13 @@
 //! it takes the controller's own values (printed by `controller --print-vcluster-values`) and
 //! renders what the real chart 0.37.3 renders for them (the Deployment `vcluster`, the Service
 //! with the chart label, the Role), its schema refuses what the real schema refuses, the kind
-//! follows the real chart's rule, and the operator's ClusterRole holds every rule of the Role
-//! (Helm can create the Role only then, with `rbac.clusterAdmin=false`).
+//! follows the real chart's rule. Its Role is checked against the real chart's in
+//! `tests/vcluster_chart.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use e2e::chart::{Helm, Rendered, operator_binaries, strings};
+use e2e::chart::{Helm, controller_vcluster_values, permissions, render_vcluster};
 use e2e::standin_vcluster::{CHART_VERSION, NEXT_CHART_VERSION};
-use serde_json::Value;
 
 fn scratch(name: &str) -> PathBuf {
     let dir =
@@ -22,74 +21,11 @@ fn chart_dir() -> PathBuf {
     e2e::repo_root().join("e2e/standin-vcluster")
 }
 
-/// `helm template vcluster <chart> -n <ns> --kube-version 1.35.0` with a values file holding
-/// `values` (YAML): what rendered, or helm's standard error.
-fn render(chart: &Path, ns: &str, values: &str, dir: &Path) -> Result<Rendered, String> {
-    let helm = Helm::offline().expect("helm");
-    let file = dir.join(format!("values-{}.yaml", values.len()));
-    std::fs::write(&file, values).expect("values file");
-    let out = helm
-        .run(&[
-            "template",
-            "vcluster",
-            &chart.display().to_string(),
-            "-n",
-            ns,
-            "--kube-version",
-            "1.35.0",
-            "--values",
-            &file.display().to_string(),
-        ])
-        .expect("helm");
-    if !out.success {
-        return Err(out.stderr);
-    }
-    Rendered::parse(&out.stdout)
-}
-
-/// What the controller binary prints for instance `team-a/one`.
-fn controller_values() -> (String, String) {
-    let (controller, _) = operator_binaries().expect("operator binaries");
-    let out = std::process::Command::new(controller)
-        .args([
-            "--print-vcluster-values",
-            "team-a/one",
-            "--storage-root-base",
-            "/var/lib/kubesolo/instances",
-        ])
-        .output()
-        .expect("controller");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (
-        String::from_utf8(out.stdout).expect("utf-8"),
-        common::names::host_namespace("team-a", "one"),
-    )
-}
-
-/// `(group, resource, verb)` of every rule of `role`.
-fn rules(role: &Value) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    for rule in role["rules"].as_array().into_iter().flatten() {
-        for group in strings(&rule["apiGroups"]) {
-            for resource in strings(&rule["resources"]) {
-                for verb in strings(&rule["verbs"]) {
-                    out.push((group.clone(), resource.clone(), verb));
-                }
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn the_controllers_values_render_what_the_controller_waits_for() {
     let dir = scratch("values");
-    let (values, host) = controller_values();
-    let rendered = render(&chart_dir(), &host, &values, &dir)
+    let (values, host) = controller_vcluster_values();
+    let rendered = render_vcluster(&chart_dir(), &host, &values, &dir)
         .unwrap_or_else(|e| panic!("the stand-in chart refused the controller's values: {e}"));
     // No volume claim and the embedded database: a Deployment, never a StatefulSet.
     assert!(rendered.find("StatefulSet", "vcluster").is_none());
@@ -112,49 +48,12 @@ fn the_controllers_values_render_what_the_controller_waits_for() {
     // The whole configuration, for the syncer (and the stand-in syncer).
     let config = rendered.get("Secret", "vc-config-vcluster");
     assert!(config["data"]["config.yaml"].is_string());
-    let role = rendered.get("Role", "vc-vcluster");
+    let role = permissions(rendered.get("Role", "vc-vcluster"));
     assert!(
-        rules(role).contains(&(
-            "networking.k8s.io".into(),
-            "networkpolicies".into(),
-            "create".into()
-        )),
+        role.iter()
+            .any(|p| p[..3] == ["networking.k8s.io", "networkpolicies", "create"]),
         "the Role lets vCluster sync NetworkPolicies to the host"
     );
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-#[test]
-fn the_operators_cluster_role_holds_every_rule_of_the_vcluster_role() {
-    let dir = scratch("rbac");
-    let (values, host) = controller_values();
-    let rendered = render(&chart_dir(), &host, &values, &dir).expect("render");
-    let needed = rules(rendered.get("Role", "vc-vcluster"));
-    let operator = Helm::offline()
-        .expect("helm")
-        .template(
-            "platform-operator",
-            &[
-                "rbac.clusterAdmin=false",
-                "passphrase.existingSecret=platform-operator-passphrase",
-            ],
-        )
-        .expect("the operator chart renders");
-    let held = rules(operator.get("ClusterRole", "platform-operator"));
-    let missing: Vec<_> = needed
-        .iter()
-        .filter(|(g, r, v)| {
-            !held.iter().any(|(hg, hr, hv)| {
-                (hg == g || hg == "*") && (hr == r || hr == "*") && (hv == v || hv == "*")
-            })
-        })
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "Helm cannot create the vCluster Role without: {missing:?}"
-    );
-    // pods/resize is granted on Kubernetes 1.35, as the real chart does.
-    assert!(needed.iter().any(|(_, r, _)| r == "pods/resize"));
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -183,7 +82,7 @@ fn the_schema_refuses_what_the_real_schema_refuses() {
             "an unknown key in volumeClaim",
         ),
     ] {
-        let refused = render(&chart_dir(), "ns", values, &dir).expect_err(what);
+        let refused = render_vcluster(&chart_dir(), "ns", values, &dir).expect_err(what);
         assert!(
             refused.contains("additional properties")
                 || refused.contains("additionalProperties")
@@ -200,7 +99,7 @@ fn the_schema_refuses_what_the_real_schema_refuses() {
 fn the_kind_follows_the_real_charts_rule() {
     let dir = scratch("kind");
     let kind = |values: &str| {
-        let rendered = render(&chart_dir(), "ns", values, &dir).expect("render");
+        let rendered = render_vcluster(&chart_dir(), "ns", values, &dir).expect("render");
         if rendered.find("StatefulSet", "vcluster").is_some() {
             "StatefulSet"
         } else if rendered.find("Deployment", "vcluster").is_some() {
@@ -233,8 +132,8 @@ fn the_next_chart_version_changes_the_service_labels_and_the_image() {
     let helm = Helm::offline().expect("helm");
     let archive = e2e::standin_vcluster::package_chart(helm.bin(), &dir, NEXT_CHART_VERSION)
         .expect("package");
-    let (values, host) = controller_values();
-    let rendered = render(&archive, &host, &values, &dir).expect("render");
+    let (values, host) = controller_vcluster_values();
+    let rendered = render_vcluster(&archive, &host, &values, &dir).expect("render");
     assert_eq!(
         rendered.get("Service", "vcluster")["metadata"]["labels"]["chart"],
         format!("vcluster-{NEXT_CHART_VERSION}")

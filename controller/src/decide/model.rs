@@ -323,8 +323,6 @@ pub enum OwnerService {
     Matches,
     /// Deleted.
     Missing,
-    /// Its spec or labels changed.
-    Changed,
     /// Recreated with the recorded spec: objects owned by the old one must point at the new UID.
     Recreated {
         /// The UID the owner references still name.
@@ -552,6 +550,9 @@ pub struct Observed {
     /// The control plane's pod template runs the storage owner check (its init container;
     /// true while no Deployment is there).
     pub claims_storage: bool,
+    /// The control plane's Deployment has the `Recreate` strategy the post-renderer gives it
+    /// (true while no Deployment is there).
+    pub recreates: bool,
     /// The instance's state directory exists.
     pub state_exists: bool,
     /// The PersistentVolumes bound to claims in the host namespace (read while deleting with

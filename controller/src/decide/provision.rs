@@ -114,23 +114,24 @@ fn waiting_for_vcluster(o: &Observed, plan: &mut PlanBuilder) {
 fn release_current(o: &Observed) -> bool {
     o.pinned
         && o.claims_storage
+        && o.recreates
         && matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
 }
 
 /// `service/vcluster` against the record, once the release is current and no helm task runs:
-/// a changed or deleted Service is put back (the plan is returned then), a recreated one relinked.
+/// a deleted Service is put back (the plan is returned then), a recreated one relinked.
 fn owner_service(o: &Observed, plan: &mut PlanBuilder) -> Option<Plan> {
     if !release_current(o) || o.task != TaskState::Idle {
         return None;
     }
     match &o.owner_service {
-        OwnerService::Missing | OwnerService::Changed => {
+        OwnerService::Missing => {
             let mut plan = std::mem::take(plan);
             plan.act(Action::RestoreOwnerService);
             plan.condition(Cond::no(
                 c::VCLUSTER_READY,
                 Reason::OwnerServiceRestoring,
-                "service/vcluster was changed or deleted; the controller is putting it back",
+                "service/vcluster was deleted; the controller is putting it back",
             ));
             waiting_for_vcluster(o, &mut plan);
             Some(plan.finish(
@@ -221,6 +222,9 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
                 ),
                 _ if !o.claims_storage => {
                     "adding the storage owner check to the vCluster's control plane".into()
+                }
+                _ if !o.recreates => {
+                    "giving the vCluster's control plane the Recreate strategy".into()
                 }
                 _ => format!("upgrading the vCluster to chart {}", o.chart_version),
             };

@@ -36,6 +36,7 @@ fn base() -> Observed {
         },
         pinned: true,
         claims_storage: true,
+        recreates: true,
         storage_conflict: None,
         state_exists: true,
         volumes: Vec::new(),
@@ -551,17 +552,15 @@ fn a_tampered_owner_service_is_put_back_and_relinked() {
         ..base()
     });
     assert_eq!(plan.actions, [Action::RecordOwnerService]);
-    for drift in [OwnerService::Missing, OwnerService::Changed] {
-        let plan = decide(&Observed {
-            owner_service: drift,
-            ..base()
-        });
-        assert_eq!(plan.actions, [Action::RestoreOwnerService]);
-        assert_eq!(
-            cond(&plan, c::VCLUSTER_READY),
-            (false, "OwnerServiceRestoring")
-        );
-    }
+    let plan = decide(&Observed {
+        owner_service: OwnerService::Missing,
+        ..base()
+    });
+    assert_eq!(plan.actions, [Action::RestoreOwnerService]);
+    assert_eq!(
+        cond(&plan, c::VCLUSTER_READY),
+        (false, "OwnerServiceRestoring")
+    );
     let plan = decide(&Observed {
         owner_service: OwnerService::Recreated {
             old_uid: "u1".into(),
@@ -1136,6 +1135,17 @@ fn a_storage_directory_of_another_instance_stops_the_instance_and_is_never_taken
             .message
             .contains("storage owner check")
     );
+    // A control plane that rolls (installed by an earlier release, or patched) is upgraded.
+    let rolls = decide(&Observed {
+        recreates: false,
+        ..base()
+    });
+    assert!(
+        rolls
+            .actions
+            .contains(&Action::InstallVCluster { recover: false })
+    );
+    assert!(want(&rolls, c::VCLUSTER_READY).message.contains("Recreate"));
     // The cleanup Job refused it: stalled, the finalizer kept, no new Job.
     let cleanup = decide(&Observed {
         cleanup: Cleanup::Conflict("exit code 3 matching FailJob rule".into()),

@@ -12,10 +12,12 @@ use common::names::{
 };
 use futures::FutureExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolume, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use kube::{Resource, ResourceExt};
 use prometheus::HistogramVec;
 use serde_json::json;
@@ -24,7 +26,7 @@ use super::error::{ReconcileError, observing};
 use super::observe::Found;
 use super::{Context, STORAGE_NODE_FILE, install_key, key, preview_key, state_path, task_keys};
 use super::{control_plane, objects};
-use crate::api::{apply, delete_if, delete_ignoring_404, gone_is_done, manager};
+use crate::api::{apply, delete_if, gone_is_done, manager};
 use crate::decide::Action;
 use crate::decide::model::{Failure, Mode, Plan, Release, TaskError};
 use crate::decide::ownership;
@@ -154,7 +156,7 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
     let install = chart_install(t);
     let work = async move {
         if recover {
-            let secrets: Api<Secret> = Api::namespaced(client, &namespace);
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
             let releases = secrets
                 .list_metadata(&ListParams::default().labels(&format!("owner=helm,name={RELEASE}")))
                 .await
@@ -163,6 +165,9 @@ fn install_vcluster(t: &Target<'_>, recover: bool) {
             if let Release::Pending(status) = release_from_records(records) {
                 tracing::info!(%namespace, %status, "recovering an interrupted helm release");
                 guard.await?;
+                // A rollback changes the pod template: stopped first, never two pods on one disk.
+                let stopped = control_plane::stop(client, &namespace).await;
+                stopped.map_err(task_error)?;
                 helm.recover(&namespace, &status)
                     .await
                     .map_err(helm_error)?;
@@ -189,24 +194,12 @@ async fn write_kubeconfig(t: &Target<'_>) -> Result<(), ReconcileError> {
 }
 
 fn restore_owner_service(t: &Target<'_>) {
-    tracing::warn!(instance = %key(t.pi), "service/vcluster was changed or deleted; recreating it from the chart");
-    let services: Api<Service> = Api::namespaced(t.ctx.client.clone(), &t.host_ns);
-    let install = chart_install(t);
-    let guard = owner_check(t);
-    let work = async move {
-        guard.await?;
-        // A three-way merge cannot always undo an edit (a changed port duplicates its name), so
-        // a changed Service is deleted and the chart creates it afresh; the owner references
-        // that named the old UID are relinked afterwards.
-        delete_ignoring_404(&services, VCLUSTER)
-            .await
-            .map_err(|e| {
-                task_error(format!("deleting the changed service/vcluster failed: {e}"))
-            })?;
-        install.await
-    };
+    tracing::warn!(instance = %key(t.pi), "service/vcluster was deleted; recreating it from the chart");
+    // Never deleted here: that would let the garbage collector take everything vCluster synced.
+    // Helm creates it when absent, after the control plane is stopped (the syncer reads the new
+    // UID when it starts again); what names the old UID is relinked once the new one is recorded.
     let helm = &t.ctx.metrics.helm_duration;
-    submit_timed(t, &key(t.pi), false, helm, "restore", work);
+    submit_timed(t, &key(t.pi), false, helm, "restore", chart_install(t));
 }
 
 fn install(t: &Target<'_>, mode: Mode) {
@@ -459,9 +452,27 @@ fn submit_timed(
     t.ctx.tasks.submit(task, bounded, work.boxed());
 }
 
+/// What vCluster syncs into the host namespace owned by `service/vcluster`, as
+/// `(group, version, kind, plural)`: every kind its Role lets it write with the controller's values.
+const SYNCED: [(&str, &str, &str, &str); 8] = [
+    ("", "v1", "Pod", "pods"),
+    ("", "v1", "Service", "services"),
+    ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+    ("", "v1", "Secret", "secrets"),
+    ("", "v1", "ConfigMap", "configmaps"),
+    ("", "v1", "Endpoints", "endpoints"),
+    ("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
+    (
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+    ),
+];
+
 /// Records `service/vcluster`'s UID and [`objects::service_hash`] on the host namespace; when it
-/// was recreated, first points the owner references of the host Secrets and ConfigMaps that name
-/// the old UID (`relink`) at it.
+/// was recreated, first points the owner references of every object of the host namespace that
+/// vCluster syncs ([`SYNCED`]) and that name the old UID (`relink`) at it.
 async fn record_owner_service(
     ctx: &Context,
     host_ns: &str,
@@ -476,8 +487,9 @@ async fn record_owner_service(
     };
     let uid = svc.metadata.uid.clone().unwrap_or_default();
     if let Some(old_uid) = relink {
-        relink_kind::<Secret>(ctx, host_ns, old_uid, &uid, "secret").await?;
-        relink_kind::<ConfigMap>(ctx, host_ns, old_uid, &uid, "configmap").await?;
+        for kind in SYNCED {
+            relink_kind(ctx, host_ns, (old_uid, &uid), kind).await?;
+        }
     }
     let record = format!("{uid}/{}", objects::service_hash(&svc));
     let patch = json!({"metadata": {"annotations": {OWNER_SERVICE_ANNOTATION: record}}});
@@ -489,28 +501,19 @@ async fn record_owner_service(
     Ok(())
 }
 
-/// Relinks every object of kind `K` in `host_ns` with an owner reference to `old_uid`.
-async fn relink_kind<K>(
+/// Relinks every object of `kind` in `host_ns` with an owner reference to `uids.0` to `uids.1`.
+async fn relink_kind(
     ctx: &Context,
     host_ns: &str,
-    old_uid: &str,
-    new_uid: &str,
-    kind: &'static str,
-) -> Result<(), ReconcileError>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), host_ns);
-    let failed = |e| ReconcileError::RelinkOwnerService(kind, e);
-    for object in api
-        .list(&ListParams::default())
-        .await
-        .map_err(failed)?
-        .items
-    {
+    (old_uid, new_uid): (&str, &str),
+    (group, version, kind, plural): (&str, &str, &str, &'static str),
+) -> Result<(), ReconcileError> {
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), host_ns, &resource);
+    let failed = |e| ReconcileError::RelinkOwnerService(plural, e);
+    let listed = api.list_metadata(&ListParams::default()).await;
+    for object in listed.map_err(failed)?.items {
         let mut refs = object.owner_references().to_vec();
         let stale: Vec<_> = refs.iter_mut().filter(|r| r.uid == old_uid).collect();
         if stale.is_empty() {
@@ -523,7 +526,7 @@ where
         api.patch(&object.name_any(), &manager(), &Patch::Merge(&patch))
             .await
             .map_err(failed)?;
-        wrote(ctx, kind);
+        wrote(ctx, plural);
     }
     Ok(())
 }

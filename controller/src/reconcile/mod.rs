@@ -68,6 +68,8 @@ pub struct Settings {
     pub extra_values: Option<PathBuf>,
     /// The user the operator acts as (exempt from the service/vcluster policy).
     pub operator_user: String,
+    /// The vCluster syncer's ServiceAccount in each host namespace ([`crate::policy::syncer_account`]).
+    pub syncer_account: String,
     /// Run the platform program (`--install-platform`).
     pub install_platform: bool,
     /// Failed runs in a row after which an instance stops retrying (`--max-retries`; 0: never).

@@ -344,6 +344,7 @@ mod tests {
             extra_values: None,
             operator_user: "op".into(),
             max_retries: 5,
+            syncer_account: "vc-vcluster".into(),
             install_platform: true,
             pod_security: Level::Baseline,
         }

@@ -137,6 +137,10 @@ pub fn observe(
             let name = objects::STORAGE_OWNER_CONTAINER;
             inits.is_some_and(|i| i.iter().any(|c| c.name == name))
         }),
+        recreates: read.deployment.as_deref().is_none_or(|d| {
+            let strategy = d.spec.as_ref().and_then(|s| s.strategy.as_ref());
+            strategy.and_then(|s| s.type_.as_deref()) == Some("Recreate")
+        }),
         state_exists: read.state_exists,
         volumes: read.volumes,
         owner_service: match ours {

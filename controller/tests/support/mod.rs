@@ -489,3 +489,26 @@ fn lua(v: &Value) -> String {
         }
     }
 }
+
+/// The stand-in control plane for instance `one` of a new namespace, serving: the
+/// namespace, the controller and the instance's host namespace.
+pub async fn serving(cluster: &Shared, fx: &Fixture) -> (String, Controller, String) {
+    cluster.install_crd().expect("CRD");
+    let team = cluster.create_namespace("team", &[]).expect("namespace");
+    let pi = format!(
+        "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ name: one, namespace: {team} }}\nspec:\n  version: 6.0.22\n  deletionPolicy: Delete\n"
+    );
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&pi))
+        .expect("apply");
+    let controller = Controller::start(cluster, fx, &["--watch-namespace", &team]);
+    let pi = reaches((cluster, &controller), (&team, "one"), READY, LIMIT).await;
+    let host = pi["status"]["hostNamespace"].as_str().expect("host");
+    let host = host.to_string();
+    (team, controller, host)
+}
+
+/// The condition of a vCluster that serves.
+pub const READY: (&str, &str, &str) = ("VClusterReady", "True", "VClusterServing");
+/// How long the stand-in control plane takes at most to serve, or to roll out.
+pub const LIMIT: Duration = Duration::from_secs(120);

@@ -169,7 +169,8 @@ rules:
   - apiGroups: [""]
     resources: [services]
     verbs: [get, list, watch, create, update, patch, delete]
-  # Owner references relinked in host namespaces (list, patch); the vCluster chart's ConfigMaps;
+  # Owner references relinked in host namespaces (list, patch, as on every kind vCluster syncs,
+  # all below); the vCluster chart's ConfigMaps;
   # the rest is in its Role.
   - apiGroups: [""]
     resources: [configmaps]
@@ -194,10 +195,10 @@ rules:
   - apiGroups: [""]
     resources: [nodes]
     verbs: [get]
-  # Events about instances.
+  # Events about instances (create, patch); get, list and watch are in the vCluster chart's Role.
   - apiGroups: [events.k8s.io]
     resources: [events]
-    verbs: [create, patch]
+    verbs: [get, list, watch, create, patch]
   # The admission policy that protects each service/vcluster, and its binding (server-side
   # apply: a patch, and a create the first time; both name the object).
   - apiGroups: [admissionregistration.k8s.io]
@@ -211,8 +212,8 @@ rules:
   - apiGroups: [rbac.authorization.k8s.io]
     resources: [roles, rolebindings]
     verbs: [get, list, watch, create, update, patch, delete]
-  # ... and what its Role (vCluster 0.37.3, with the operator's values) grants the vCluster
-  # syncer in the host namespace. The controller lists and watches the control plane's pods itself.
+  # ... and what its Role (vCluster 0.37, with the operator's values) grants the vCluster
+  # syncer in the host namespace (e2e/tests/vcluster_chart.rs checks it against the real chart). The controller lists and watches the control plane's pods itself.
   - apiGroups: [""]
     resources: [pods, pods/attach, pods/portforward, pods/exec, persistentvolumeclaims, endpoints]
     verbs: [get, list, watch, create, update, patch, delete]
