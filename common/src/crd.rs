@@ -78,6 +78,36 @@ pub struct PlatformInstanceSpec {
     /// `false` (or removing it) resumes where the instance stopped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+
+    /// What the repair tick (every `repairInterval`, a refreshing Pulumi preview of the installed
+    /// version) does with the drift it finds. Left out: `mode: Repair`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Repair>,
+}
+
+/// What the repair tick does.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Repair {
+    /// `Repair` (the default) previews and puts drift back with an install at the installed
+    /// version; `Warn` previews only: `DriftDetected=True` names how many resources would change
+    /// and which, with a Warning Event, and nothing is changed; `Off` runs no preview.
+    #[serde(default)]
+    pub mode: RepairMode,
+}
+
+/// What the repair tick does with drift.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum RepairMode {
+    /// Preview, and put drift back.
+    #[default]
+    Repair,
+    /// Preview and report drift; change nothing.
+    Warn,
+    /// No preview.
+    Off,
 }
 
 /// Where an instance runs.

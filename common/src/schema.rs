@@ -449,6 +449,9 @@ mod tests {
                 }),
                 deletion_policy: DeletionPolicy::Delete,
                 suspend: true,
+                repair: Some(Repair {
+                    mode: RepairMode::Warn,
+                }),
             },
         );
         pi.status = Some(PlatformInstanceStatus {

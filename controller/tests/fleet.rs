@@ -340,6 +340,104 @@ async fn the_history_keeps_each_run_newest_first_and_a_ready_instance_is_healthy
     assert_eq!((gone, conditions), (0.0, 0.0));
 }
 
+/// Runs kubectl with `args` inside the fixture's vCluster (its inner API server).
+fn inside(fx: &Fixture, cluster: &Shared, args: &[&str]) -> e2e::cmd::Outcome {
+    let mut cmd = std::process::Command::new(&cluster.kubectl);
+    cmd.env("KUBECONFIG", fx.inner.kubeconfig()).args(args);
+    e2e::cmd::run(cmd, None).expect("kubectl")
+}
+
+/// The stand-in program's settings ConfigMap inside the vCluster exists.
+fn settings_exist(fx: &Fixture, cluster: &Shared) -> bool {
+    let args = ["-n", "di-platform", "get", "configmap", "platform-settings"];
+    inside(fx, cluster, &args).success
+}
+
+/// Waits until instance `ns/name` is Ready (a real install: npm and Pulumi).
+async fn ready(cluster: &Shared, controller: &Controller, ns: &str, name: &str) -> Value {
+    // A liveness bound, not a timing (see tests/installer.rs).
+    let limit = Duration::from_secs(1500);
+    wait_for(&format!("{name} to be Ready"), limit, controller, || {
+        let pi = get(cluster, &["-n", ns, "get", "pi", name])?;
+        (condition(&pi, "Ready") == Some(("True".into(), "Installed".into()))).then_some(pi)
+    })
+    .await
+}
+
+/// Item 3: `spec.repair.mode: Warn` reports drift (how many resources, which, and a Warning
+/// Event) at each repair tick and changes nothing; `Repair` then puts it back.
+#[tokio::test]
+async fn warn_reports_drift_without_repairing_it_until_the_mode_is_repair() {
+    let (cluster, fx, team, controller) = start(
+        "drift",
+        "{}\n",
+        &[
+            "--install-platform=true",
+            "--install-timeout=300s",
+            "--repair-interval=5s",
+        ],
+    )
+    .await;
+    let warn = "  repair: { mode: Warn }\n";
+    apply(&cluster, &instance(&team, "one", warn));
+    ready(&cluster, &controller, &team, "one").await;
+    assert!(settings_exist(&fx, &cluster));
+
+    // Drift: an object the program made is deleted behind Pulumi's back.
+    let remove = [
+        "-n",
+        "di-platform",
+        "delete",
+        "configmap",
+        "platform-settings",
+    ];
+    assert!(inside(&fx, &cluster, &remove).success);
+    let limit = Duration::from_secs(240);
+    let cc = (&cluster, &controller);
+    let drift = ("DriftDetected", "True", "DriftDetected");
+    let found = reaches(cc, (&team, "one"), drift, limit).await;
+    let said = message(&found, "DriftDetected");
+    assert!(
+        said.contains("create 1") && said.contains("platform-settings") && said.contains("Warn"),
+        "{said}"
+    );
+    assert_eq!(found["status"]["phase"], "Ready");
+    let events = get(&cluster, &["-n", &team, "get", "events"]).expect("events");
+    let warned = events["items"].as_array().into_iter().flatten().any(|e| {
+        e["reason"] == "DriftDetected"
+            && e["type"] == "Warning"
+            && e["note"]
+                .as_str()
+                .or(e["message"].as_str())
+                .is_some_and(|m| m.contains("platform-settings"))
+    });
+    assert!(warned, "{events}");
+    // Several repair ticks later: still gone, no run but the install.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let pi = pi(&cluster, &team, "one");
+    assert!(!settings_exist(&fx, &cluster), "Warn changed nothing");
+    assert_eq!(
+        pi["status"]["history"].as_array().map(Vec::len),
+        Some(1),
+        "{pi}"
+    );
+    assert_eq!(
+        condition(&pi, "DriftDetected").map(|c| c.0),
+        Some("True".into())
+    );
+
+    // Repair: the next tick puts it back.
+    apply(
+        &cluster,
+        &instance(&team, "one", "  repair: { mode: Repair }\n"),
+    );
+    wait_for("the ConfigMap to be put back", limit, &controller, || {
+        settings_exist(&fx, &cluster).then_some(())
+    })
+    .await;
+    delete(&cluster, &controller, &team, "one").await;
+}
+
 /// Item 7: the health check shown in docs/operations.md is the file the tests run.
 #[test]
 fn the_health_check_in_the_operations_guide_is_the_shipped_file() {

@@ -450,6 +450,50 @@ fn repair_previews_when_due_and_installs_on_drift() {
 }
 
 #[test]
+fn warn_reports_drift_and_changes_nothing_and_off_previews_nothing() {
+    use common::crd::RepairMode;
+    let drift = "drift: putting it back would create 1 (create ConfigMap settings)";
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Warn;
+        i.drift = Some(drift.into());
+    }));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.phase, Phase::Ready);
+    assert_eq!(cond(&plan, c::DRIFT_DETECTED), (true, "DriftDetected"));
+    assert_eq!(cond(&plan, c::READY), (true, "Installed"));
+    let warned = plan
+        .conditions
+        .iter()
+        .find(|w| w.type_ == c::DRIFT_DETECTED);
+    let message = &warned.expect("DriftDetected").message;
+    assert!(
+        message.contains("ConfigMap settings") && message.contains("Warn"),
+        "{message}"
+    );
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Warn;
+        i.preview_failed = Some("pulumi preview failed".into());
+    }));
+    assert!(
+        plan.actions.is_empty(),
+        "a failed preview repairs nothing either"
+    );
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Warn;
+        i.drift = Some(drift.into());
+        i.repair_due = true;
+    }));
+    assert_eq!(plan.actions, [Action::Preview], "the tick still previews");
+    // Off: no DriftDetected, and an old finding repairs nothing.
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Off;
+        i.drift = Some(drift.into());
+    }));
+    assert!(plan.actions.is_empty());
+    assert!(!plan.conditions.iter().any(|w| w.type_ == c::DRIFT_DETECTED));
+}
+
+#[test]
 fn missing_membership_secrets_are_written_again_at_the_repair_tick() {
     let missing = || vec!["one.acme.dev.kubeconfig".to_string()];
     let plan = decide(&with_install(|i| i.missing_memberships = missing()));

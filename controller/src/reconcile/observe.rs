@@ -1,7 +1,7 @@
 //! The observe step: what [`super::reader`] read, the settings and the clock, turned (purely)
 //! into [`Observed`] for the decision and [`Found`] for the actions.
 
-use common::crd::PlatformInstance;
+use common::crd::{PlatformInstance, RepairMode};
 use common::names::{
     ALLOW_DOWNGRADE_ANNOTATION, APPLIED_HASH_ANNOTATION, FINALIZER, KUBECONFIG_KEY,
     OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, kubeconfig_secret, storage_dir,
@@ -269,7 +269,9 @@ fn install_observed(
     now: Timestamp,
 ) -> InstallObserved {
     let record = &read.record;
+    let repair_mode = pi.spec.repair.as_ref().map(|r| r.mode).unwrap_or_default();
     let repair_due = record.installed_version.is_some()
+        && repair_mode != RepairMode::Off
         && record.last_checked().is_none_or(|t| {
             now.duration_since(t.0).as_secs() >= settings.repair_interval.as_secs() as i64
         });
@@ -290,6 +292,7 @@ fn install_observed(
             .map(|p| p.message.clone()),
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
+        repair_mode,
         missing_memberships: read.missing_memberships.clone(),
         disabled: !settings.install_platform,
         downgrade_allowed: pi
