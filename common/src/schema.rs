@@ -452,6 +452,7 @@ mod tests {
                 repair: Some(Repair {
                     mode: RepairMode::Warn,
                 }),
+                resources: None,
             },
         );
         pi.status = Some(PlatformInstanceStatus {

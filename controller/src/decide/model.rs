@@ -557,6 +557,9 @@ pub struct Observed {
     /// The control plane's pod template runs the storage owner check (its init container;
     /// true while no Deployment is there).
     pub claims_storage: bool,
+    /// The control plane was deployed with the quotas wanted now (`spec.resources` or the
+    /// fleet-wide default; true while no Deployment is there).
+    pub policies_current: bool,
     /// The instance's state directory exists.
     pub state_exists: bool,
     /// The PersistentVolumes bound to claims in the host namespace (read while deleting with

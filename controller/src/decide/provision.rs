@@ -114,6 +114,7 @@ fn waiting_for_vcluster(o: &Observed, plan: &mut PlanBuilder) {
 fn release_current(o: &Observed) -> bool {
     o.pinned
         && o.claims_storage
+        && o.policies_current
         && matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
 }
 
@@ -221,6 +222,9 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
                 ),
                 _ if !o.claims_storage => {
                     "adding the storage owner check to the vCluster's control plane".into()
+                }
+                _ if !o.policies_current => {
+                    "applying the quotas (spec.resources) to the vCluster".into()
                 }
                 _ => format!("upgrading the vCluster to chart {}", o.chart_version),
             };

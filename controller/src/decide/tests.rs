@@ -38,6 +38,7 @@ fn base() -> Observed {
         claims_storage: true,
         storage_conflict: None,
         state_exists: true,
+        policies_current: true,
         volumes: Vec::new(),
         owner_service: OwnerService::Matches,
         install: InstallObserved {
@@ -447,6 +448,15 @@ fn repair_previews_when_due_and_installs_on_drift() {
         i.preview_failed = Some("pulumi preview failed".into());
     }));
     assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+}
+
+#[test]
+fn changed_quotas_upgrade_the_vcluster_release() {
+    let mut o = base();
+    o.policies_current = false;
+    let plan = decide(&o);
+    assert_eq!(plan.actions, [Action::InstallVCluster { recover: false }]);
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Upgrading"));
 }
 
 #[test]

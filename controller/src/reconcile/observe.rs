@@ -137,6 +137,11 @@ pub fn observe(
             let name = objects::STORAGE_OWNER_CONTAINER;
             inits.is_some_and(|i| i.iter().any(|c| c.name == name))
         }),
+        policies_current: read.deployment.as_deref().is_none_or(|d| {
+            let applied = d.annotations().get(super::quota::POLICIES_ANNOTATION);
+            let wanted = super::quota::policies_hash(super::quota::wanted(pi, settings));
+            applied == wanted.as_ref()
+        }),
         state_exists: read.state_exists,
         volumes: read.volumes,
         owner_service: match ours {
