@@ -4,6 +4,9 @@
 //!
 //! The doc comment of each field is its schema `description` (what `kubectl explain` prints).
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -78,6 +81,112 @@ pub struct PlatformInstanceSpec {
     /// `false` (or removing it) resumes where the instance stopped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+
+    /// What the repair tick (every `repairInterval`, a refreshing Pulumi preview of the installed
+    /// version) does with the drift it finds. Left out: `mode: Repair`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Repair>,
+
+    /// Quotas for everything the instance's vCluster runs on the host (its control plane and
+    /// every pod it syncs there): a ResourceQuota and a LimitRange `vc-vcluster` in the host
+    /// namespace, set through the vCluster chart's own `policies` values. Left out, the operator's
+    /// fleet-wide default applies (the chart value `defaultInstanceResources`), and
+    /// with none, no quota. Changing it upgrades the vCluster's Helm release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<InstanceResources>,
+}
+
+/// Resource name to quantity (`cpu: 500m`, `count/pods: 50`), as a ResourceQuota or LimitRange
+/// takes them; a quantity may be written as a number or a string.
+pub type Quantities = BTreeMap<String, Amount>;
+
+/// A Kubernetes quantity, such as `500m`, `4` or `16Gi` (a number or a string).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(transparent)]
+pub struct Amount(pub Quantity);
+
+impl schemars::JsonSchema for Amount {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Amount".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A quantity, such as 500m, 4 or 16Gi.",
+            "x-kubernetes-int-or-string": true,
+            "maxLength": 64,
+        })
+    }
+}
+
+/// A ResourceQuota and a LimitRange for what an instance's vCluster runs on the host.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceResources {
+    /// The ResourceQuota's `spec.hard`: resource name to quantity, such as `requests.cpu: 4`,
+    /// `limits.memory: 16Gi`, `count/pods: 50`. Exactly these (none of the chart's example
+    /// quota). Left out, no ResourceQuota. A quota on `requests.*` or `limits.*` refuses pods
+    /// that set none: give `limitRange.defaultRequest` and `limitRange.default` with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = quantities_rule(), validation = names_rule())]
+    #[schemars(extend("maxProperties" = 32, "minProperties" = 1))]
+    pub quota: Option<Quantities>,
+
+    /// The LimitRange for containers. Left out, no LimitRange.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_range: Option<LimitRange>,
+}
+
+/// A LimitRange for containers: each a map of resource name (`cpu`, `memory`,
+/// `ephemeral-storage`) to quantity; exactly these are set (none of the chart's examples).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitRange {
+    /// The limits a container gets when it sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = quantities_rule(), validation = names_rule())]
+    #[schemars(extend("maxProperties" = 8))]
+    pub default: Option<Quantities>,
+    /// The requests a container gets when it sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = quantities_rule(), validation = names_rule())]
+    #[schemars(extend("maxProperties" = 8))]
+    pub default_request: Option<Quantities>,
+    /// The least a container may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = quantities_rule(), validation = names_rule())]
+    #[schemars(extend("maxProperties" = 8))]
+    pub min: Option<Quantities>,
+    /// The most a container may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = quantities_rule(), validation = names_rule())]
+    #[schemars(extend("maxProperties" = 8))]
+    pub max: Option<Quantities>,
+}
+
+/// What the repair tick does.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Repair {
+    /// `Repair` (the default) previews and puts drift back with an install at the installed
+    /// version; `Warn` previews only: `DriftDetected=True` names how many resources would change
+    /// and which, with a Warning Event, and nothing is changed; `Off` runs no preview.
+    #[serde(default)]
+    pub mode: RepairMode,
+}
+
+/// What the repair tick does with drift.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum RepairMode {
+    /// Preview, and put drift back.
+    #[default]
+    Repair,
+    /// Preview and report drift; change nothing.
+    Warn,
+    /// No preview.
+    Off,
 }
 
 /// Where an instance runs.
@@ -547,6 +656,22 @@ pub struct InstallSummary {
     /// SHA-256 of the applied configuration (secret values excluded), to tell installs apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_hash: Option<String>,
+}
+
+/// The CEL rule that each value of a map is a Kubernetes quantity (`500m`, `4`, `16Gi`).
+fn quantities_rule() -> kube::core::Rule {
+    kube::core::Rule::new("self.all(k, isQuantity(string(self[k])))")
+        .message("each value must be a quantity, such as 500m, 4 or 16Gi")
+}
+
+/// The CEL rule that each key of a map is a resource name (`requests.cpu`, `count/pods`).
+fn names_rule() -> kube::core::Rule {
+    kube::core::Rule::new(
+        "self.all(k, k.matches('^[A-Za-z0-9]([-A-Za-z0-9_./]{0,61}[A-Za-z0-9])?$'))",
+    )
+    .message(
+        "each key must be a resource name, such as requests.cpu, limits.memory, count/pods or cpu",
+    )
 }
 
 /// Quotes a regular expression for use inside a single-quoted CEL string literal.

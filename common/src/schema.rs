@@ -449,6 +449,10 @@ mod tests {
                 }),
                 deletion_policy: DeletionPolicy::Delete,
                 suspend: true,
+                repair: Some(Repair {
+                    mode: RepairMode::Warn,
+                }),
+                resources: None,
             },
         );
         pi.status = Some(PlatformInstanceStatus {

@@ -229,6 +229,7 @@ async fn main() {
                 controller::pod_security::Level::Restricted,
                 None,
                 &claim,
+                None,
             );
             std::fs::write(&values, vals).expect("values");
             let home: PathBuf = dir.join(format!("home-{i}"));

@@ -147,6 +147,11 @@ struct Args {
     #[arg(long, default_value_t = 5)]
     max_retries: u32,
 
+    /// The quotas (JSON, as `spec.resources`: `{"quota": {...}, "limitRange": {...}}`) of every
+    /// instance without `spec.resources`: a ResourceQuota and LimitRange in its host namespace.
+    #[arg(long, value_parser = parse_resources)]
+    default_instance_resources: Option<common::crd::InstanceResources>,
+
     /// The namespace the operator runs in.
     #[arg(long, env = "POD_NAMESPACE", default_value = "platform-operator")]
     namespace: String,
@@ -335,6 +340,7 @@ impl Args {
             install_platform: self.install_platform,
             max_retries: self.max_retries,
             pod_security: self.pod_security_standard,
+            default_resources: self.default_instance_resources.clone(),
         }
     }
 }
@@ -462,6 +468,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                 args.pod_security_standard,
                 None,
                 &claim,
+                args.default_instance_resources.as_ref(),
             )
         );
         return Ok(std::process::ExitCode::SUCCESS);
@@ -590,6 +597,14 @@ async fn run_controller(args: Args) -> anyhow::Result<()> {
     tracing::info!("controller stopped");
     ops_task.abort();
     Ok(())
+}
+
+/// `--default-instance-resources`: JSON as `spec.resources` takes it (the API server checks
+/// each quantity when Helm applies the quota).
+fn parse_resources(text: &str) -> Result<common::crd::InstanceResources, String> {
+    serde_json::from_str(text).map_err(|e| {
+        format!("{e}: give JSON as spec.resources takes it, such as {{\"quota\": {{\"limits.cpu\": \"8\"}}}} (the chart value controller.defaultInstanceResources)")
+    })
 }
 
 #[cfg(test)]

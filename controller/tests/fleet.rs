@@ -340,6 +340,104 @@ async fn the_history_keeps_each_run_newest_first_and_a_ready_instance_is_healthy
     assert_eq!((gone, conditions), (0.0, 0.0));
 }
 
+/// Runs kubectl with `args` inside the fixture's vCluster (its inner API server).
+fn inside(fx: &Fixture, cluster: &Shared, args: &[&str]) -> e2e::cmd::Outcome {
+    let mut cmd = std::process::Command::new(&cluster.kubectl);
+    cmd.env("KUBECONFIG", fx.inner.kubeconfig()).args(args);
+    e2e::cmd::run(cmd, None).expect("kubectl")
+}
+
+/// The stand-in program's settings ConfigMap inside the vCluster exists.
+fn settings_exist(fx: &Fixture, cluster: &Shared) -> bool {
+    let args = ["-n", "di-platform", "get", "configmap", "platform-settings"];
+    inside(fx, cluster, &args).success
+}
+
+/// Waits until instance `ns/name` is Ready (a real install: npm and Pulumi).
+async fn ready(cluster: &Shared, controller: &Controller, ns: &str, name: &str) -> Value {
+    // A liveness bound, not a timing (see tests/installer.rs).
+    let limit = Duration::from_secs(1500);
+    wait_for(&format!("{name} to be Ready"), limit, controller, || {
+        let pi = get(cluster, &["-n", ns, "get", "pi", name])?;
+        (condition(&pi, "Ready") == Some(("True".into(), "Installed".into()))).then_some(pi)
+    })
+    .await
+}
+
+/// Item 3: `spec.repair.mode: Warn` reports drift (how many resources, which, and a Warning
+/// Event) at each repair tick and changes nothing; `Repair` then puts it back.
+#[tokio::test]
+async fn warn_reports_drift_without_repairing_it_until_the_mode_is_repair() {
+    let (cluster, fx, team, controller) = start(
+        "drift",
+        "{}\n",
+        &[
+            "--install-platform=true",
+            "--install-timeout=300s",
+            "--repair-interval=5s",
+        ],
+    )
+    .await;
+    let warn = "  repair: { mode: Warn }\n";
+    apply(&cluster, &instance(&team, "one", warn));
+    ready(&cluster, &controller, &team, "one").await;
+    assert!(settings_exist(&fx, &cluster));
+
+    // Drift: an object the program made is deleted behind Pulumi's back.
+    let remove = [
+        "-n",
+        "di-platform",
+        "delete",
+        "configmap",
+        "platform-settings",
+    ];
+    assert!(inside(&fx, &cluster, &remove).success);
+    let limit = Duration::from_secs(240);
+    let cc = (&cluster, &controller);
+    let drift = ("DriftDetected", "True", "DriftDetected");
+    let found = reaches(cc, (&team, "one"), drift, limit).await;
+    let said = message(&found, "DriftDetected");
+    assert!(
+        said.contains("create 1") && said.contains("platform-settings") && said.contains("Warn"),
+        "{said}"
+    );
+    assert_eq!(found["status"]["phase"], "Ready");
+    let events = get(&cluster, &["-n", &team, "get", "events"]).expect("events");
+    let warned = events["items"].as_array().into_iter().flatten().any(|e| {
+        e["reason"] == "DriftDetected"
+            && e["type"] == "Warning"
+            && e["note"]
+                .as_str()
+                .or(e["message"].as_str())
+                .is_some_and(|m| m.contains("platform-settings"))
+    });
+    assert!(warned, "{events}");
+    // Several repair ticks later: still gone, no run but the install.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let pi = pi(&cluster, &team, "one");
+    assert!(!settings_exist(&fx, &cluster), "Warn changed nothing");
+    assert_eq!(
+        pi["status"]["history"].as_array().map(Vec::len),
+        Some(1),
+        "{pi}"
+    );
+    assert_eq!(
+        condition(&pi, "DriftDetected").map(|c| c.0),
+        Some("True".into())
+    );
+
+    // Repair: the next tick puts it back.
+    apply(
+        &cluster,
+        &instance(&team, "one", "  repair: { mode: Repair }\n"),
+    );
+    wait_for("the ConfigMap to be put back", limit, &controller, || {
+        settings_exist(&fx, &cluster).then_some(())
+    })
+    .await;
+    delete(&cluster, &controller, &team, "one").await;
+}
+
 /// Item 7: the health check shown in docs/operations.md is the file the tests run.
 #[test]
 fn the_health_check_in_the_operations_guide_is_the_shipped_file() {
@@ -357,4 +455,120 @@ fn the_health_check_in_the_operations_guide_is_the_shipped_file() {
         guide.contains(&format!("{key}{indented}```")),
         "docs/operations.md"
     );
+}
+
+/// What `spec.resources` of the quota tests asks for.
+const RESOURCES: &str = r#"{"quota": {"limits.cpu": "4", "count/pods": 30}, "limitRange": {"default": {"cpu": "500m"}, "max": {"memory": "2Gi"}}}"#;
+
+/// The ResourceQuota and LimitRange `vc-vcluster` the chart in `chart` (a folder or archive)
+/// renders for the controller's values with `RESOURCES`: `(spec.hard, spec.limits)`.
+fn rendered_policies(chart: &std::path::Path) -> (Value, Value) {
+    let r: common::crd::InstanceResources = serde_json::from_str(RESOURCES).expect("resources");
+    let claim = controller::reconcile::objects::Claim {
+        image: "ghcr.io/di-framework/platform-operator@sha256:00",
+        uid: "u-1",
+        instance: "team/one",
+    };
+    let host = "pi-team-one-0123456789abcdef";
+    let values = controller::reconcile::vcluster_values(
+        "/srv/instances",
+        host,
+        "team-one",
+        controller::pod_security::Level::Baseline,
+        None,
+        &claim,
+        Some(&r),
+    );
+    let dir = e2e::control_plane::base_dir().join(format!("quota-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("values.yaml");
+    std::fs::write(&file, values).expect("values");
+    let helm = e2e::chart::Helm::offline().expect("helm");
+    let (chart, file) = (chart.display().to_string(), file.display().to_string());
+    let args = ["template", "vcluster", &chart, "-n", host, "-f", &file];
+    let out = helm
+        .ok(&args)
+        .unwrap_or_else(|e| panic!("helm template {chart}: {e}"));
+    let rendered = e2e::chart::Rendered::parse(&out).expect("manifest");
+    let quota = rendered.get("ResourceQuota", "vc-vcluster")["spec"]["hard"].clone();
+    let limits = rendered.get("LimitRange", "vc-vcluster")["spec"]["limits"].clone();
+    (quota, limits)
+}
+
+/// Item 6: the controller's `policies` values for `spec.resources` render, in the REAL vCluster
+/// chart (the vendored 0.37 archive, its schema checked by helm), exactly the quota and limits
+/// asked for (none of the chart's examples), and the stand-in chart renders the same.
+#[test]
+fn the_real_vcluster_chart_renders_exactly_the_quotas_asked_for() {
+    let real = std::path::Path::new("/work/shared/vendor/vcluster/vcluster-0.37.0-rc.1.tgz");
+    let real = match real.exists() {
+        true => real.to_path_buf(),
+        false => e2e::repo_root().join("../shared/vendor/vcluster/vcluster-0.37.0-rc.1.tgz"),
+    };
+    let (quota, limits) = rendered_policies(&real);
+    assert_eq!(
+        quota,
+        serde_json::json!({"limits.cpu": "4", "count/pods": "30"})
+    );
+    assert_eq!(
+        limits,
+        serde_json::json!([{"type": "Container", "default": {"cpu": "500m"}, "defaultRequest": null, "max": {"memory": "2Gi"}}])
+    );
+    let standin = e2e::repo_root().join("e2e/standin-vcluster");
+    assert_eq!(rendered_policies(&standin), (quota, limits));
+}
+
+/// Item 6 end to end: `spec.resources` (applied as a user would) becomes the host namespace's
+/// ResourceQuota and LimitRange, a change to it upgrades the release, an instance without it
+/// gets the fleet-wide default, and a bad quantity is refused by the schema.
+#[tokio::test]
+async fn spec_resources_set_the_host_namespaces_quota_and_the_default_applies_elsewhere() {
+    let default = r#"--default-instance-resources={"quota": {"count/pods": "99"}}"#;
+    let (cluster, _fx, team, controller) = start("quota", "{}\n", &[default]).await;
+    let limit = Duration::from_secs(120);
+    let yaml = |name: &str, extra: &str| instance(&team, name, extra);
+    let asked = format!("  resources: {RESOURCES}\n");
+    apply(&cluster, &yaml("sized", &asked));
+    apply(&cluster, &yaml("plain", ""));
+    let hard = |name: &str| {
+        let pi = get(&cluster, &["-n", &team, "get", "pi", name])?;
+        let host = pi["status"]["hostNamespace"].as_str()?.to_string();
+        let quota = get(
+            &cluster,
+            &["-n", &host, "get", "resourcequota", "vc-vcluster"],
+        )?;
+        Some(quota["spec"]["hard"].clone())
+    };
+    let want = serde_json::json!({"limits.cpu": "4", "count/pods": "30"});
+    wait_for("sized's quota", limit, &controller, || {
+        (hard("sized")? == want).then_some(())
+    })
+    .await;
+    let pi = pi(&cluster, &team, "sized");
+    let host = pi["status"]["hostNamespace"].as_str().expect("host");
+    let range = get(&cluster, &["-n", host, "get", "limitrange", "vc-vcluster"]).expect("limits");
+    assert_eq!(range["spec"]["limits"][0]["max"]["memory"], "2Gi");
+    let fleet = serde_json::json!({"count/pods": "99"});
+    wait_for("plain's default quota", limit, &controller, || {
+        (hard("plain")? == fleet).then_some(())
+    })
+    .await;
+
+    // Changed: the release is upgraded with the new quota.
+    apply(
+        &cluster,
+        &yaml("sized", "  resources: { quota: { count/pods: 7 } }\n"),
+    );
+    let seven = serde_json::json!({"count/pods": "7"});
+    wait_for("sized's new quota", limit, &controller, || {
+        (hard("sized")? == seven).then_some(())
+    })
+    .await;
+
+    // A bad quantity never reaches the controller.
+    let bad = yaml("bad", "  resources: { quota: { limits.cpu: lots } }\n");
+    let refused = cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&bad))
+        .expect_err("a bad quantity");
+    assert!(refused.to_string().contains("quantity"), "{refused}");
 }

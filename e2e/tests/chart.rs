@@ -1134,3 +1134,19 @@ fn docs_chart_md_lists_exactly_the_values_of_values_yaml() {
         assert_eq!(shown, actual, "docs/chart.md: default of {key}");
     }
 }
+
+/// `defaultInstanceResources` (issue 31, item 6) reaches the controller as JSON, only when set.
+#[test]
+fn the_fleet_wide_quota_default_is_passed_as_json() {
+    let flag = |r: &Rendered| {
+        let args = r.args("platform-operator-controller");
+        args.into_iter()
+            .find(|a| a.starts_with("--default-instance-resources="))
+    };
+    assert_eq!(flag(&render(&[])), None);
+    let set = render(&["defaultInstanceResources.quota.count/pods=50"]);
+    assert_eq!(
+        flag(&set).as_deref(),
+        Some(r#"--default-instance-resources={"quota":{"count/pods":50}}"#)
+    );
+}

@@ -26,6 +26,7 @@ export interface InstanceSpec {
   target?: { type?: string };
   deletionPolicy?: 'Retain' | 'Delete' | string;
   suspend?: boolean;
+  repair?: { mode?: 'Repair' | 'Warn' | 'Off' | string };
   platform?: {
     networkPolicyEngine?: string;
     gateway?: { httpNodePort?: number; httpEndpoint?: string };

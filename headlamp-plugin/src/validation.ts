@@ -121,6 +121,32 @@ const SHAPES: { re: RegExp; compile: (m: RegExpMatchArray) => CompiledRule }[] =
     },
   },
   {
+    // self.all(k, isQuantity(string(self[k]))): every value of a map is a Kubernetes quantity.
+    re: /^self\.all\(k, isQuantity\(string\(self\[k\]\)\)\)$/,
+    compile: () => {
+      const quantity = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[mkMGTPE])?$/;
+      return {
+        transition: false,
+        check: self =>
+          !!self &&
+          typeof self === 'object' &&
+          Object.values(self).every(v => quantity.test(String(v))),
+      };
+    },
+  },
+  {
+    // self.all(k, k.matches('<RE2 pattern>')): every key of a map matches.
+    re: /^self\.all\(k, k\.matches\('((?:[^'\\]|\\.)*)'\)\)$/,
+    compile: m => {
+      const re = new RegExp(celString(m[1]));
+      return {
+        transition: false,
+        check: self =>
+          !!self && typeof self === 'object' && Object.keys(self).every(k => re.test(k)),
+      };
+    },
+  },
+  {
     // self == oldSelf: immutable once set.
     re: /^self == oldSelf$/,
     compile: () => ({ transition: true, check: (self, oldSelf) => self === oldSelf }),

@@ -186,7 +186,7 @@ Refuses extraArgs that repeat a flag the chart sets from a value; call with
 {{- end -}}
 {{- end -}}
 {{- $metricsFlags := list "--metrics-bind-address" "--metrics-secure" "--metrics-auth-cache-ttl" "--metrics-cert-dir" -}}
-{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.extraArgs "key" "extraArgs" "reserved" (concat (list "--leader-elect" "--storage-root-base" "--install-timeout" "--repair-interval" "--target-poll" "--max-concurrent-installs" "--max-retries" "--cleanup-namespace" "--cleanup-image" "--npm-registry" "--npm-registry-file" "--npm-allow-scripts" "--pulumi-sdk-version" "--pod-security-standard" "--state-dir" "--passphrase-file" "--namespace") $metricsFlags)) -}}
+{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.extraArgs "key" "extraArgs" "reserved" (concat (list "--leader-elect" "--storage-root-base" "--install-timeout" "--repair-interval" "--target-poll" "--max-concurrent-installs" "--max-retries" "--default-instance-resources" "--cleanup-namespace" "--cleanup-image" "--npm-registry" "--npm-registry-file" "--npm-allow-scripts" "--pulumi-sdk-version" "--pod-security-standard" "--state-dir" "--passphrase-file" "--namespace") $metricsFlags)) -}}
 {{- include "platform-operator.checkExtraArgs" (dict "args" .Values.webhook.extraArgs "key" "webhook.extraArgs" "reserved" (concat (list "--cert-lifetime" "--namespace" "--service-name" "--admission-bind-address" "--mutating-webhook-configuration" "--validating-webhook-configuration" "--tls-secret-name") $metricsFlags)) -}}
 {{- end -}}
 

@@ -3,7 +3,7 @@
 //! drift, failures with their backoff, and the repair preview when it is due.
 
 use common::conditions as c;
-use common::crd::Phase;
+use common::crd::{Phase, RepairMode};
 use common::names::{ALLOW_DOWNGRADE_ANNOTATION, RETRY_ANNOTATION};
 
 use super::model::{
@@ -119,8 +119,8 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
         return stalled(plan, reason, e.clone(), Requeue::Poll);
     }
     let x = Ctx::new(i);
-    if i.installed.is_some() {
-        plan.condition(drift_condition(&i.drift));
+    if i.installed.is_some() && i.repair_mode != RepairMode::Off {
+        plan.condition(drift_condition(&i.drift, i.repair_mode));
     }
     if let Some(outcome) = busy(&x, plan) {
         return outcome;
@@ -163,14 +163,18 @@ fn downgrade_refused(i: &InstallObserved) -> Option<&str> {
     (older && !i.downgrade_allowed).then_some(installed)
 }
 
-fn drift_condition(drift: &Option<String>) -> Cond {
+fn drift_condition(drift: &Option<String>, mode: RepairMode) -> Cond {
+    let then = match mode {
+        RepairMode::Warn => {
+            "spec.repair.mode is Warn: nothing is changed (set it to Repair, or set the retry annotation, to put it back)"
+        }
+        _ => "an install at the installed version puts it back",
+    };
     match drift {
         Some(message) => Cond::yes(
             c::DRIFT_DETECTED,
             Reason::DriftDetected,
-            format!(
-                "the repair preview found {message}; an install at the installed version puts it back"
-            ),
+            format!("the repair preview found {message}; {then}"),
         ),
         None => Cond::no(
             c::DRIFT_DETECTED,
@@ -243,6 +247,7 @@ fn checking_drift() -> Step {
 /// `spec.version`, or changed settings) or `Repairing` the installed version; and why in words.
 fn need(x: &Ctx) -> Option<(Reason, String)> {
     let (i, requested) = (x.i, &x.i.requested);
+    let repairs = i.repair_mode == RepairMode::Repair;
     // No task runs here: a last run that failed, timed out or was interrupted.
     let unsettled = match &i.outcome {
         InstallOutcome::Interrupted { version } => Some(("interrupted", version)),
@@ -268,9 +273,9 @@ fn need(x: &Ctx) -> Option<(Reason, String)> {
         // have been set back to the installed one) left the workspace, the stack's config and
         // perhaps the cluster part-way: put the installed version back at once.
         format!("the last run ({how} of {version}) did not succeed")
-    } else if let Some(drift) = &i.drift {
+    } else if let Some(drift) = i.drift.as_ref().filter(|_| repairs) {
         format!("the repair preview found {drift}")
-    } else if let Some(e) = &i.preview_failed {
+    } else if let Some(e) = i.preview_failed.as_ref().filter(|_| repairs) {
         format!("the repair preview failed ({e})")
     } else if i.repair_due && !i.missing_memberships.is_empty() {
         let gone = i.missing_memberships.join(", ");

@@ -5,7 +5,7 @@
 
 use common::crd::{
     DeletionPolicy, Endpoints, HISTORY_LIMIT, HistoryEntry, InstallKind, InstallResult,
-    InstallSummary, LastInstall, Phase,
+    InstallSummary, LastInstall, Phase, RepairMode,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
@@ -67,9 +67,12 @@ pub struct Preview {
     pub version: String,
     /// Changes it would make (0: no drift).
     pub changes: i64,
-    /// What it found, in words.
+    /// What it found, in words (with at most [`PREVIEW_NAMES`] resource names).
     pub message: String,
 }
+
+/// The most resource names a preview's words name.
+pub const PREVIEW_NAMES: usize = 10;
 
 /// The record.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -490,6 +493,8 @@ pub struct InstallObserved {
     pub preview_failed: Option<String>,
     /// `--repair-interval` has passed since the last install or preview.
     pub repair_due: bool,
+    /// `spec.repair.mode`: what drift the repair preview finds leads to.
+    pub repair_mode: RepairMode,
     /// The membership kubeconfig Secrets the last install wrote that are gone.
     pub missing_memberships: Vec<String>,
     /// The installer is turned off (`--install-platform=false`).
@@ -553,6 +558,9 @@ pub struct Observed {
     /// The control plane's Deployment has the `Recreate` strategy the post-renderer gives it
     /// (true while no Deployment is there).
     pub recreates: bool,
+    /// The control plane was deployed with the quotas wanted now (`spec.resources` or the
+    /// fleet-wide default; true while no Deployment is there).
+    pub policies_current: bool,
     /// The instance's state directory exists.
     pub state_exists: bool,
     /// The PersistentVolumes bound to claims in the host namespace (read while deleting with

@@ -115,6 +115,7 @@ fn release_current(o: &Observed) -> bool {
     o.pinned
         && o.claims_storage
         && o.recreates
+        && o.policies_current
         && matches!(&o.release, Release::Deployed { chart_version } if *chart_version == o.chart_version)
 }
 
@@ -225,6 +226,9 @@ fn vcluster(o: &Observed, plan: &mut PlanBuilder) -> (Cond, Requeue) {
                 }
                 _ if !o.recreates => {
                     "giving the vCluster's control plane the Recreate strategy".into()
+                }
+                _ if !o.policies_current => {
+                    "applying the quotas (spec.resources) to the vCluster".into()
                 }
                 _ => format!("upgrading the vCluster to chart {}", o.chart_version),
             };

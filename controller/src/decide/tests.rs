@@ -39,6 +39,7 @@ fn base() -> Observed {
         recreates: true,
         storage_conflict: None,
         state_exists: true,
+        policies_current: true,
         volumes: Vec::new(),
         owner_service: OwnerService::Matches,
         install: InstallObserved {
@@ -448,6 +449,59 @@ fn repair_previews_when_due_and_installs_on_drift() {
         i.preview_failed = Some("pulumi preview failed".into());
     }));
     assert_eq!(plan.actions, [Action::Install { mode: Mode::Repair }]);
+}
+
+#[test]
+fn changed_quotas_upgrade_the_vcluster_release() {
+    let mut o = base();
+    o.policies_current = false;
+    let plan = decide(&o);
+    assert_eq!(plan.actions, [Action::InstallVCluster { recover: false }]);
+    assert_eq!(cond(&plan, c::VCLUSTER_READY), (false, "Upgrading"));
+}
+
+#[test]
+fn warn_reports_drift_and_changes_nothing_and_off_previews_nothing() {
+    use common::crd::RepairMode;
+    let drift = "drift: putting it back would create 1 (create ConfigMap settings)";
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Warn;
+        i.drift = Some(drift.into());
+    }));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.phase, Phase::Ready);
+    assert_eq!(cond(&plan, c::DRIFT_DETECTED), (true, "DriftDetected"));
+    assert_eq!(cond(&plan, c::READY), (true, "Installed"));
+    let warned = plan
+        .conditions
+        .iter()
+        .find(|w| w.type_ == c::DRIFT_DETECTED);
+    let message = &warned.expect("DriftDetected").message;
+    assert!(
+        message.contains("ConfigMap settings") && message.contains("Warn"),
+        "{message}"
+    );
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Warn;
+        i.preview_failed = Some("pulumi preview failed".into());
+    }));
+    assert!(
+        plan.actions.is_empty(),
+        "a failed preview repairs nothing either"
+    );
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Warn;
+        i.drift = Some(drift.into());
+        i.repair_due = true;
+    }));
+    assert_eq!(plan.actions, [Action::Preview], "the tick still previews");
+    // Off: no DriftDetected, and an old finding repairs nothing.
+    let plan = decide(&with_install(|i| {
+        i.repair_mode = RepairMode::Off;
+        i.drift = Some(drift.into());
+    }));
+    assert!(plan.actions.is_empty());
+    assert!(!plan.conditions.iter().any(|w| w.type_ == c::DRIFT_DETECTED));
 }
 
 #[test]

@@ -24,6 +24,7 @@ use kube::api::{Api, ObjectMeta};
 use serde_json::{Value, json};
 
 use crate::api::{apply, delete_ignoring_404};
+use crate::decide::model::PREVIEW_NAMES;
 use crate::decide::model::{Mode, TaskError};
 use common::names::membership_kubeconfig_secret as membership_secret_name;
 use common::names::{INSTANCE_UID_LABEL, KUBECONFIG_KEY, MANAGED_BY, MANAGED_BY_LABEL};
@@ -534,13 +535,16 @@ impl Installer {
         };
         let mut rec = record::load(&dir).map_err(unreadable)?;
         let result = match outcome {
-            Ok(counts) => {
+            Ok((counts, resources)) => {
                 let message = if counts.changes() == 0 {
                     "no drift: the installed platform matches its state".to_string()
                 } else {
                     format!(
-                        "drift: putting it back would create {}, update {} and delete {} resources",
-                        counts.created, counts.updated, counts.deleted
+                        "drift: putting it back would create {}, update {} and delete {} resources{}",
+                        counts.created,
+                        counts.updated,
+                        counts.deleted,
+                        named(&resources)
                     )
                 };
                 rec.preview = Some(Preview {
@@ -561,6 +565,18 @@ impl Installer {
             tracing::warn!(dir = %dir.display(), error = %e, "writing the install record failed");
         }
         result
+    }
+}
+
+/// ` (<the first PREVIEW_NAMES resources>, and N more)`, or nothing when none is named.
+fn named(resources: &[String]) -> String {
+    if resources.is_empty() {
+        return String::new();
+    }
+    let shown = resources[..resources.len().min(PREVIEW_NAMES)].join(", ");
+    match resources.len().saturating_sub(PREVIEW_NAMES) {
+        0 => format!(" ({shown})"),
+        more => format!(" ({shown}, and {more} more)"),
     }
 }
 

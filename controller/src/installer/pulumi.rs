@@ -390,9 +390,10 @@ impl Stack {
         Ok(summary.unwrap_or_default())
     }
 
-    /// The changes an `up` would make now, from a refreshing preview. Drift is the CLI's verdict
-    /// (exit 7, [`Exit::UnexpectedChanges`]); the report's `changeSummary` only details it.
-    pub async fn preview(&self) -> Result<Counts, PulumiError> {
+    /// The changes an `up` would make now, from a refreshing preview, with the changing
+    /// resources ([`changed_resources`]). Drift is the CLI's verdict (exit 7,
+    /// [`Exit::UnexpectedChanges`]); the report's `changeSummary` only details it.
+    pub async fn preview(&self) -> Result<(Counts, Vec<String>), PulumiError> {
         let args = ["preview", "--refresh", "--expect-no-changes", "--json"];
         let out = self.run(&args, None).await?;
         let report: Value = serde_json::from_str(&out.stdout).unwrap_or_default();
@@ -404,7 +405,7 @@ impl Stack {
             } else {
                 summary.updated
             };
-            return Ok(Counts { updated, ..summary });
+            return Ok((Counts { updated, ..summary }, changed_resources(&report)));
         }
         if !out.success() {
             let diagnostics = report["diagnostics"].as_array().into_iter().flatten();
@@ -415,12 +416,13 @@ impl Stack {
             return Err(self.failed("preview", &out, joined(&errors)));
         }
         // Exit 0 with --expect-no-changes: no drift, whatever the summary itemises.
-        Ok(Counts {
+        let counts = Counts {
             created: 0,
             updated: 0,
             deleted: 0,
             ..summary
-        })
+        };
+        Ok((counts, Vec::new()))
     }
 
     /// The stack outputs, secrets shown (they go into Secrets, never into logs or status).
@@ -431,10 +433,46 @@ impl Stack {
     }
 }
 
+/// The resources a preview report (`--json`) would change, as `<op> <type> <name>` from each
+/// step's URN (`urn:pulumi:<stack>::<project>::<type>::<name>`), steps that change nothing left
+/// out.
+pub fn changed_resources(report: &Value) -> Vec<String> {
+    let steps = report["steps"].as_array().into_iter().flatten();
+    let unchanged = ["same", "read", "refresh"];
+    steps
+        .filter_map(|step| {
+            let op = step["op"].as_str()?;
+            let urn = step["urn"].as_str()?;
+            let mut parts = urn.rsplitn(2, "::");
+            let name = parts.next()?;
+            let kind = parts.next()?.rsplit("::").next()?.rsplit('$').next()?;
+            (!unchanged.contains(&op)).then(|| format!("{op} {kind} {name}"))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn names_the_resources_a_preview_would_change() {
+        let report = serde_json::json!({"steps": [
+            {"op": "same", "urn": "urn:pulumi:dev::platform::pulumi:providers:kubernetes::k8s"},
+            {"op": "create", "urn": "urn:pulumi:dev::platform::di:Platform$kubernetes:core/v1:ConfigMap::platform-settings"},
+            {"op": "update", "urn": "urn:pulumi:dev::platform::kubernetes:core/v1:Namespace::di-platform"},
+            {"op": "delete"},
+        ]});
+        assert_eq!(
+            changed_resources(&report),
+            [
+                "create kubernetes:core/v1:ConfigMap platform-settings",
+                "update kubernetes:core/v1:Namespace di-platform"
+            ]
+        );
+        assert!(changed_resources(&serde_json::json!({})).is_empty());
+    }
 
     #[test]
     fn reads_counts_and_errors_from_an_event_log() {

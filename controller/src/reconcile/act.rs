@@ -399,6 +399,7 @@ fn chart_install(t: &Target<'_>) -> impl Future<Output = Result<(), TaskError>> 
     );
     let (client, node) = (t.ctx.client.clone(), t.found.storage_node.clone());
     let (storage_dir, uid, instance) = (t.found.storage_dir.clone(), t.uid.clone(), key(t.pi));
+    let resources = super::quota::wanted(t.pi, &settings).cloned();
     let guard = owner_check(t);
     async move {
         guard.await?;
@@ -417,6 +418,7 @@ fn chart_install(t: &Target<'_>) -> impl Future<Output = Result<(), TaskError>> 
             settings.pod_security,
             node.as_deref(),
             &claim,
+            resources.as_ref(),
         );
         helm.upgrade_install(
             &namespace,

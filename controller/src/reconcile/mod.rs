@@ -13,6 +13,7 @@ mod error;
 mod kubeconfig;
 pub mod objects;
 mod observe;
+pub mod quota;
 pub mod reader;
 mod report;
 pub mod stores;
@@ -76,6 +77,8 @@ pub struct Settings {
     pub max_retries: u32,
     /// The Pod Security level enforced inside each vCluster (`--pod-security-standard`).
     pub pod_security: crate::pod_security::Level,
+    /// `--default-instance-resources`: the quotas of an instance without `spec.resources`.
+    pub default_resources: Option<common::crd::InstanceResources>,
 }
 
 /// Shared by every reconcile.

@@ -280,6 +280,7 @@ pub fn vcluster_values(
     pod_security: Level,
     node: Option<&str>,
     claim: &Claim<'_>,
+    resources: Option<&common::crd::InstanceResources>,
 ) -> String {
     let mut values = json!({
         "exportKubeConfig": {"server": format!("https://vcluster.{host_ns}.svc:443")},
@@ -304,6 +305,7 @@ pub fn vcluster_values(
     if let Some(node) = node {
         values["controlPlane"]["statefulSet"]["scheduling"] = json!({"affinity": pin(node)});
     }
+    super::quota::add(&mut values, resources);
     serde_saphyr::to_string(&values).unwrap_or_default()
 }
 
@@ -347,6 +349,7 @@ mod tests {
             syncer_account: "vc-vcluster".into(),
             install_platform: true,
             pod_security: Level::Baseline,
+            default_resources: None,
         }
     }
 
@@ -467,6 +470,7 @@ mod tests {
             Level::Restricted,
             Some("node-7"),
             &claim,
+            None,
         ))
         .expect("yaml");
         let mut roots: Vec<&str> = values

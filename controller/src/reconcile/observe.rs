@@ -1,7 +1,7 @@
 //! The observe step: what [`super::reader`] read, the settings and the clock, turned (purely)
 //! into [`Observed`] for the decision and [`Found`] for the actions.
 
-use common::crd::PlatformInstance;
+use common::crd::{PlatformInstance, RepairMode};
 use common::names::{
     ALLOW_DOWNGRADE_ANNOTATION, APPLIED_HASH_ANNOTATION, FINALIZER, KUBECONFIG_KEY,
     OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, kubeconfig_secret, storage_dir,
@@ -141,6 +141,11 @@ pub fn observe(
             let strategy = d.spec.as_ref().and_then(|s| s.strategy.as_ref());
             strategy.and_then(|s| s.type_.as_deref()) == Some("Recreate")
         }),
+        policies_current: read.deployment.as_deref().is_none_or(|d| {
+            let applied = d.annotations().get(super::quota::POLICIES_ANNOTATION);
+            let wanted = super::quota::policies_hash(super::quota::wanted(pi, settings));
+            applied == wanted.as_ref()
+        }),
         state_exists: read.state_exists,
         volumes: read.volumes,
         owner_service: match ours {
@@ -273,7 +278,9 @@ fn install_observed(
     now: Timestamp,
 ) -> InstallObserved {
     let record = &read.record;
+    let repair_mode = pi.spec.repair.as_ref().map(|r| r.mode).unwrap_or_default();
     let repair_due = record.installed_version.is_some()
+        && repair_mode != RepairMode::Off
         && record.last_checked().is_none_or(|t| {
             now.duration_since(t.0).as_secs() >= settings.repair_interval.as_secs() as i64
         });
@@ -294,6 +301,7 @@ fn install_observed(
             .map(|p| p.message.clone()),
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
+        repair_mode,
         missing_memberships: read.missing_memberships.clone(),
         disabled: !settings.install_platform,
         downgrade_allowed: pi

@@ -43,6 +43,31 @@ describe('ActivitySection', () => {
     expect(screen.getByText(held)).toBeTruthy();
   });
 
+  it('shows the drift a Warn repair preview found', () => {
+    const found =
+      'the repair preview found drift: putting it back would create 1, update 0 and delete 0 resources (create kubernetes:core/v1:ConfigMap platform-settings); spec.repair.mode is Warn: nothing is changed';
+    renderInHeadlamp(
+      <ActivitySection
+        item={instance(
+          { repair: { mode: 'Warn' } },
+          {
+            conditions: [
+              {
+                type: 'DriftDetected',
+                status: 'True',
+                reason: 'DriftDetected',
+                message: found,
+                lastTransitionTime: '2026-12-01T00:00:00Z',
+              },
+            ],
+          }
+        )}
+      />
+    );
+    expect(screen.getByText('Warn')).toBeTruthy();
+    expect(screen.getByRole('alert').textContent).toBe(found);
+  });
+
   it('shows when a failed run is tried again, and when it is not', () => {
     renderInHeadlamp(
       <ActivitySection item={instance({}, { failures: 1, nextRetryAt: '2026-12-01T00:00:10Z' })} />

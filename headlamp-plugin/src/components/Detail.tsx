@@ -1,5 +1,5 @@
-// The detail view of one instance: spec and status, whether it is suspended and when a failed
-// run is retried, what the last install applied and the history of runs, endpoints,
+// The detail view of one instance: spec and status, whether it is suspended, when a failed
+// run is retried and the drift the repair preview found, what the last install applied and the history of runs, endpoints,
 // conditions with reasons and messages, recent Events, the host namespace and the kubeconfig;
 // Edit (the form, sending a JSON Patch) and Delete (saying what deletionPolicy will do).
 import {
@@ -186,6 +186,8 @@ function LastInstallSection({ item }: { item: PlatformInstance }) {
  */
 export function ActivitySection({ item }: { item: PlatformInstance }) {
   const held = item.status.conditions?.find(c => c.type === 'Suspended' && c.status === 'True');
+  const drift = item.status.conditions?.find(c => c.type === 'DriftDetected');
+  const mode = item.spec.repair?.mode ?? 'Repair';
   return (
     <SectionBox title="Activity">
       <NameValueTable
@@ -197,6 +199,17 @@ export function ActivitySection({ item }: { item: PlatformInstance }) {
               : 'no',
           },
           { name: 'Next retry', value: retryText(item.status), hide: !item.status.failures },
+          { name: 'Repair mode', value: mode },
+          {
+            name: 'Drift',
+            value:
+              drift?.status === 'True' ? (
+                <Alert severity="warning">{drift.message}</Alert>
+              ) : (
+                drift?.message ??
+                (mode === 'Off' ? 'not checked (repair mode Off)' : 'not checked yet')
+              ),
+          },
         ]}
       />
     </SectionBox>

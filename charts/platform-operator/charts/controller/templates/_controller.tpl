@@ -278,6 +278,9 @@ spec:
             - {{ printf "--target-poll=%v" .Values.targetPoll | quote }}
             - {{ printf "--max-concurrent-installs=%v" .Values.maxConcurrentInstalls | quote }}
             - {{ printf "--max-retries=%v" .Values.maxRetries | quote }}
+            {{- with .Values.defaultInstanceResources }}
+            - {{ printf "--default-instance-resources=%s" (toJson .) | quote }}
+            {{- end }}
             {{- with .Values.cleanupNamespace }}
             - {{ printf "--cleanup-namespace=%v" . | quote }}
             {{- end }}
