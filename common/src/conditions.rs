@@ -23,6 +23,8 @@ pub const INSTALLED: &str = "Installed";
 pub const SUSPENDED: &str = "Suspended";
 /// The last repair preview found the platform changed behind Pulumi's back.
 pub const DRIFT_DETECTED: &str = "DriftDetected";
+/// A new `spec.version` waits for approval (`spec.upgrade.approval: Manual`).
+pub const UPGRADE_PENDING: &str = "UpgradePending";
 
 /// A condition to set: type, status, reason and message.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -38,6 +38,7 @@ pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     printcolumn = r#"{"name":"Installed","type":"string","jsonPath":".status.installedVersion","description":"The version the last successful install applied."}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the instance is installed and serving."}"#,
     printcolumn = r#"{"name":"Suspended","type":"boolean","jsonPath":".spec.suspend","description":"Whether installs, upgrades, repairs and Helm runs are held (spec.suspend)."}"#,
+    printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.conditions[?(@.type==\"UpgradePending\")].reason","description":"UpgradePending while an upgrade waits for approval (spec.upgrade.approval: Manual), PreviewingUpgrade while it is previewed."}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("self.metadata.name.size() <= 242").message(
         "metadata.name must be at most 242 characters: the instance's kubeconfig Secret <name>-kubeconfig must fit in 253"
@@ -94,6 +95,82 @@ pub struct PlatformInstanceSpec {
     /// with none, no quota. Changing it upgrades the vCluster's Helm release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<InstanceResources>,
+
+    /// How a new `spec.version` is rolled out. Left out: `approval: Automatic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<Upgrade>,
+}
+
+/// How upgrades are rolled out.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Upgrade {
+    /// `Automatic` (the default) upgrades as soon as `spec.version` changes; `Manual` first
+    /// previews the new version against the running instance (`status.pendingUpgrade`, condition
+    /// `UpgradePending`) and upgrades only once the annotation
+    /// `platform.di-framework.dev/approve` equals the new version. Either way the Pulumi state
+    /// is copied aside before the upgrade runs (`status.stateBackups`).
+    #[serde(default)]
+    pub approval: Approval,
+}
+
+/// Who starts an upgrade.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum Approval {
+    /// Upgrade when `spec.version` changes.
+    #[default]
+    Automatic,
+    /// Preview, then wait for the approve annotation.
+    Manual,
+}
+
+/// What an upgrade waiting for approval would change, from a Pulumi preview of the new version
+/// against the running instance.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingUpgrade {
+    /// The version previewed; approve it with the annotation
+    /// `platform.di-framework.dev/approve: <version>`.
+    #[schemars(length(max = 64))]
+    pub version: String,
+    /// Resources the upgrade would create.
+    pub create: i64,
+    /// Resources it would update (or replace).
+    pub update: i64,
+    /// Resources it would delete.
+    pub delete: i64,
+    /// The first ten resources it would change, as `<operation> <type> <name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub resources: Vec<String>,
+    /// Why the preview failed, when it did (the upgrade can still be approved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When the preview finished.
+    pub previewed_at: Time,
+}
+
+/// The most state backups kept (`status.stateBackups`).
+pub const STATE_BACKUP_LIMIT: usize = 3;
+
+/// A copy of the instance's Pulumi state taken before an upgrade.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StateBackup {
+    /// The copy's folder on the operator's state volume (the project's `Pulumi.dev.yaml` and the
+    /// backend folder `state/`), restored as `docs/operations.md` shows.
+    #[schemars(length(max = 512))]
+    pub path: String,
+    /// The version installed when it was taken (the version it rolls back to).
+    #[schemars(length(max = 64))]
+    pub version: String,
+    /// The version the upgrade that followed installed.
+    #[schemars(length(max = 64))]
+    pub upgrade_to: String,
+    /// When it was taken.
+    pub taken_at: Time,
 }
 
 /// Resource name to quantity (`cpu: 500m`, `count/pods: 50`), as a ResourceQuota or LimitRange
@@ -536,6 +613,16 @@ pub struct PlatformInstanceStatus {
     /// exponential backoff: 5 s doubling to 5 min); absent when no retry waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_retry_at: Option<Time>,
+
+    /// The upgrade waiting for approval (`spec.upgrade.approval: Manual`): what a preview of the
+    /// new version found. Absent when none waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_upgrade: Option<PendingUpgrade>,
+
+    /// The copies of the Pulumi state taken before each upgrade, newest first (the last three).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub state_backups: Vec<StateBackup>,
 }
 
 /// The instance's published endpoints.

@@ -17,6 +17,9 @@ pub const ALLOW_DOWNGRADE_ANNOTATION: &str = "platform.di-framework.dev/allow-do
 /// Annotation on an instance asking for an immediate retry: set it to a new value (such as the
 /// current time); `status.acknowledgedRetry` shows the value acted on.
 pub const RETRY_ANNOTATION: &str = "platform.di-framework.dev/retry";
+/// Annotation on an instance approving the upgrade to the version it holds
+/// (`spec.upgrade.approval: Manual`).
+pub const APPROVE_ANNOTATION: &str = "platform.di-framework.dev/approve";
 /// Annotation on objects the controller applies, holding a hash of what it applied, so a
 /// reconcile that finds nothing changed writes nothing.
 pub const APPLIED_HASH_ANNOTATION: &str = "platform.di-framework.dev/applied-hash";

@@ -453,6 +453,9 @@ mod tests {
                     mode: RepairMode::Warn,
                 }),
                 resources: None,
+                upgrade: Some(Upgrade {
+                    approval: Approval::Manual,
+                }),
             },
         );
         pi.status = Some(PlatformInstanceStatus {

@@ -4,7 +4,7 @@
 
 use common::conditions as c;
 use common::crd::{Phase, RepairMode};
-use common::names::{ALLOW_DOWNGRADE_ANNOTATION, RETRY_ANNOTATION};
+use common::names::{ALLOW_DOWNGRADE_ANNOTATION, APPROVE_ANNOTATION, RETRY_ANNOTATION};
 
 use super::model::{
     Action, Failure, InstallObserved, InstallOutcome, Mode, Plan, PlanBuilder, Requeue, TaskError,
@@ -122,6 +122,9 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
     if i.installed.is_some() && i.repair_mode != RepairMode::Off {
         plan.condition(drift_condition(&i.drift, i.repair_mode));
     }
+    if gated(i) {
+        plan.condition(upgrade_pending(i));
+    }
     if let Some(outcome) = busy(&x, plan) {
         return outcome;
     }
@@ -135,6 +138,9 @@ fn outcome(i: &InstallObserved, plan: &mut PlanBuilder) -> Outcome {
     if let Some(e) = &i.config_error {
         let message = format!("{e}; the installer waits for it");
         return stalled(plan, Reason::ConfigUnavailable, message, Requeue::Poll);
+    }
+    if let Some(outcome) = awaiting_approval(&x, plan) {
+        return outcome;
     }
     if let Some((reason, message)) = need(&x) {
         return run(&x, reason, message, plan);
@@ -201,7 +207,11 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
             ((Reason::Installing, message), false)
         }
         (_, preview) if preview.busy() => {
-            (checking_drift(), matches!(preview, TaskState::Queued(_)))
+            let step = match gated(x.i) {
+                true => previewing_upgrade(x.i),
+                false => checking_drift(),
+            };
+            (step, matches!(preview, TaskState::Queued(_)))
         }
         _ => return None,
     };
@@ -209,7 +219,8 @@ fn busy(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
         let kept = x.at_requested && x.i.applied_hash.is_some();
         installed_during(x, kept, step.0, &step.1)
     } else {
-        let message = format!("{requested} is installed");
+        let installed = x.i.installed.as_deref().unwrap_or(requested);
+        let message = format!("{installed} is installed");
         Cond::yes(c::INSTALLED, Reason::Installed, message)
     });
     let kstatus = Kstatus {
@@ -236,6 +247,68 @@ fn installed_during(x: &Ctx, kept: bool, reason: Reason, message: &str) -> Cond 
     } else {
         Cond::no(c::INSTALLED, reason, message)
     }
+}
+
+/// An upgrade waits for approval (`spec.upgrade.approval: Manual`, the approve annotation not
+/// naming `spec.version`).
+fn gated(i: &InstallObserved) -> bool {
+    i.needs_approval && i.installed.as_ref().is_some_and(|v| *v != i.requested)
+}
+
+/// `UpgradePending=True`: previewing the upgrade, or waiting with what the preview found.
+fn upgrade_pending(i: &InstallObserved) -> Cond {
+    let (from, to) = (i.installed.as_deref().unwrap_or_default(), &i.requested);
+    match &i.upgrade_preview {
+        Some(found) => Cond::yes(
+            c::UPGRADE_PENDING,
+            Reason::UpgradePending,
+            format!(
+                "the upgrade from {from} to {to} waits for approval (spec.upgrade.approval is Manual); its preview found {found} (status.pendingUpgrade); approve it with the annotation {APPROVE_ANNOTATION}={to}"
+            ),
+        ),
+        None => {
+            let (reason, message) = previewing_upgrade(i);
+            Cond::yes(c::UPGRADE_PENDING, reason, message)
+        }
+    }
+}
+
+fn previewing_upgrade(i: &InstallObserved) -> Step {
+    let message = format!(
+        "a preview of {} against the running instance, before the upgrade waits for approval",
+        i.requested
+    );
+    (Reason::PreviewingUpgrade, message)
+}
+
+/// An upgrade waiting for approval: the installed version stays Ready; the new version is
+/// previewed once.
+fn awaiting_approval(x: &Ctx, plan: &mut PlanBuilder) -> Option<Outcome> {
+    let (i, installed) = (x.i, x.i.installed.as_deref()?);
+    if !gated(i) {
+        return None;
+    }
+    let message = format!("{installed} is installed");
+    plan.condition(Cond::yes(c::INSTALLED, Reason::Installed, message));
+    let serving = format!(
+        "{installed} is installed and serving; the upgrade to {} waits for approval",
+        i.requested
+    );
+    let previewing = i.upgrade_preview.is_none();
+    if previewing {
+        plan.act(Action::PreviewUpgrade);
+    }
+    let kstatus = Kstatus {
+        ready: Some((Reason::Installed, serving)),
+        reconciling: previewing.then(|| previewing_upgrade(i)),
+        stalled: None,
+    };
+    let requeue = if previewing {
+        Requeue::Poll
+    } else {
+        Requeue::Idle
+    };
+    Some((Phase::Ready, kstatus, requeue))
 }
 
 fn checking_drift() -> Step {

@@ -5,7 +5,7 @@
 
 use common::crd::{
     DeletionPolicy, Endpoints, HISTORY_LIMIT, HistoryEntry, InstallKind, InstallResult,
-    InstallSummary, LastInstall, Phase, RepairMode,
+    InstallSummary, LastInstall, PendingUpgrade, Phase, RepairMode, StateBackup,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
@@ -108,6 +108,12 @@ pub struct Record {
     /// The last finished runs, newest first (`status.history`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
+    /// What the last preview of an upgrade waiting for approval found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_upgrade: Option<PendingUpgrade>,
+    /// The state copies taken before upgrades, newest first (`status.stateBackups`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_backups: Vec<StateBackup>,
 }
 
 impl Record {
@@ -495,6 +501,11 @@ pub struct InstallObserved {
     pub repair_due: bool,
     /// `spec.repair.mode`: what drift the repair preview finds leads to.
     pub repair_mode: RepairMode,
+    /// `spec.upgrade.approval` is `Manual` and the approve annotation does not name
+    /// `spec.version`: an upgrade waits.
+    pub needs_approval: bool,
+    /// What the preview of `spec.version` as an upgrade found, in words, once it ran.
+    pub upgrade_preview: Option<String>,
     /// The membership kubeconfig Secrets the last install wrote that are gone.
     pub missing_memberships: Vec<String>,
     /// The installer is turned off (`--install-platform=false`).
@@ -621,6 +632,8 @@ pub enum Action {
     },
     /// Start (or queue) a refreshing preview that looks for drift.
     Preview,
+    /// Start (or queue) a preview of `spec.version` as an upgrade waiting for approval.
+    PreviewUpgrade,
     /// Stop the install or preview task (the instance is being deleted).
     CancelInstall,
     /// Drop the instance's tasks still waiting for a slot (it is being deleted or suspended).

@@ -65,6 +65,8 @@ pub enum Reason {
     Progressing,
     Suspended,
     RetriesExhausted,
+    UpgradePending,
+    PreviewingUpgrade,
 }
 
 impl Reason {

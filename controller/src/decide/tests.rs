@@ -505,6 +505,70 @@ fn warn_reports_drift_and_changes_nothing_and_off_previews_nothing() {
 }
 
 #[test]
+fn a_manual_upgrade_is_previewed_then_waits_for_its_approval() {
+    let manual = |i: &mut InstallObserved| {
+        i.requested = "6.0.23".into();
+        i.needs_approval = true;
+    };
+    // Not previewed yet: a preview, the installed version still Ready.
+    let plan = decide(&with_install(manual));
+    assert_eq!(plan.actions, [Action::PreviewUpgrade]);
+    assert_eq!(cond(&plan, c::UPGRADE_PENDING), (true, "PreviewingUpgrade"));
+    assert_eq!(cond(&plan, c::READY), (true, "Installed"));
+    let plan = decide(&with_install(|i| {
+        manual(i);
+        i.preview_task = TaskState::Running;
+    }));
+    assert!(plan.actions.is_empty(), "one preview at a time");
+    assert_eq!(cond(&plan, c::RECONCILING), (true, "PreviewingUpgrade"));
+    // Previewed: nothing runs, the condition says what it found and how to approve.
+    let found = "create 0, update 1 and delete 0 resources (update ConfigMap platform-settings)";
+    let plan = decide(&with_install(|i| {
+        manual(i);
+        i.upgrade_preview = Some(found.into());
+    }));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.phase, Phase::Ready);
+    assert_eq!(cond(&plan, c::UPGRADE_PENDING), (true, "UpgradePending"));
+    let pending = plan
+        .conditions
+        .iter()
+        .find(|w| w.type_ == c::UPGRADE_PENDING);
+    let message = &pending.expect("UpgradePending").message;
+    assert!(
+        message.contains(found) && message.contains("approve=6.0.23"),
+        "{message}"
+    );
+    // Approved (or Automatic): the upgrade runs, and nothing is pending.
+    let plan = decide(&with_install(|i| {
+        manual(i);
+        i.upgrade_preview = Some(found.into());
+        i.needs_approval = false;
+    }));
+    assert_eq!(
+        plan.actions,
+        [Action::Install {
+            mode: Mode::Upgrade
+        }]
+    );
+    assert!(
+        !plan
+            .conditions
+            .iter()
+            .any(|w| w.type_ == c::UPGRADE_PENDING)
+    );
+    // At the installed version, approval is never needed.
+    let plan = decide(&with_install(|i| i.needs_approval = true));
+    assert!(plan.actions.is_empty());
+    assert!(
+        !plan
+            .conditions
+            .iter()
+            .any(|w| w.type_ == c::UPGRADE_PENDING)
+    );
+}
+
+#[test]
 fn missing_membership_secrets_are_written_again_at_the_repair_tick() {
     let missing = || vec!["one.acme.dev.kubeconfig".to_string()];
     let plan = decide(&with_install(|i| i.missing_memberships = missing()));

@@ -15,7 +15,10 @@ pub(crate) mod record;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::crd::{Endpoints, InstallResult, InstallSummary, LastInstall};
+use common::crd::{
+    Endpoints, InstallResult, InstallSummary, LastInstall, PendingUpgrade, STATE_BACKUP_LIMIT,
+    StateBackup,
+};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
@@ -278,6 +281,15 @@ impl Installer {
         let dir = self.instance_dir(&job.namespace, &job.name);
         let _held = hold_state(&dir)?;
         let mut rec = record::load(&dir).map_err(unreadable)?;
+        if job.mode == Mode::Upgrade {
+            back_up(&dir, &mut rec, &job.version).map_err(|e| {
+                let message = format!(
+                    "copying the Pulumi state aside before the upgrade to {} failed ({e}); the upgrade waits and retries with backoff: check the state volume",
+                    job.version
+                );
+                TaskError::new(Failure::StateUnavailable, message)
+            })?;
+        }
         // A run stopped by a timeout or a controller that died may have left pending creates.
         let interrupted = rec
             .last_install
@@ -536,6 +548,7 @@ impl Installer {
         let mut rec = record::load(&dir).map_err(unreadable)?;
         let result = match outcome {
             Ok((counts, resources)) => {
+                let total = resources.len();
                 let message = if counts.changes() == 0 {
                     "no drift: the installed platform matches its state".to_string()
                 } else {
@@ -544,7 +557,7 @@ impl Installer {
                         counts.created,
                         counts.updated,
                         counts.deleted,
-                        named(&resources)
+                        named(&resources, total as i64)
                     )
                 };
                 rec.preview = Some(Preview {
@@ -566,18 +579,121 @@ impl Installer {
         }
         result
     }
+
+    /// Previews `job`, an upgrade waiting for approval, against the running instance: in a
+    /// project of its own beside the installed one ([`UPGRADE_PREVIEW`], the same backend, a copy
+    /// of the stack config), so the installed project is never rewritten; records what it found
+    /// (or why it failed) as the pending upgrade.
+    pub(crate) async fn preview_upgrade(&self, job: Job) -> Result<(), TaskError> {
+        let dir = self.instance_dir(&job.namespace, &job.name);
+        let _held = hold_state(&dir)?;
+        let mut stack = self.stack(&dir);
+        let installed = std::mem::replace(&mut stack.project, dir.join(UPGRADE_PREVIEW));
+        let run = async {
+            process::reap(&dir);
+            self.passphrase_readable()?;
+            let _ = std::fs::remove_dir_all(&stack.project);
+            let (version, sdk) = (&job.version, &self.pulumi_sdk_version);
+            write_project(&stack.project, &stack.backend, version, sdk)?;
+            let config = format!("Pulumi.{}.yaml", pulumi::STACK);
+            let copied = std::fs::copy(installed.join(&config), stack.project.join(&config));
+            copied.map_err(io("copying the stack config into", &stack.project))?;
+            self.dependencies(&stack.project, &dir, &job).await?;
+            let failed =
+                |e: pulumi::PulumiError| TaskError::new(Failure::PreviewFailed, e.to_string());
+            stack.clear_locks().map_err(failed)?;
+            let values = config_values(&job.config);
+            stack.configure(&values, &[]).await.map_err(failed)?;
+            stack.preview().await.map_err(failed)
+        };
+        let outcome = tokio::time::timeout(self.install_timeout, run).await;
+        let _ = stack.clear_locks();
+        let _ = std::fs::remove_dir_all(&stack.project);
+        let (counts, resources, error) = match outcome {
+            Ok(Ok((counts, resources))) => (counts, resources, None),
+            Ok(Err(e)) => (Default::default(), vec![], Some(e.message)),
+            Err(_) => {
+                let error = "it ran longer than --install-timeout and was stopped";
+                (Default::default(), vec![], Some(error.to_string()))
+            }
+        };
+        let mut rec = record::load(&dir).map_err(unreadable)?;
+        rec.pending_upgrade = Some(PendingUpgrade {
+            version: job.version.clone(),
+            create: counts.created,
+            update: counts.updated,
+            delete: counts.deleted,
+            resources: resources.into_iter().take(PREVIEW_NAMES).collect(),
+            error,
+            previewed_at: now(),
+        });
+        record::store(&dir, &rec).map_err(|e| io("writing the install record in", &dir)(e).into())
+    }
 }
 
-/// ` (<the first PREVIEW_NAMES resources>, and N more)`, or nothing when none is named.
-fn named(resources: &[String]) -> String {
+/// ` (<the first PREVIEW_NAMES resources>, and N more)` of `total`, or nothing when none is
+/// named.
+pub(crate) fn named(resources: &[String], total: i64) -> String {
     if resources.is_empty() {
         return String::new();
     }
-    let shown = resources[..resources.len().min(PREVIEW_NAMES)].join(", ");
-    match resources.len().saturating_sub(PREVIEW_NAMES) {
-        0 => format!(" ({shown})"),
-        more => format!(" ({shown}, and {more} more)"),
+    let shown = &resources[..resources.len().min(PREVIEW_NAMES)];
+    match total - shown.len() as i64 {
+        ..=0 => format!(" ({})", shown.join(", ")),
+        more => format!(" ({}, and {more} more)", shown.join(", ")),
     }
+}
+
+/// The folder, beside the installed project, where an upgrade waiting for approval is previewed.
+const UPGRADE_PREVIEW: &str = "upgrade-preview";
+/// The folder of the state copies taken before upgrades.
+pub const STATE_BACKUPS: &str = "state-backups";
+
+/// Copies the stack's backend folder and its stack config (`Pulumi.dev.yaml`) to
+/// `state-backups/<time>-<installed version>/` before an upgrade to `to`, as files (Pulumi's
+/// format is never read), keeping the newest [`STATE_BACKUP_LIMIT`]. A retry of the same upgrade
+/// keeps the copy its first attempt took.
+fn back_up(dir: &Path, rec: &mut Record, to: &str) -> std::io::Result<()> {
+    let from = rec.installed_version.clone().unwrap_or_default();
+    let newest = rec.state_backups.first();
+    if newest.is_some_and(|b| b.version == from && b.upgrade_to == to) {
+        return Ok(());
+    }
+    let taken = k8s_openapi::jiff::Timestamp::now();
+    let stamp = taken.strftime("%Y%m%dT%H%M%S%.3fZ");
+    let path = dir.join(STATE_BACKUPS).join(format!("{stamp}-{from}"));
+    let project = dir.join("platform");
+    copy_folder(&project.join("state"), &path.join("state"))?;
+    let config = format!("Pulumi.{}.yaml", pulumi::STACK);
+    std::fs::copy(project.join(&config), path.join(&config))?;
+    rec.state_backups.insert(
+        0,
+        StateBackup {
+            path: path.display().to_string(),
+            version: from,
+            upgrade_to: to.to_string(),
+            taken_at: Time(taken),
+        },
+    );
+    let keep = rec.state_backups.len().min(STATE_BACKUP_LIMIT);
+    for old in rec.state_backups.split_off(keep) {
+        let _ = std::fs::remove_dir_all(&old.path);
+    }
+    record::store(dir, rec)
+}
+
+/// Copies folder `from` to `to`, file by file.
+fn copy_folder(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let (entry, target) = entry.map(|e| (e.path(), to.join(e.file_name())))?;
+        if entry.is_dir() {
+            copy_folder(&entry, &target)?;
+        } else {
+            std::fs::copy(&entry, &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// The endpoints to report: the program's outputs `httpEndpoint` and `routeUrlPattern`, else
@@ -616,6 +732,7 @@ fn succeeded(
 ) -> String {
     rec.installed_version = Some(job.version.clone());
     rec.installed_config_hash = Some(job.config.hash.clone());
+    rec.pending_upgrade = None;
     rec.endpoints = Some(endpoints);
     rec.membership_secrets = secrets;
     rec.preview = None;

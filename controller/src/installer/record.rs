@@ -87,6 +87,8 @@ mod tests {
             preview_failure: Some((Failure::PreviewFailed, "why".into())),
             membership_secrets: vec!["one-acme-dev-kubeconfig".into()],
             history: Vec::new(),
+            pending_upgrade: None,
+            state_backups: Vec::new(),
         };
         store(&dir, &record).expect("store");
         assert_eq!(load(&dir).expect("load"), record);

@@ -73,6 +73,7 @@ pub async fn act(
             }
             Action::Install { mode } => install(&t, *mode),
             Action::Preview => preview(&t),
+            Action::PreviewUpgrade => preview_upgrade(&t),
             Action::CancelInstall => cancel_install(&t),
             Action::CancelHelm => {
                 for k in task_keys(pi).iter().filter(|k| ctx.tasks.dequeue(k)) {
@@ -202,17 +203,21 @@ fn restore_owner_service(t: &Target<'_>) {
     submit_timed(t, &key(t.pi), false, helm, "restore", chart_install(t));
 }
 
-fn install(t: &Target<'_>, mode: Mode) {
-    let Some(config) = t.found.config.clone() else {
-        return;
-    };
-    let job = installer::Job {
+/// The installer's job at `spec.version`, once the program's config is put together.
+fn job(t: &Target<'_>, mode: Mode) -> Option<installer::Job> {
+    Some(installer::Job {
         namespace: t.ns.clone(),
         name: t.name.clone(),
         version: t.pi.spec.version.clone().unwrap_or_default(),
         mode,
-        config,
+        config: t.found.config.clone()?,
         owner: t.pi.controller_owner_ref(&()),
+    })
+}
+
+fn install(t: &Target<'_>, mode: Mode) {
+    let Some(job) = job(t, mode) else {
+        return;
     };
     // A failed install backs off; a new version or new settings try at once.
     let record = &t.found.record;
@@ -235,6 +240,16 @@ fn preview(t: &Target<'_>) {
     let (namespace, instance) = (t.ns.clone(), t.name.clone());
     let version = t.found.record.installed_version.clone().unwrap_or_default();
     let work = async move { installer.preview(&namespace, &instance, &version).await };
+    let histogram = &t.ctx.metrics.install_duration;
+    submit_timed(t, &preview_key(t.pi), true, histogram, "preview", work);
+}
+
+fn preview_upgrade(t: &Target<'_>) {
+    let Some(job) = job(t, Mode::Upgrade) else {
+        return;
+    };
+    let installer = t.ctx.installer.clone();
+    let work = async move { installer.preview_upgrade(job).await };
     let histogram = &t.ctx.metrics.install_duration;
     submit_timed(t, &preview_key(t.pi), true, histogram, "preview", work);
 }

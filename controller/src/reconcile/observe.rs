@@ -1,10 +1,10 @@
 //! The observe step: what [`super::reader`] read, the settings and the clock, turned (purely)
 //! into [`Observed`] for the decision and [`Found`] for the actions.
 
-use common::crd::{PlatformInstance, RepairMode};
+use common::crd::{Approval, PendingUpgrade, PlatformInstance, RepairMode};
 use common::names::{
-    ALLOW_DOWNGRADE_ANNOTATION, APPLIED_HASH_ANNOTATION, FINALIZER, KUBECONFIG_KEY,
-    OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, kubeconfig_secret, storage_dir,
+    ALLOW_DOWNGRADE_ANNOTATION, APPLIED_HASH_ANNOTATION, APPROVE_ANNOTATION, FINALIZER,
+    KUBECONFIG_KEY, OWNER_SERVICE_ANNOTATION, RETRY_ANNOTATION, kubeconfig_secret, storage_dir,
 };
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -287,7 +287,6 @@ fn install_observed(
     let requested = pi.spec.version.clone().unwrap_or_default();
     InstallObserved {
         outcome: InstallOutcome::fold(read.tasks[1].clone(), record, &requested),
-        requested,
         installed: record.installed_version.clone(),
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
@@ -302,6 +301,18 @@ fn install_observed(
         preview_failed: record.preview_failure.as_ref().map(|(_, m)| m.clone()),
         repair_due,
         repair_mode,
+        needs_approval: pi.spec.upgrade.as_ref().map(|u| u.approval) == Some(Approval::Manual)
+            && pi.annotations().get(APPROVE_ANNOTATION) != Some(&requested),
+        upgrade_preview: pending_upgrade(record, &requested).map(|p| match &p.error {
+            Some(e) => format!("nothing: it failed ({e})"),
+            None => format!(
+                "create {}, update {} and delete {} resources{}",
+                p.create,
+                p.update,
+                p.delete,
+                crate::installer::named(&p.resources, p.create + p.update + p.delete)
+            ),
+        }),
         missing_memberships: read.missing_memberships.clone(),
         disabled: !settings.install_platform,
         downgrade_allowed: pi
@@ -310,7 +321,15 @@ fn install_observed(
             .is_some_and(|v| v == "true"),
         retry_requested: retry_request(pi).is_some(),
         retry: retry(settings, read.retries[1]),
+        requested,
     }
+}
+
+/// The recorded preview of an upgrade to `version`, while `version` is not installed.
+pub fn pending_upgrade<'a>(record: &'a Record, version: &str) -> Option<&'a PendingUpgrade> {
+    let pending = record.pending_upgrade.as_ref()?;
+    (pending.version == version && record.installed_version.as_deref() != Some(version))
+        .then_some(pending)
 }
 
 /// A task's failures in a row and when it retries, against `--max-retries`.

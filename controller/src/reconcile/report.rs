@@ -61,6 +61,7 @@ fn status(
     old: &PlatformInstanceStatus,
 ) -> PlatformInstanceStatus {
     let (name, record) = (pi.name_any(), &found.record);
+    let version = pi.spec.version.clone().unwrap_or_default();
     let generation = pi.meta().generation.unwrap_or(0);
     let wanted: Vec<_> = plan.conditions.iter().map(|w| w.want()).collect();
     let conditions = merge(
@@ -95,6 +96,11 @@ fn status(
         },
         failures: Some(plan.retry.failures).filter(|f| *f > 0),
         next_retry_at: plan.retry.at.clone().filter(|_| !plan.retry.exhausted()),
+        pending_upgrade: super::observe::pending_upgrade(record, &version).cloned(),
+        state_backups: match record.state_backups.is_empty() {
+            true => old.state_backups.clone(),
+            false => record.state_backups.clone(),
+        },
     }
 }
 
