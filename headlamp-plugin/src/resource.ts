@@ -27,6 +27,7 @@ export interface InstanceSpec {
   deletionPolicy?: 'Retain' | 'Delete' | string;
   suspend?: boolean;
   repair?: { mode?: 'Repair' | 'Warn' | 'Off' | string };
+  upgrade?: { approval?: 'Automatic' | 'Manual' | string };
   platform?: {
     networkPolicyEngine?: string;
     gateway?: { httpNodePort?: number; httpEndpoint?: string };
@@ -57,6 +58,16 @@ export interface InstanceStatus {
   acknowledgedRetry?: string;
   failures?: number;
   nextRetryAt?: string;
+  pendingUpgrade?: {
+    version: string;
+    create: number;
+    update: number;
+    delete: number;
+    resources?: string[];
+    error?: string;
+    previewedAt?: string;
+  };
+  stateBackups?: { path: string; version: string; upgradeTo: string; takenAt: string }[];
   conditions?: InstanceCondition[];
   history?: {
     kind: string;
@@ -153,6 +164,14 @@ export class PlatformInstance extends KubeObject<KubePlatformInstance> {
 }
 
 /** The API path of the instances of a namespace, or of one instance. */
+/** The annotation that approves the upgrade to the version it holds (`approval: Manual`). */
+export const APPROVE_ANNOTATION = 'platform.di-framework.dev/approve';
+
+/** The merge patch that approves the upgrade to `version`. */
+export function approvePatch(version: string) {
+  return { metadata: { annotations: { [APPROVE_ANNOTATION]: version } } };
+}
+
 export function instancePath(namespace: string, name?: string): string {
   const base = `/apis/${API_VERSION}/namespaces/${encodeURIComponent(namespace)}/${crd.plural}`;
   return name ? `${base}/${encodeURIComponent(name)}` : base;

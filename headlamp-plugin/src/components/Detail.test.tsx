@@ -1,6 +1,6 @@
 // The detail view's sections that say what the controller does next, rendered with Headlamp's
 // components from status objects as the controller writes them.
-import { screen } from '@testing-library/react';
+import { fireEvent, screen, waitFor } from '@testing-library/react';
 import { KubePlatformInstance, PlatformInstance } from '../resource';
 import { renderInHeadlamp } from '../testing';
 import { ActivitySection, HistorySection } from './Detail';
@@ -19,6 +19,40 @@ function instance(spec: object, status: object): PlatformInstance {
 }
 
 describe('ActivitySection', () => {
+  it('shows the upgrade waiting for approval, and Approve sets the annotation to its version', async () => {
+    const approve = vi.fn().mockResolvedValue(undefined);
+    const pendingUpgrade = {
+      version: '6.0.22',
+      create: 0,
+      update: 1,
+      delete: 0,
+      resources: ['update kubernetes:core/v1:ConfigMap platform-settings'],
+      previewedAt: '2026-12-01T00:00:00Z',
+    };
+    renderInHeadlamp(
+      <ActivitySection
+        item={instance({ upgrade: { approval: 'Manual' } }, { pendingUpgrade })}
+        approve={approve}
+      />
+    );
+    expect(
+      screen.getByText(/6\.0\.22 would create 0, update 1 and delete 0 resources/)
+    ).toBeTruthy();
+    expect(screen.getByText(/ConfigMap platform-settings/)).toBeTruthy();
+    fireEvent.click(screen.getByRole('button', { name: 'Approve' }));
+    await waitFor(() => expect(approve).toHaveBeenCalledTimes(1));
+    expect(approve.mock.calls[0]).toEqual([
+      'team-a',
+      'one',
+      { metadata: { annotations: { 'platform.di-framework.dev/approve': '6.0.22' } } },
+    ]);
+  });
+
+  it('shows no pending upgrade and no Approve when none waits', () => {
+    renderInHeadlamp(<ActivitySection item={instance({}, {})} approve={vi.fn()} />);
+    expect(screen.queryByRole('button', { name: 'Approve' })).toBeNull();
+  });
+
   it('shows a suspended instance and what is held', () => {
     const held =
       'spec.suspend is true: no install, upgrade, repair or Helm run starts (one already running finishes); set it to false to resume';

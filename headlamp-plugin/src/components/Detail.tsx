@@ -1,7 +1,9 @@
 // The detail view of one instance: spec and status, whether it is suspended, when a failed
-// run is retried and the drift the repair preview found, what the last install applied and the history of runs, endpoints,
+// run is retried, the drift the repair preview found and the upgrade waiting for approval
+// (with Approve), what the last install applied and the history of runs, endpoints,
 // conditions with reasons and messages, recent Events, the host namespace and the kubeconfig;
 // Edit (the form, sending a JSON Patch) and Delete (saying what deletionPolicy will do).
+import { ApiProxy } from '@kinvolk/headlamp-plugin/lib';
 import {
   ConfirmDialog,
   DateLabel,
@@ -16,8 +18,10 @@ import { Alert, Button } from '@mui/material';
 import React from 'react';
 import { useHistory, useParams } from 'react-router-dom';
 import {
+  approvePatch,
   deletionPolicyText,
   InstanceCondition,
+  instancePath,
   PlatformInstance,
   retryText,
   versionText,
@@ -180,11 +184,61 @@ function LastInstallSection({ item }: { item: PlatformInstance }) {
   );
 }
 
+/** Sends the merge patch that sets the approve annotation, with the signed-in user's credentials. */
+export async function sendApproval(namespace: string, name: string, patch: object) {
+  await ApiProxy.request(instancePath(namespace, name), {
+    method: 'PATCH',
+    body: JSON.stringify(patch),
+    headers: { 'Content-Type': 'application/merge-patch+json' },
+  });
+}
+
+/** The upgrade waiting for approval: what its preview found, and Approve. */
+function PendingUpgrade({
+  item,
+  approve,
+}: {
+  item: PlatformInstance;
+  approve: typeof sendApproval;
+}) {
+  const pending = item.status.pendingUpgrade!;
+  const [error, setError] = React.useState<string | null>(null);
+  const found = pending.error
+    ? `the preview failed: ${pending.error}`
+    : `would create ${pending.create}, update ${pending.update} and delete ${pending.delete} resources` +
+      (pending.resources?.length ? ` (${pending.resources.join(', ')})` : '');
+  return (
+    <Alert
+      severity="info"
+      action={
+        <Button
+          onClick={() =>
+            approve(item.metadata.namespace!, item.metadata.name, approvePatch(pending.version))
+              .then(() => setError(null))
+              .catch(err => setError(requestErrorText(err)))
+          }
+        >
+          Approve
+        </Button>
+      }
+    >
+      {`${pending.version} ${found}`}
+      {error && <div role="alert">{error}</div>}
+    </Alert>
+  );
+}
+
 /**
- * What the controller will do next: whether the instance is suspended (and what is held), and
- * when a failed run is tried again.
+ * What the controller will do next: whether the instance is suspended (and what is held), when
+ * a failed run is tried again, and the upgrade waiting for approval.
  */
-export function ActivitySection({ item }: { item: PlatformInstance }) {
+export function ActivitySection({
+  item,
+  approve = sendApproval,
+}: {
+  item: PlatformInstance;
+  approve?: typeof sendApproval;
+}) {
   const held = item.status.conditions?.find(c => c.type === 'Suspended' && c.status === 'True');
   const drift = item.status.conditions?.find(c => c.type === 'DriftDetected');
   const mode = item.spec.repair?.mode ?? 'Repair';
@@ -200,6 +254,11 @@ export function ActivitySection({ item }: { item: PlatformInstance }) {
           },
           { name: 'Next retry', value: retryText(item.status), hide: !item.status.failures },
           { name: 'Repair mode', value: mode },
+          {
+            name: 'Pending upgrade',
+            value: item.status.pendingUpgrade && <PendingUpgrade item={item} approve={approve} />,
+            hide: !item.status.pendingUpgrade,
+          },
           {
             name: 'Drift',
             value:
