@@ -438,6 +438,134 @@ async fn warn_reports_drift_without_repairing_it_until_the_mode_is_repair() {
     delete(&cluster, &controller, &team, "one").await;
 }
 
+/// Instance `ns/one` at `version` with `annotations` (flow YAML) and `extra` spec lines.
+fn one_at(ns: &str, version: &str, annotations: &str, extra: &str) -> String {
+    let yaml = instance(ns, "one", extra).replace("6.0.22", version);
+    yaml.replace(
+        "metadata: {",
+        &format!("metadata: {{ annotations: {{ {annotations} }},"),
+    )
+}
+
+/// The stand-in program's `packageVersion` in its settings ConfigMap inside the vCluster.
+fn deployed_version(fx: &Fixture, cluster: &Shared) -> String {
+    let args = "-n di-platform get configmap platform-settings -o jsonpath={.data.packageVersion}";
+    let out = inside(fx, cluster, &args.split(' ').collect::<Vec<_>>());
+    out.stdout.trim().to_string()
+}
+
+/// Waits until instance `ns/one` has installed `version`.
+async fn installed(cluster: &Shared, controller: &Controller, ns: &str, version: &str) -> Value {
+    let limit = Duration::from_secs(1500);
+    wait_for(&format!("{version} installed"), limit, controller, || {
+        let pi = get(cluster, &["-n", ns, "get", "pi", "one"])?;
+        let done = pi["status"]["installedVersion"] == version
+            && condition(&pi, "Ready") == Some(("True".into(), "Installed".into()));
+        done.then_some(pi)
+    })
+    .await
+}
+
+/// Item 4: with `spec.upgrade.approval: Manual` a new version is previewed (the summary in
+/// `status.pendingUpgrade`, `UpgradePending` in `kubectl get pi`) and waits for the approve
+/// annotation naming it; every upgrade (approved, or Automatic) first copies the Pulumi state
+/// aside, and a copy restored as docs/operations.md says brings the old version back.
+#[tokio::test]
+async fn a_manual_upgrade_waits_for_its_approval_and_the_state_copy_rolls_it_back() {
+    let (cluster, fx, team, controller) = start(
+        "approve",
+        "{}\n",
+        &["--install-platform=true", "--install-timeout=300s"],
+    )
+    .await;
+    let manual = "  upgrade: { approval: Manual }\n";
+    apply(&cluster, &one_at(&team, "6.0.21", "", manual));
+    installed(&cluster, &controller, &team, "6.0.21").await;
+
+    // A new version: previewed, then waiting.
+    apply(&cluster, &one_at(&team, "6.0.22", "", manual));
+    let cc = (&cluster, &controller);
+    let waiting = ("UpgradePending", "True", "UpgradePending");
+    let found = reaches(cc, (&team, "one"), waiting, Duration::from_secs(600)).await;
+    let pending = &found["status"]["pendingUpgrade"];
+    assert_eq!(pending["version"], "6.0.22", "{found}");
+    assert!(pending["update"].as_i64() >= Some(1), "{pending}");
+    let names = pending["resources"].to_string();
+    assert!(names.contains("platform-settings"), "{pending}");
+    assert!(message(&found, "UpgradePending").contains("approve=6.0.22"));
+    let table = cluster.kubectl_ok(&["-n", &team, "get", "pi", "one"], None);
+    assert!(table.expect("get").contains("UpgradePending"));
+    // Nothing upgraded over several polls, nor for an approval of another version.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let approve = |version: &str| {
+        let annotation = format!("platform.di-framework.dev/approve={version}");
+        let args = [
+            "-n",
+            &team,
+            "annotate",
+            "pi",
+            "one",
+            &annotation,
+            "--overwrite",
+        ];
+        cluster.kubectl_ok(&args, None).expect("annotate");
+    };
+    approve("6.0.99");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let pi = pi(&cluster, &team, "one");
+    assert_eq!(pi["status"]["installedVersion"], "6.0.21", "{pi}");
+    assert_eq!(deployed_version(&fx, &cluster), "6.0.21");
+    assert_eq!(pi["status"]["history"].as_array().map(Vec::len), Some(1));
+    assert!(pi["status"]["stateBackups"].is_null(), "{pi}");
+
+    // Approved: a copy of the state, then the upgrade.
+    approve("6.0.22");
+    let pi = installed(&cluster, &controller, &team, "6.0.22").await;
+    assert_eq!(deployed_version(&fx, &cluster), "6.0.22");
+    assert!(pi["status"]["pendingUpgrade"].is_null(), "{pi}");
+    assert!(condition(&pi, "UpgradePending").is_none(), "{pi}");
+    let backups = pi["status"]["stateBackups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(backups.len(), 1, "{pi}");
+    assert_eq!(
+        (&backups[0]["version"], &backups[0]["upgradeTo"]),
+        (&"6.0.21".into(), &"6.0.22".into())
+    );
+    let backup = std::path::PathBuf::from(backups[0]["path"].as_str().expect("path"));
+    assert!(backup.join("state").is_dir() && backup.join("Pulumi.dev.yaml").is_file());
+
+    // Rolled back as docs/operations.md says: suspended, the copy put back, the old version.
+    apply(&cluster, &one_at(&team, "6.0.22", "", "  suspend: true\n"));
+    let held = ("Suspended", "True", "Suspended");
+    reaches(cc, (&team, "one"), held, Duration::from_secs(120)).await;
+    let project = fx.dir.join("state").join(&team).join("one/platform");
+    std::fs::remove_dir_all(project.join("state")).expect("remove the state");
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(backup.join("state"))
+        .arg(backup.join("Pulumi.dev.yaml"))
+        .arg(&project)
+        .status();
+    assert!(cp.expect("cp").success());
+    let downgrade = "\"platform.di-framework.dev/allow-downgrade\": \"true\"";
+    apply(&cluster, &one_at(&team, "6.0.21", downgrade, ""));
+    installed(&cluster, &controller, &team, "6.0.21").await;
+    assert_eq!(deployed_version(&fx, &cluster), "6.0.21");
+
+    // Automatic (the default): the upgrade runs at once, after a copy of the state.
+    apply(&cluster, &one_at(&team, "6.0.22", downgrade, ""));
+    let pi = installed(&cluster, &controller, &team, "6.0.22").await;
+    let backups = pi["status"]["stateBackups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(backups.len(), 3, "{pi}");
+    assert_eq!(backups[0]["version"], "6.0.21");
+    delete(&cluster, &controller, &team, "one").await;
+}
+
 /// Item 7: the health check shown in docs/operations.md is the file the tests run.
 #[test]
 fn the_health_check_in_the_operations_guide_is_the_shipped_file() {

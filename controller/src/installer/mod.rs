@@ -593,6 +593,8 @@ impl Installer {
             process::reap(&dir);
             self.passphrase_readable()?;
             let _ = std::fs::remove_dir_all(&stack.project);
+            let project = &stack.project;
+            std::fs::create_dir_all(project).map_err(io("creating", project))?;
             let (version, sdk) = (&job.version, &self.pulumi_sdk_version);
             write_project(&stack.project, &stack.backend, version, sdk)?;
             let config = format!("Pulumi.{}.yaml", pulumi::STACK);
