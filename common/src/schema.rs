@@ -369,7 +369,15 @@ mod tests {
             .collect();
         assert_eq!(
             cols,
-            ["Phase", "Version", "Installed", "Ready", "Suspended", "Age"]
+            [
+                "Phase",
+                "Version",
+                "Installed",
+                "Ready",
+                "Suspended",
+                "Upgrade",
+                "Age"
+            ]
         );
     }
 

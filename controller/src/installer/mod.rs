@@ -662,7 +662,7 @@ fn back_up(dir: &Path, rec: &mut Record, to: &str) -> std::io::Result<()> {
         return Ok(());
     }
     let taken = k8s_openapi::jiff::Timestamp::now();
-    let stamp = taken.strftime("%Y%m%dT%H%M%S%.3fZ");
+    let stamp = taken.strftime("%Y%m%dT%H%M%S%.9fZ");
     let path = dir.join(STATE_BACKUPS).join(format!("{stamp}-{from}"));
     let project = dir.join("platform");
     copy_folder(&project.join("state"), &path.join("state"))?;
@@ -1015,6 +1015,41 @@ mod tests {
             Ok("https://ci:s3cret@npm.example/"),
             "read at each install, so a rotated Secret is used at the next one"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn state_copies_before_upgrades_keep_the_newest_three() {
+        let dir = std::env::temp_dir().join(format!("installer-backup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let state = dir.join("platform/state/.pulumi/stacks/platform");
+        std::fs::create_dir_all(&state).expect("dir");
+        std::fs::write(state.join("dev.json"), "{}").expect("state");
+        std::fs::write(dir.join("platform/Pulumi.dev.yaml"), "encryptionsalt: x").expect("config");
+        let mut rec = Record {
+            installed_version: Some("6.0.20".into()),
+            ..Record::default()
+        };
+        for to in ["6.0.21", "6.0.21", "6.0.22", "6.0.23", "6.0.24"] {
+            back_up(&dir, &mut rec, to).expect("copy");
+        }
+        let to: Vec<_> = rec
+            .state_backups
+            .iter()
+            .map(|b| b.upgrade_to.as_str())
+            .collect();
+        assert_eq!(to, ["6.0.24", "6.0.23", "6.0.22"], "a retry keeps its copy");
+        let copy = Path::new(&rec.state_backups[0].path);
+        let copied = std::fs::read_to_string(copy.join("state/.pulumi/stacks/platform/dev.json"));
+        assert_eq!(copied.expect("copied state"), "{}");
+        assert!(copy.join("Pulumi.dev.yaml").is_file());
+        let kept = std::fs::read_dir(dir.join(STATE_BACKUPS))
+            .expect("copies")
+            .count();
+        assert_eq!(kept, 3, "older copies are removed");
+        let stored = record::load(&dir).expect("record").state_backups;
+        let paths = |b: &[StateBackup]| b.iter().map(|b| b.path.clone()).collect::<Vec<_>>();
+        assert_eq!(paths(&stored), paths(&rec.state_backups), "in the record");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
