@@ -1231,8 +1231,9 @@ async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_p
         wrong.stderr
     );
 
-    // A NetworkPolicy written inside appears, translated, in the host namespace, owned by
-    // service/vcluster (sync.toHost.networkPolicies).
+    // A NetworkPolicy written inside appears, translated, in the host namespace
+    // (sync.toHost.networkPolicies), owned by nothing (experimental.syncSettings.setOwner false:
+    // a deleted service/vcluster must not let the garbage collector take it).
     let tenant = "tenant-acme";
     let mut inside = fx.inner.kubectl();
     inside.args(["create", "namespace", tenant]);
@@ -1270,15 +1271,15 @@ async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_p
     let selector = &synced["spec"]["podSelector"]["matchLabels"];
     assert_eq!(selector["app"], "web");
     assert_eq!(selector["vcluster.loft.sh/namespace"], tenant);
-    assert_eq!(synced["metadata"]["ownerReferences"][0]["uid"], service_uid);
+    assert!(synced["metadata"]["ownerReferences"].is_null(), "{synced}");
 
-    // What vCluster synced and wrote at start-up, all owned by service/vcluster.
+    // What vCluster synced and wrote at start-up, owned by nothing.
     let exported_uid = uid_of(&cluster, &host, "secret", "vc-vcluster").expect("vc-vcluster");
     let policy_uid = uid_of(&cluster, &host, "networkpolicy", &translated).expect("policy");
     let exported = get(&cluster, &["-n", &host, "get", "secret", "vc-vcluster"]).expect("secret");
-    assert_eq!(
-        exported["metadata"]["ownerReferences"][0]["uid"],
-        service_uid
+    assert!(
+        exported["metadata"]["ownerReferences"].is_null(),
+        "{exported}"
     );
 
     // A pod that carries the control plane's labels without being the control plane's (any

@@ -15,10 +15,23 @@
 //! for the objects the program applied. Prints the seconds from apply to `VClusterReady` and to
 //! `Ready`, and the vCluster pod's memory as the kubelet reads it from its cgroups.
 //!
+//! The same install then proves issue 29's defects fixed on the real vCluster: the operator chart
+//! is installed with `rbac.clusterAdmin=false` (Helm acts with the narrow ClusterRole, which must
+//! hold every rule of the real chart's Role: defect 1) and a `--vcluster-extra-values` file (on
+//! the state volume) renaming the syncer's ServiceAccount, under which the real syncer writes
+//! `service/vcluster` at its first start through the admission policy (defect 4). Then: the
+//! Deployment's pod template patched as the syncer's certificate rotation does, a watch counting
+//! the control-plane pods (never two: defect 2); `service/vcluster` deleted under the operator's
+//! identity (an admin is refused), a Pod and a ConfigMap made inside keeping their host copies,
+//! the same objects, while the controller restores the Service and restarts the syncer (defect 3);
+//! a second instance, and the two deleted with `deletionPolicy: Delete` and `Retain` (the real
+//! vCluster's `state.db` and `pki/` removed, kept).
+//!
 //! Needs root, the Debian packages `e2e/run-tests.sh` installs for its real-node lane, and the
 //! real vCluster's tools (`e2e/tools/build.sh vcluster`, which the test runs: cold, ~15 min).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -27,6 +40,10 @@ use e2e::cmd::run;
 use e2e::images::OperatorInputs;
 use e2e::real_vcluster::{COREDNS_IMAGE, DISTRO_IMAGE, VCLUSTER_IMAGE};
 use e2e::{ControlPlane, Options};
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::watcher;
 use serde_json::Value;
 
 const RELEASE: &str = "platform-operator";
@@ -34,9 +51,24 @@ const NS: &str = "platform-operator";
 const CLEANUP_NS: &str = "platform-operator-cleanup";
 const TEAM: &str = "team-a";
 const NAME: &str = "one";
+/// The second instance (deletionPolicy Retain; the first is deleted with Delete).
+const SECOND: &str = "two";
 const VERSION: &str = "6.0.22";
 /// The npm registry's port on the node's addresses (relayed to the registry on loopback).
 const REGISTRY_PORT: u16 = 4873;
+/// The syncer's ServiceAccount as the test's `--vcluster-extra-values` renames it (no `vc-`
+/// prefix: the policy before issue 29's fix let the syncer through by that prefix alone).
+const SYNCER_ACCOUNT: &str = "syncer-renamed";
+/// The operator's ServiceAccount (the chart's `platform-operator.controllerServiceAccount`).
+const OPERATOR_USER: &str = "system:serviceaccount:platform-operator:platform-operator";
+/// The annotation the syncer sets on `service/vcluster` at its first start (under its own
+/// ServiceAccount; `pkg/util/servicecidr`).
+const SERVICE_CIDR_ANNOTATION: &str = "vcluster.loft.sh/service-cidr";
+/// The annotation the syncer's certificate rotation sets on its pod template
+/// (`pkg/certs/watcher.go`).
+const CERT_ROTATION_ANNOTATION: &str = "vcluster.loft.sh/cert-rotation-at";
+/// The kinds the syncer writes into the host namespace (and stamps with the Service's UID).
+const SYNCED_KINDS: &str = "pods,services,configmaps,secrets,endpoints,endpointslices,persistentvolumeclaims,networkpolicies";
 
 fn kubectl(cluster: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
     let mut cmd = cluster.kubectl();
@@ -51,6 +83,54 @@ fn json(cluster: &ControlPlane, args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.extend(["-o", "json"]);
     serde_json::from_str(&kubectl(cluster, &all, None)).expect("kubectl prints JSON")
+}
+
+/// `kubectl args -o json`, or None when kubectl fails (such as a NotFound).
+fn json_opt(cluster: &ControlPlane, args: &[&str]) -> Option<Value> {
+    let mut cmd = cluster.kubectl();
+    cmd.args(args).args(["-o", "json"]);
+    let out = run(cmd, None).ok()?;
+    out.success
+        .then(|| serde_json::from_str(&out.stdout).ok())
+        .flatten()
+}
+
+/// Whether `kubectl get` says the object is not there (NotFound; any other failure is no answer).
+fn absent(cluster: &ControlPlane, args: &[&str]) -> bool {
+    let mut cmd = cluster.kubectl();
+    cmd.args(args);
+    run(cmd, None).is_ok_and(|o| !o.success && o.stderr.contains("NotFound"))
+}
+
+/// Every object of [`SYNCED_KINDS`] the syncer wrote into `namespace` (its marker label
+/// `vcluster.loft.sh/managed-by`): kind/name -> (UID, the UIDs of its owners).
+fn synced(cluster: &ControlPlane, namespace: &str) -> BTreeMap<String, (String, Vec<String>)> {
+    let list = json(
+        cluster,
+        &[
+            "-n",
+            namespace,
+            "get",
+            SYNCED_KINDS,
+            "-l",
+            "vcluster.loft.sh/managed-by=vcluster",
+        ],
+    );
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    items
+        .iter()
+        .map(|o| {
+            let owners = o["metadata"]["ownerReferences"]
+                .as_array()
+                .map(|r| r.iter().map(|r| text(&r["uid"])).collect())
+                .unwrap_or_default();
+            (
+                format!("{}/{}", text(&o["kind"]), text(&o["metadata"]["name"])),
+                (text(&o["metadata"]["uid"]), owners),
+            )
+        })
+        .collect()
 }
 
 /// `kubectl args`, its output or its error, for diagnostics.
@@ -185,17 +265,28 @@ async fn an_instance_becomes_ready_on_the_real_vcluster() {
     // owner check).
     let host_ns = common::names::host_namespace(TEAM, NAME);
     let helm = Helm::offline().expect("helm for templates");
+    // The test's --vcluster-extra-values: the syncer's ServiceAccount renamed (defect 4).
+    let extra_values =
+        format!("controlPlane:\n  advanced:\n    serviceAccount:\n      name: {SYNCER_ACCOUNT}\n");
+    let extra_file = std::env::temp_dir().join(format!(
+        "real-vcluster-extra-values-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&extra_file, &extra_values).expect("extra values");
     let mut print = std::process::Command::new(&inputs.controller);
     print.args([
         "--print-vcluster-values",
         &format!("{TEAM}/{NAME}"),
         "--cleanup-image",
         &operator.by_digest(),
+        "--vcluster-extra-values",
+        &extra_file.display().to_string(),
     ]);
     let values = run(print, None)
         .expect("controller runs")
         .ok("controller --print-vcluster-values")
         .unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_file(&extra_file);
     let chart_path = chart.display().to_string();
     let wanted: BTreeSet<String> = [VCLUSTER_IMAGE, DISTRO_IMAGE, operator.by_digest().as_str()]
         .iter()
@@ -255,9 +346,16 @@ async fn an_instance_becomes_ready_on_the_real_vcluster() {
     }
     let storage_root = cluster.dir().join("instances");
     std::fs::create_dir_all(&storage_root).expect("storage root");
-    e2e::chart::state_volume(&cluster, NS).unwrap_or_else(|e| panic!("state volume: {e}"));
+    let state =
+        e2e::chart::state_volume(&cluster, NS).unwrap_or_else(|e| panic!("state volume: {e}"));
+    // The operator image carries no extra values and the chart has no value for them (they come
+    // with the image): the file is put on the state volume, which the controller mounts.
+    std::fs::write(state.join("vcluster-extra-values.yaml"), &extra_values)
+        .expect("extra values on the state volume");
 
-    // The operator chart, its controller given the real chart's digest.
+    // The operator chart, its controller given the real chart's digest, Helm acting with the
+    // narrow ClusterRole platform-operator (rbac.clusterAdmin=false: defect 1, the API server
+    // refuses a Role granting what its creator lacks) and the syncer's account renamed.
     let chart_dir = chart_dir().display().to_string();
     let sets = [
         format!("image.digest={}", operator.digest),
@@ -265,7 +363,10 @@ async fn an_instance_becomes_ready_on_the_real_vcluster() {
         format!("npmRegistry=http://{node_ip}:{REGISTRY_PORT}/"),
         format!("storageRootBase={}", storage_root.display()),
         format!("cleanupNamespace={CLEANUP_NS}"),
+        "rbac.clusterAdmin=false".into(),
         format!("extraArgs[0]=--vcluster-chart-sha256=sha256:{chart_sha}"),
+        "extraArgs[1]=--vcluster-extra-values=/var/lib/platform-operator/state/vcluster-extra-values.yaml"
+            .into(),
     ];
     let mut args = vec!["install", RELEASE, chart_dir.as_str(), "-n", NS];
     for set in &sets {
@@ -354,6 +455,31 @@ async fn an_instance_becomes_ready_on_the_real_vcluster() {
         .expect("pod uid")
         .to_string();
 
+    // Defect 1: Helm installed the real chart as the operator's ServiceAccount holding the
+    // ClusterRole platform-operator only (no cluster-admin binding: it may not do everything).
+    let mut can = cluster.kubectl();
+    can.args([
+        "auth",
+        "can-i",
+        "*",
+        "*",
+        "--all-namespaces",
+        "--as",
+        OPERATOR_USER,
+    ]);
+    let can = run(can, None).expect("kubectl runs");
+    assert_eq!(can.stdout.trim(), "no", "the operator is no cluster admin");
+    // Defect 4: the real syncer runs under the renamed ServiceAccount and wrote service/vcluster
+    // at its first start (the service CIDR it detected), through the admission policy.
+    assert_eq!(pod["spec"]["serviceAccountName"], SYNCER_ACCOUNT, "{pod}");
+    let service = json(&cluster, &["-n", &host_ns, "get", "service", "vcluster"]);
+    assert!(
+        service["metadata"]["annotations"][SERVICE_CIDR_ANNOTATION]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "the syncer wrote its service CIDR on service/vcluster: {service}"
+    );
+
     // The kubeconfig the syncer exported, as the controller copied it: the in-cluster address.
     let exported = json(&cluster, &["-n", &host_ns, "get", "secret", "vc-vcluster"]);
     assert_eq!(exported["metadata"]["labels"]["vcluster-name"], "vcluster");
@@ -394,14 +520,15 @@ async fn an_instance_becomes_ready_on_the_real_vcluster() {
     // Inside the vCluster, through service/vcluster from the node's namespace, with that
     // kubeconfig: the virtual API server is the harness's 1.35.4, and the platform program's
     // objects are there.
-    let cluster_ip =
-        json(&cluster, &["-n", &host_ns, "get", "service", "vcluster"])["spec"]["clusterIP"]
-            .as_str()
-            .expect("clusterIP")
-            .to_string();
     let kubeconfig_file = cluster.dir().join("vcluster.kubeconfig");
     std::fs::write(&kubeconfig_file, &kubeconfig).expect("kubeconfig file");
-    let inside = |args: &[&str]| -> Value {
+    // (The Service's address is read at each call: a restored Service has a new one.)
+    let inside_run = |args: &[&str]| -> Result<String, String> {
+        let cluster_ip =
+            json(&cluster, &["-n", &host_ns, "get", "service", "vcluster"])["spec"]["clusterIP"]
+                .as_str()
+                .expect("clusterIP")
+                .to_string();
         let node = cluster.real_node().expect("the real node");
         let netns = node.netns().expect("the node's namespace");
         let kubectl = cluster.tools().bin("kubectl").display().to_string();
@@ -410,9 +537,10 @@ async fn an_instance_becomes_ready_on_the_real_vcluster() {
         let name = format!("--tls-server-name=vcluster.{host_ns}.svc");
         let mut all = vec![kc.as_str(), server.as_str(), name.as_str()];
         all.extend_from_slice(args);
-        let out = netns
-            .exec(&kubectl, &all)
-            .unwrap_or_else(|e| panic!("kubectl inside the vCluster: {e}"));
+        netns.exec(&kubectl, &all).map_err(|e| e.to_string())
+    };
+    let inside = |args: &[&str]| -> Value {
+        let out = inside_run(args).unwrap_or_else(|e| panic!("kubectl inside the vCluster: {e}"));
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
     };
     let version = inside(&["get", "--raw", "/version"]);
@@ -479,6 +607,425 @@ async fn an_instance_becomes_ready_on_the_real_vcluster() {
     println!(
         "figure: vCluster pod {pod_name}: RSS {rss:.1} MiB, working set {working_set:.1} MiB \
          (kubelet stats summary, from its cgroups)"
+    );
+
+    let client = cluster.client().await.expect("client");
+    let instance_ready = |what: &str| {
+        wait_for(
+            what,
+            Duration::from_secs(300),
+            || diagnostics(&cluster, &host_ns),
+            || {
+                let pi = json(&cluster, &["-n", TEAM, "get", "platforminstance", NAME]);
+                condition(&pi, "Ready").as_deref() == Some("True")
+            },
+        )
+    };
+    // The control plane's one pod, Ready, and not `old`: its UID.
+    let new_control_plane = |old: &str| -> Option<String> {
+        let pods = json(
+            &cluster,
+            &["-n", &host_ns, "get", "pods", "-l", "app=vcluster"],
+        );
+        let items = pods["items"].as_array()?;
+        let [pod] = items.as_slice() else { return None };
+        let uid = pod["metadata"]["uid"].as_str()?;
+        (uid != old && ready(pod) && pod["metadata"]["deletionTimestamp"].is_null())
+            .then(|| uid.to_string())
+    };
+
+    // A second instance, `deletionPolicy: Retain`, started now so that it comes up while the
+    // first is rotated and restored (the deletion policies are checked at the end).
+    let second = format!(
+        "apiVersion: platform.di-framework.dev/v1alpha1\nkind: PlatformInstance\nmetadata: {{ \
+         name: {SECOND}, namespace: {TEAM} }}\nspec:\n  version: {VERSION}\n  target: {{ type: \
+         vcluster }}\n  deletionPolicy: Retain\n"
+    );
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&second));
+
+    // Defect 2: the syncer's certificate rotation patches its Deployment's pod template (a merge
+    // patch of one annotation, `finishPendingRollout` in pkg/certs/watcher.go). The real rotation
+    // fires only for certificates within 90 days of expiry (the syncer's are a year old at most
+    // here), so the test patches as it does. A watch counts the control-plane pods: never two
+    // running at once.
+    let deployment = json(&cluster, &["-n", &host_ns, "get", "deployment", "vcluster"]);
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    // It records the most pod objects at once and the most not in a terminal phase. A pod that ended
+    // (Succeeded or Failed: its containers have stopped) stays an object until the kubelet has
+    // released it, and the Deployment controller's Recreate waits for the end, not the object:
+    // the first real run counted 2 objects at once, the old one ended.
+    let most = Arc::new(Mutex::new((0usize, 0usize)));
+    let into = most.clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &host_ns);
+    let config = watcher::Config::default().labels("app=vcluster,release=vcluster");
+    let watch = tokio::spawn(async move {
+        let mut objects = BTreeMap::new();
+        let mut events = watcher(pods, config).boxed();
+        while let Some(event) = events.next().await {
+            match event.expect("watching the control plane's pods") {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    let ended = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase.as_deref())
+                        .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
+                    objects.insert(p.metadata.uid.unwrap_or_default(), ended);
+                }
+                watcher::Event::Delete(p) => {
+                    objects.remove(&p.metadata.uid.unwrap_or_default());
+                }
+                _ => continue,
+            };
+            let running = objects.values().filter(|ended| !**ended).count();
+            let mut most = into.lock().expect("lock");
+            *most = (most.0.max(objects.len()), most.1.max(running));
+        }
+    });
+    wait_for(
+        "the watch to see the control plane's pod",
+        Duration::from_secs(30),
+        String::new,
+        || *most.lock().expect("lock") == (1, 1),
+    );
+    let rotation = format!(
+        r#"{{"spec":{{"template":{{"metadata":{{"annotations":{{"{CERT_ROTATION_ANNOTATION}":"{}"}}}}}}}}}}"#,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs()
+    );
+    let rotated = Instant::now();
+    kubectl(
+        &cluster,
+        &[
+            "-n",
+            &host_ns,
+            "patch",
+            "deployment",
+            "vcluster",
+            "--type=merge",
+            "-p",
+            &rotation,
+        ],
+        None,
+    );
+    let mut rolled = None;
+    wait_for(
+        "the rotated control plane's pod Ready",
+        Duration::from_secs(300),
+        || diagnostics(&cluster, &host_ns),
+        || {
+            rolled = new_control_plane(&pod_uid);
+            rolled.is_some()
+        },
+    );
+    let rotated_in = rotated.elapsed();
+    instance_ready("the instance Ready after the rotation");
+    std::thread::sleep(Duration::from_secs(2));
+    let (objects, at_once) = *most.lock().expect("lock");
+    watch.abort();
+    assert_eq!(at_once, 1, "two control-plane pods running at once");
+    let version = inside(&["get", "--raw", "/version"]);
+    assert_eq!(version["gitVersion"], "v1.35.4", "{version}");
+    println!(
+        "figure: pod template patched as the certificate rotation does: new control plane Ready \
+         in {:.1} s, at most {at_once} control-plane pod running at once ({objects} pod \
+         objects, the ended one still held)",
+        rotated_in.as_secs_f64()
+    );
+    let control_plane = rolled.expect("the rotated pod");
+
+    // Defect 3: service/vcluster deleted. Inside the vCluster first: a ConfigMap and a bare Pod
+    // using it (CoreDNS serving a Corefile from the ConfigMap), synced to the host namespace
+    // beside what the syncer already syncs (its CoreDNS, Services, Endpoints, the certificates'
+    // Secret). With the chart's default (setOwner true) all of it named the Service as owner: the
+    // garbage collector deleted the host copies within seconds of the Service, and the running
+    // syncer then deleted the virtual Pod and ConfigMap themselves (a host copy gone is taken for
+    // a deletion: pods/syncer.go, configmaps/to_host_syncer.go), before any restore could act.
+    let manifest = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: keep, namespace: default }}\ndata:\n  \
+         Corefile: |\n    .:1053 {{\n        whoami\n    }}\n---\napiVersion: v1\nkind: Pod\n\
+         metadata: {{ name: keeper, namespace: default }}\nspec:\n  containers:\n    - name: dns\n      \
+         image: {COREDNS_IMAGE}\n      imagePullPolicy: Never\n      args: [-conf, /etc/coredns/Corefile]\n      \
+         volumeMounts: [{{ name: config, mountPath: /etc/coredns }}]\n  volumes:\n    - name: config\n      \
+         configMap: {{ name: keep }}\n"
+    );
+    let manifest_file = cluster.dir().join("inside-keep.yaml");
+    std::fs::write(&manifest_file, &manifest).expect("manifest");
+    inside(&[
+        "apply",
+        "-f",
+        &manifest_file.display().to_string(),
+        "-o",
+        "json",
+    ]);
+    let host_pod = "keeper-x-default-x-vcluster";
+    let host_config = "keep-x-default-x-vcluster";
+    wait_for(
+        "the Pod made inside Ready on the host",
+        Duration::from_secs(120),
+        || diagnostics(&cluster, &host_ns),
+        || json_opt(&cluster, &["-n", &host_ns, "get", "pod", host_pod]).is_some_and(|p| ready(&p)),
+    );
+    let service = json(&cluster, &["-n", &host_ns, "get", "service", "vcluster"]);
+    let old_service = service["metadata"]["uid"]
+        .as_str()
+        .expect("service uid")
+        .to_string();
+    let old_ip = service["spec"]["clusterIP"].clone();
+    // Nothing the syncer wrote names the Service as its owner (experimental.syncSettings.setOwner
+    // false): the garbage collector has nothing to take when it goes.
+    let before = synced(&cluster, &host_ns);
+    for name in [
+        format!("Pod/{host_pod}"),
+        format!("ConfigMap/{host_config}"),
+    ] {
+        assert!(before.contains_key(&name), "{name} is synced: {before:?}");
+    }
+    let owned = |m: &BTreeMap<String, (String, Vec<String>)>, uid: &str| -> Vec<String> {
+        m.iter()
+            .filter(|(_, (_, o))| o.iter().any(|o| o == uid))
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    assert_eq!(
+        owned(&before, &old_service),
+        Vec::<String>::new(),
+        "synced objects owned by service/vcluster"
+    );
+    // The protection policy refuses a cluster admin; the operator's own identity (a mistake, or
+    // a cluster without admission policies) gets through.
+    let mut refused = cluster.kubectl();
+    refused.args([
+        "-n",
+        &host_ns,
+        "delete",
+        "service",
+        "vcluster",
+        "--dry-run=server",
+    ]);
+    let refused = run(refused, None).expect("kubectl runs");
+    assert!(
+        !refused.success
+            && refused
+                .stderr
+                .contains("platform-operator-protect-vcluster-service"),
+        "an admin's delete of service/vcluster is refused: {}{}",
+        refused.stdout,
+        refused.stderr
+    );
+    let deleted = Instant::now();
+    kubectl(
+        &cluster,
+        &[
+            "-n",
+            &host_ns,
+            "delete",
+            "service",
+            "vcluster",
+            "--wait=false",
+            "--as",
+            OPERATOR_USER,
+        ],
+        None,
+    );
+    // Until the restore is recorded on the host namespace: when the host copies first vanished.
+    let (mut pod_gone, mut config_gone, mut new_service) = (None, None, None);
+    wait_for(
+        "service/vcluster restored and recorded",
+        Duration::from_secs(300),
+        || diagnostics(&cluster, &host_ns),
+        || {
+            if pod_gone.is_none() && absent(&cluster, &["-n", &host_ns, "get", "pod", host_pod]) {
+                pod_gone = Some(deleted.elapsed());
+            }
+            if config_gone.is_none()
+                && absent(&cluster, &["-n", &host_ns, "get", "configmap", host_config])
+            {
+                config_gone = Some(deleted.elapsed());
+            }
+            let Some(ns) = json_opt(&cluster, &["get", "namespace", &host_ns]) else {
+                return false;
+            };
+            let Some(svc) = json_opt(&cluster, &["-n", &host_ns, "get", "service", "vcluster"])
+            else {
+                return false;
+            };
+            let uid = svc["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let recorded = ns["metadata"]["annotations"][common::names::OWNER_SERVICE_ANNOTATION]
+                .as_str()
+                .is_some_and(|r| r.starts_with(&uid));
+            if uid != old_service && recorded {
+                new_service = Some(uid);
+            }
+            new_service.is_some()
+        },
+    );
+    let new_service = new_service.expect("the new Service");
+    let restored_in = deleted.elapsed();
+    wait_for(
+        "a new control plane Ready after the restore",
+        Duration::from_secs(300),
+        || diagnostics(&cluster, &host_ns),
+        || new_control_plane(&control_plane).is_some(),
+    );
+    instance_ready("the instance Ready after the restore");
+    let ready_in = deleted.elapsed();
+    // The restarted syncer wrote the new Service at its start, as at its first.
+    let service = json(&cluster, &["-n", &host_ns, "get", "service", "vcluster"]);
+    let keeper_env = json_opt(&cluster, &["-n", &host_ns, "get", "pod", host_pod]).and_then(|p| {
+        p["spec"]["containers"][0]["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == "KUBERNETES_SERVICE_HOST")
+            .map(|e| e["value"].clone())
+    });
+    println!(
+        "figure: service/vcluster's cluster IP before the delete {old_ip}, after the restore {}; \
+         the Pod synced before has KUBERNETES_SERVICE_HOST {keeper_env:?}",
+        service["spec"]["clusterIP"]
+    );
+    assert!(
+        service["metadata"]["annotations"][SERVICE_CIDR_ANNOTATION].is_string(),
+        "{service}"
+    );
+    // What was made inside: still there inside, and its host copies the same objects (same
+    // UIDs), the Pod Ready.
+    let survey = std::cell::RefCell::new(String::new());
+    let same = |after: &BTreeMap<String, (String, Vec<String>)>, name: &str| {
+        after.get(name).map(|a| &a.0) == before.get(name).map(|b| &b.0)
+    };
+    wait_for(
+        "what was made inside to be there, the same objects synced",
+        Duration::from_secs(120),
+        || format!("{}\n{}", survey.borrow(), diagnostics(&cluster, &host_ns)),
+        || {
+            let vpod = inside_run(&["-n", "default", "get", "pod", "keeper", "-o", "json"]).ok();
+            let vconfig =
+                inside_run(&["-n", "default", "get", "configmap", "keep", "-o", "json"]).ok();
+            let after = synced(&cluster, &host_ns);
+            *survey.borrow_mut() = format!(
+                "inside: pod keeper {}, configmap keep {}; synced before: {before:?}; after: \
+                 {after:?}",
+                if vpod.is_some() { "present" } else { "GONE" },
+                if vconfig.is_some() { "present" } else { "GONE" },
+            );
+            vpod.is_some()
+                && vconfig.is_some()
+                && same(&after, &format!("Pod/{host_pod}"))
+                && same(&after, &format!("ConfigMap/{host_config}"))
+                && json_opt(&cluster, &["-n", &host_ns, "get", "pod", host_pod])
+                    .is_some_and(|p| ready(&p))
+        },
+    );
+    let after = synced(&cluster, &host_ns);
+    let kept = before.keys().filter(|k| same(&after, k)).count();
+    let again: Vec<_> = before
+        .keys()
+        .filter(|k| after.contains_key(*k) && !same(&after, k))
+        .collect();
+    let missing: Vec<_> = before.keys().filter(|k| !after.contains_key(*k)).collect();
+    let secs = |d: Option<Duration>| {
+        d.map_or("never".to_string(), |d| {
+            format!("after {:.1} s", d.as_secs_f64())
+        })
+    };
+    println!(
+        "figure: service/vcluster deleted: restored and recorded in {:.1} s, instance Ready in \
+         {:.1} s; host copy of the Pod made inside gone {}, of its ConfigMap gone {}; of {} \
+         synced objects {kept} kept (same UID), re-created {again:?}, not back {missing:?}",
+        restored_in.as_secs_f64(),
+        ready_in.as_secs_f64(),
+        secs(pod_gone),
+        secs(config_gone),
+        before.len(),
+    );
+    assert!(
+        pod_gone.is_none() && config_gone.is_none(),
+        "the host copies were never deleted"
+    );
+    assert_eq!(owned(&after, &new_service), Vec::<String>::new());
+
+    // Deletion: the first instance with `deletionPolicy: Delete`, the second with `Retain`. The
+    // data the real vCluster wrote into each storage directory (kine's sqlite database
+    // `state.db` and the certificates `pki/`) is there before; after, the first's is gone (the
+    // cleanup Job), the second's kept.
+    let second_host = common::names::host_namespace(TEAM, SECOND);
+    wait_for(
+        "the second instance Ready",
+        Duration::from_secs(600),
+        || diagnostics(&cluster, &second_host),
+        || {
+            let pi = json(&cluster, &["-n", TEAM, "get", "platforminstance", SECOND]);
+            condition(&pi, "Ready").as_deref() == Some("True")
+        },
+    );
+    let data = |name: &str| {
+        let host = common::names::host_namespace(TEAM, name);
+        let dir = storage_root.join(common::names::storage_dir(TEAM, name, &host));
+        (dir.join("state.db"), dir.join("pki"))
+    };
+    for name in [NAME, SECOND] {
+        let (db, pki) = data(name);
+        assert!(
+            db.is_file() && pki.join("ca.crt").is_file(),
+            "{name}: {db:?}, {pki:?}"
+        );
+    }
+    kubectl(
+        &cluster,
+        &[
+            "-n",
+            TEAM,
+            "patch",
+            "platforminstance",
+            NAME,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"deletionPolicy":"Delete"}}"#,
+        ],
+        None,
+    );
+    let deleting = Instant::now();
+    kubectl(
+        &cluster,
+        &[
+            "-n",
+            TEAM,
+            "delete",
+            "platforminstance",
+            NAME,
+            SECOND,
+            "--wait=false",
+        ],
+        None,
+    );
+    wait_for(
+        "both instances gone",
+        Duration::from_secs(300),
+        || diagnostics(&cluster, &host_ns),
+        || {
+            let list = json(&cluster, &["-n", TEAM, "get", "platforminstances"]);
+            list["items"].as_array().is_some_and(Vec::is_empty)
+        },
+    );
+    let (db, pki) = data(NAME);
+    assert!(
+        !db.exists() && !pki.exists(),
+        "Delete removed {db:?} and {pki:?}"
+    );
+    let (db, pki) = data(SECOND);
+    assert!(
+        db.is_file() && pki.join("ca.crt").is_file(),
+        "Retain kept {db:?}, {pki:?}"
+    );
+    println!(
+        "figure: both instances deleted in {:.1} s: Delete removed the real vCluster's state.db \
+         and pki, Retain kept them",
+        deleting.elapsed().as_secs_f64()
     );
 
     let node = cluster.real_node().expect("the real node");

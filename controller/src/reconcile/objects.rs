@@ -300,7 +300,13 @@ pub fn vcluster_values(
         "policies": {"networkPolicy": {"enabled": false}, "podSecurityStandard": pod_security.to_string()},
         // The platform writes its tenant isolation and egress policies inside the vCluster; the
         // host's CNI enforces only what vCluster syncs to the host namespace (off by default).
-        "sync": {"toHost": {"networkPolicies": {"enabled": true}}}
+        "sync": {"toHost": {"networkPolicies": {"enabled": true}}},
+        // No owner reference to `service/vcluster` on what the syncer writes to the host: with
+        // one, a deleted Service let the garbage collector delete every synced object within a
+        // second, and the running syncer then deleted their virtual originals (a host copy that
+        // vanished is taken for a deletion), before any restore could act. The host namespace,
+        // deleted with the instance, still removes them all.
+        "experimental": {"syncSettings": {"setOwner": false}}
     });
     if let Some(node) = node {
         values["controlPlane"]["statefulSet"]["scheduling"] = json!({"affinity": pin(node)});
@@ -482,7 +488,17 @@ mod tests {
         roots.sort_unstable();
         assert_eq!(
             roots,
-            ["controlPlane", "exportKubeConfig", "policies", "sync"]
+            [
+                "controlPlane",
+                "experimental",
+                "exportKubeConfig",
+                "policies",
+                "sync"
+            ]
+        );
+        assert_eq!(
+            values["experimental"]["syncSettings"]["setOwner"], false,
+            "nothing synced is owned by service/vcluster"
         );
         assert_eq!(
             values["exportKubeConfig"]["server"],
