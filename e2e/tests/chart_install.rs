@@ -1250,18 +1250,19 @@ spec:
         "{events}"
     );
 
-    // Owner-Service resync: the vCluster's own account (vc-*, which the policy lets through)
-    // deletes service/vcluster; the controller recreates it and relinks owner references.
+    // Owner-Service resync: the vCluster's own account (vc-vcluster, the syncer's account the
+    // values name, which the policy lets through) deletes service/vcluster; the controller
+    // recreates it and relinks owner references.
     let before =
         get(&cluster, &["-n", &host, "get", "service", "vcluster"]).expect("service/vcluster");
     let rbac = format!(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{ name: vc-e2e, namespace: {host} }}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: vc-e2e, namespace: {host} }}\nrules: [{{ apiGroups: [\"\"], resources: [services], verbs: [delete] }}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: vc-e2e, namespace: {host} }}\nroleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: vc-e2e }}\nsubjects: [{{ kind: ServiceAccount, name: vc-e2e, namespace: {host} }}]\n"
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: vc-e2e, namespace: {host} }}\nrules: [{{ apiGroups: [\"\"], resources: [services], verbs: [delete] }}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ name: vc-e2e, namespace: {host} }}\nroleRef: {{ apiGroup: rbac.authorization.k8s.io, kind: Role, name: vc-e2e }}\nsubjects: [{{ kind: ServiceAccount, name: vc-vcluster, namespace: {host} }}]\n"
     );
     cluster
         .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&rbac))
         .expect("vc-e2e");
     let vc = dir.join("vc.kubeconfig");
-    service_account_kubeconfig(&cluster, &host, "vc-e2e", &vc).expect("vc token");
+    service_account_kubeconfig(&cluster, &host, "vc-vcluster", &vc).expect("vc token");
     let mut delete = Command::new(&cluster.kubectl);
     delete.env("KUBECONFIG", &vc).args([
         "-n",
@@ -1273,7 +1274,7 @@ spec:
     ]);
     e2e::cmd::run(delete, None)
         .expect("kubectl")
-        .ok("delete service/vcluster as vc-e2e")
+        .ok("delete service/vcluster as vc-vcluster")
         .expect("deleted");
     eventually(
         "service/vcluster to be restored",

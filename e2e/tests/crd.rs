@@ -436,6 +436,7 @@ async fn kubectl_get_shows_the_printer_columns() {
             "INSTALLED",
             "READY",
             "SUSPENDED",
+            "UPGRADE",
             "AGE"
         ],
         "{table}"
