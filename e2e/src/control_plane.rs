@@ -683,6 +683,13 @@ impl ControlPlane {
         c
     }
 
+    /// Runs kubectl with `args` (and `stdin`), returning its standard output or its error.
+    pub fn kubectl_ok(&self, args: &[&str], stdin: Option<&str>) -> Result<String, HarnessError> {
+        let mut cmd = self.kubectl();
+        cmd.args(args);
+        crate::cmd::run(cmd, stdin)?.ok(&format!("kubectl {}", args.join(" ")))
+    }
+
     /// Keeps the folder (and its logs) after the control plane stops.
     pub fn keep_files(&mut self) {
         self.keep = true;

@@ -11,11 +11,8 @@ use e2e::real_node::NODE_NAME;
 use e2e::{ControlPlane, Options};
 
 fn kubectl(cluster: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let mut cmd = cluster.kubectl();
-    cmd.args(args);
-    run(cmd, stdin)
-        .expect("kubectl runs")
-        .ok(&format!("kubectl {}", args.join(" ")))
+    cluster
+        .kubectl_ok(args, stdin)
         .unwrap_or_else(|e| panic!("{e}"))
 }
 

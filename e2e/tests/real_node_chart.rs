@@ -29,11 +29,8 @@ const NS: &str = "platform-operator";
 const CLEANUP_NS: &str = "platform-operator-cleanup";
 
 fn kubectl(cluster: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let mut cmd = cluster.kubectl();
-    cmd.args(args);
-    run(cmd, stdin)
-        .expect("kubectl runs")
-        .ok(&format!("kubectl {}", args.join(" ")))
+    cluster
+        .kubectl_ok(args, stdin)
         .unwrap_or_else(|e| panic!("{e}"))
 }
 

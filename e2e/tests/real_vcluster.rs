@@ -71,11 +71,8 @@ const CERT_ROTATION_ANNOTATION: &str = "vcluster.loft.sh/cert-rotation-at";
 const SYNCED_KINDS: &str = "pods,services,configmaps,secrets,endpoints,endpointslices,persistentvolumeclaims,networkpolicies";
 
 fn kubectl(cluster: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    let mut cmd = cluster.kubectl();
-    cmd.args(args);
-    run(cmd, stdin)
-        .expect("kubectl runs")
-        .ok(&format!("kubectl {}", args.join(" ")))
+    cluster
+        .kubectl_ok(args, stdin)
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
