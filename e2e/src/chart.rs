@@ -330,9 +330,7 @@ pub fn operator_binaries() -> Result<(PathBuf, PathBuf), String> {
                 }
             };
             if stale(&controller) || stale(&webhook) {
-                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-                let status = Command::new(cargo)
-                    .current_dir(&root)
+                let status = crate::cmd::cargo()
                     .args([
                         "build",
                         "--locked",

@@ -476,20 +476,17 @@ pub fn release_binaries() -> Result<(PathBuf, PathBuf), HarnessError> {
             })
             .unwrap_or_else(|| crate::repo_root().join("target")),
     };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(crate::repo_root())
-        .env("CARGO_TARGET_DIR", &target)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--quiet",
-            "-p",
-            "controller",
-            "-p",
-            "webhook",
-        ]);
+    let mut cmd = crate::cmd::cargo();
+    cmd.env("CARGO_TARGET_DIR", &target).args([
+        "build",
+        "--release",
+        "--locked",
+        "--quiet",
+        "-p",
+        "controller",
+        "-p",
+        "webhook",
+    ]);
     crate::cmd::run(cmd, None)?.ok("cargo build --release -p controller -p webhook")?;
     let release = target.join("release");
     Ok((release.join("controller"), release.join("webhook")))
