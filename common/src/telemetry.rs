@@ -59,7 +59,12 @@ pub fn init(args: &LogArgs) -> Result<(), TelemetryError> {
         value: filter.clone(),
         source,
     })?;
-    let builder = fmt().with_env_filter(filter).with_target(true);
+    // Colours only on a terminal: `kubectl logs` and log collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_target(true)
+        .with_ansi(ansi);
     let result = match args.log_format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

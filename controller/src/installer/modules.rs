@@ -229,7 +229,7 @@ fn remove_tree(top: &Path) -> std::io::Result<()> {
 }
 
 /// Checks the tree at `top` against its manifest; the reason it fails otherwise.
-pub fn verify(top: &Path, key: &str) -> Result<(), String> {
+fn verify(top: &Path, key: &str) -> Result<(), String> {
     let path = top.join(MANIFEST);
     let text = fs::read(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => "it has no manifest (its install never finished)".into(),

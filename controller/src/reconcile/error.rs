@@ -62,6 +62,28 @@ pub enum ReconcileError {
     WriteStatus(#[source] kube::Error),
 }
 
+/// Why the platform program's config cannot be put together; the message of `PlatformReady`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The exported kubeconfig's current context names no server.
+    #[error("the vCluster's kubeconfig names no server in its current context")]
+    KubeconfigWithoutServer,
+    /// The tenant auth client secret's Secret does not exist.
+    #[error(
+        "the Secret {name} named by spec.platform.tenantAuth.clientSecretRef does not exist in namespace {namespace}; create it with the key {key}"
+    )]
+    SecretNotFound {
+        name: String,
+        namespace: String,
+        key: String,
+    },
+    /// The Secret lacks the key.
+    #[error(
+        "the Secret {name} has no key {key} (spec.platform.tenantAuth.clientSecretRef.key); add the key or fix the reference"
+    )]
+    KeyNotFound { name: String, key: String },
+}
+
 impl ReconcileError {
     /// A static category for metric and event labels: the failed step.
     pub fn category(&self) -> &'static str {

@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
+use super::error::ConfigError;
 use super::reader::Read;
 use super::{Settings, key, objects};
 use crate::decide::model::{
@@ -250,11 +251,9 @@ fn program_config(
     settings: &Settings,
     storage_dir: &str,
     kubeconfig: &str,
-    client_secret: Option<Result<String, String>>,
-) -> Result<ProgramConfig, String> {
-    let endpoint = program::kubeconfig_server(kubeconfig).ok_or_else(|| {
-        "the vCluster's kubeconfig names no server in its current context".to_string()
-    })?;
+    client_secret: Option<Result<String, ConfigError>>,
+) -> Result<ProgramConfig, ConfigError> {
+    let endpoint = program::kubeconfig_server(kubeconfig).ok_or(ConfigError::KubeconfigWithoutServer)?;
     Ok(program::program_config(&program::Inputs {
         platform: pi.spec.platform.as_ref(),
         storage_root: format!(
@@ -274,7 +273,7 @@ fn install_observed(
     pi: &PlatformInstance,
     settings: &Settings,
     read: &Read,
-    config: Option<&Result<ProgramConfig, String>>,
+    config: Option<&Result<ProgramConfig, ConfigError>>,
     now: Timestamp,
 ) -> InstallObserved {
     let record = &read.record;
@@ -290,7 +289,9 @@ fn install_observed(
         installed: record.installed_version.clone(),
         desired_hash: config.and_then(|c| c.as_ref().ok()).map(|c| c.hash.clone()),
         applied_hash: record.installed_config_hash.clone(),
-        config_error: config.and_then(|c| c.as_ref().err()).cloned(),
+        config_error: config
+            .and_then(|c| c.as_ref().err())
+            .map(ToString::to_string),
         record_error: read.record_error.clone(),
         preview_task: read.tasks[2].clone(),
         drift: record

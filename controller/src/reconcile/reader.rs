@@ -23,7 +23,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::error::{ReconcileError, observing};
+use super::error::{ConfigError, ReconcileError, observing};
 use super::stores::Stores;
 use super::{Context, STORAGE_NODE_FILE, key, state_path, task_keys};
 use crate::decide::model::{Cleanup, Protection, Release, TaskState};
@@ -72,7 +72,7 @@ pub(crate) struct Read {
     /// storage is to be cleaned).
     pub storage_node_gone: bool,
     /// Tenant auth's client secret, when the program's config is put together.
-    pub client_secret: Option<Result<String, String>>,
+    pub client_secret: Option<Result<String, ConfigError>>,
     /// The helm, install and preview tasks (read before the record).
     pub tasks: [TaskState; 3],
     /// Their failures in a row and when each may retry.
@@ -387,7 +387,7 @@ async fn client_secret(
     ctx: &Context,
     pi: &PlatformInstance,
     r: &common::crd::SecretKeyRef,
-) -> Result<Result<String, String>, ReconcileError> {
+) -> Result<Result<String, ConfigError>, ReconcileError> {
     let ns = pi.namespace().unwrap_or_default();
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&r.name)
@@ -396,14 +396,15 @@ async fn client_secret(
     let value = secret.as_ref().and_then(|s| secret_text(s, &r.key));
     Ok(match (secret.is_some(), value) {
         (_, Some(v)) => Ok(v),
-        (false, None) => Err(format!(
-            "the Secret {} named by spec.platform.tenantAuth.clientSecretRef does not exist in namespace {ns}; create it with the key {}",
-            r.name, r.key
-        )),
-        (true, None) => Err(format!(
-            "the Secret {} has no key {} (spec.platform.tenantAuth.clientSecretRef.key); add the key or fix the reference",
-            r.name, r.key
-        )),
+        (false, None) => Err(ConfigError::SecretNotFound {
+            name: r.name.clone(),
+            namespace: ns,
+            key: r.key.clone(),
+        }),
+        (true, None) => Err(ConfigError::KeyNotFound {
+            name: r.name.clone(),
+            key: r.key.clone(),
+        }),
     })
 }
 
