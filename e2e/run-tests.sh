@@ -31,14 +31,9 @@ debian_packages() {
   # runc, the CNI plugins and iptables, and for its images (e2e/src/images.rs) buildah and
   # busybox-static; lua5.4 runs the Argo CD health check (docs/argocd-health.lua) in the
   # controller's tests.
-  local want=() pkg
-  [ -x /usr/bin/chromium ] || want+=(chromium)
-  for pkg in containerd runc containernetworking-plugins iptables buildah busybox-static lua5.4; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || want+=("$pkg")
-  done
-  if [ "${#want[@]}" -gt 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${want[@]}" >/dev/null
-  fi
+  local extra=(lua5.4)
+  [ -x /usr/bin/chromium ] || extra+=(chromium)
+  bash e2e/tools/node-packages.sh "${extra[@]}"
   bash e2e/tools/prometheus.sh >/dev/null
 }
 headlamp_packages() {

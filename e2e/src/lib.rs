@@ -10,6 +10,7 @@ pub mod https;
 pub mod images;
 pub mod node_net;
 pub mod npm;
+pub mod operator_on_node;
 pub mod pki;
 pub mod process;
 pub mod prometheus;

@@ -1,11 +1,16 @@
-//! `local-cluster`: the local demo for people. `up` starts the control plane, installs the
-//! PlatformInstance CRD, starts a local npm registry (verdaccio) with the **stand-in**
-//! `@di-framework/platform` published into it, runs the admission webhook and the controller
-//! (built by `e2e/run-demo.sh`) with the **stand-in** vCluster chart (the real chart and package
-//! cannot be fetched here) and the **stand-in** syncer, which exports a kubeconfig for a second
-//! API server with exactly the certificate names vCluster would serve, applies the example
-//! instance, waits for it to be `Ready` (installed by the real Pulumi CLI), prints
-//! `kubectl get pi -A`, its endpoints and where its kubeconfig is, and runs until Ctrl-C.
+//! `local-cluster`: the local demo for people. `up` starts the control plane with a real node,
+//! starts a local npm registry (verdaccio) with the **stand-in** `@di-framework/platform`
+//! published into it (the real package cannot be fetched here), builds the operator image from
+//! the `Dockerfile` with the real vCluster chart inside, `helm install`s the operator chart on the
+//! real node ([`e2e::operator_on_node`]), applies the example instance, waits for it to be
+//! `Ready` (the real vCluster, the platform installed by the real Pulumi CLI from the
+//! controller's pod), prints `kubectl get pi -A`, its endpoints and where its kubeconfig is, and
+//! runs until Ctrl-C.
+//!
+//! `up --process` keeps the older, lighter mode (no root needed): the webhook and the controller
+//! run as processes on this machine with the **stand-in** vCluster chart and syncer, which
+//! export a kubeconfig for a second API server with exactly the certificate names vCluster would
+//! serve.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -36,24 +41,48 @@ enum Cmd {
         /// The example manifest to apply (its namespace is created first).
         #[arg(long, default_value_os_t = e2e::repo_root().join("docs/examples/one.yaml"))]
         example: PathBuf,
-        /// Where the controller and webhook binaries are (default: the workspace's target/debug).
-        #[arg(long)]
-        bin_dir: Option<PathBuf>,
         /// Keep the control plane's folder (data and logs) after it stops.
         #[arg(long)]
         keep: bool,
-        /// Also start a real node (containerd, runc, CNI, kubelet, kube-proxy in a network
-        /// namespace of its own) beside the KWOK node; needs root and the Debian packages that
-        /// e2e/run-tests.sh installs.
+        /// Run the webhook and the controller as processes on this machine with the stand-in
+        /// vCluster, instead of the operator chart and the real vCluster on a real node (which
+        /// need root, the Debian packages e2e/run-tests.sh installs and the real vCluster's
+        /// tools, `e2e/tools/build.sh vcluster`).
         #[arg(long)]
+        process: bool,
+        /// With --process: also start a real node (containerd, runc, CNI, kubelet, kube-proxy
+        /// in a network namespace of its own) beside the KWOK node.
+        #[arg(long, requires = "process")]
         real_node: bool,
+        /// Where the controller and webhook binaries are (default: the workspace's
+        /// target/debug); with --process only (the chart mode builds the image from the
+        /// release binaries).
+        #[arg(long, requires = "process")]
+        bin_dir: Option<PathBuf>,
     },
 }
 
-fn sha256_file(path: &Path) -> anyhow::Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
-    Ok(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
+/// What runs the operator: the chart on the real node, or processes on this machine.
+enum Operator {
+    /// `helm install` of the operator chart on the real node.
+    Chart,
+    /// The webhook and the controller as processes, with the stand-in vCluster.
+    Process {
+        /// The stand-in vCluster's inside API server.
+        inner: Box<ControlPlane>,
+        /// Kept running until the demo stops.
+        _syncer: e2e::standin_vcluster::StandInSyncer,
+        webhook: e2e::webhook::Webhook,
+        controller: std::process::Child,
+        controller_log: PathBuf,
+    },
+}
+
+/// The running demo: the control plane, the npm registry and the operator.
+struct Demo {
+    cp: ControlPlane,
+    registry: e2e::npm::Registry,
+    operator: Operator,
 }
 
 #[tokio::main]
@@ -62,11 +91,187 @@ async fn main() -> anyhow::Result<()> {
         command:
             Cmd::Up {
                 example,
-                bin_dir,
                 keep,
+                process,
                 real_node,
+                bin_dir,
             },
     } = Cli::parse();
+    let mut demo = if process {
+        up_process(bin_dir, real_node).await?
+    } else {
+        up_chart().await?
+    };
+    if keep {
+        demo.cp.keep_files();
+    }
+    let cluster = demo.cp.handle();
+
+    // The person trying the demo gets an admin identity of their own (user demo-admin, bound to
+    // cluster-admin), not the operator's: the protection policy exempts the operator's user,
+    // so with the operator's kubeconfig `kubectl label svc vcluster` would be admitted.
+    let user_kubeconfig = demo.cp.user_kubeconfig(DEMO_USER, None)?;
+    cluster.kubectl_ok(
+        &[
+            "create",
+            "clusterrolebinding",
+            DEMO_USER,
+            "--clusterrole=cluster-admin",
+            &format!("--user={DEMO_USER}"),
+        ],
+        None,
+    )?;
+
+    // The example instance, in its own namespace (the webhook serves every namespace).
+    let manifest = std::fs::read_to_string(&example)
+        .with_context(|| format!("reading {}", example.display()))?;
+    let parsed: serde_json::Value = serde_saphyr::from_str(&manifest)
+        .with_context(|| format!("parsing {}", example.display()))?;
+    let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+    let namespace = text(&parsed["metadata"]["namespace"]).unwrap_or_else(|| "default".to_string());
+    let name = text(&parsed["metadata"]["name"])
+        .with_context(|| format!("{} names no metadata.name", example.display()))?;
+    let ns = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n");
+    cluster.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&ns))?;
+    // Under the chart, the API server calls the webhook through its Service as soon as
+    // kube-proxy has its endpoint: until then the apply is refused and is tried again.
+    let applied = Instant::now();
+    let example_path = example.display().to_string();
+    let out = loop {
+        match cluster.kubectl_ok(&["apply", "--server-side", "-f", &example_path], None) {
+            Ok(out) => break out,
+            Err(e)
+                if e.to_string().contains("failed calling webhook")
+                    && applied.elapsed() < Duration::from_secs(60) =>
+            {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    print!("{out}");
+    eprintln!(
+        "waiting for the example to be Ready (the vCluster starts, npm and pulumi install the platform)"
+    );
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut last = String::new();
+    loop {
+        let phases = cluster
+            .kubectl_ok(
+                &["get", "pi", "-A", "-o", "jsonpath={.items[*].status.phase}"],
+                None,
+            )
+            .unwrap_or_default();
+        if phases != last {
+            eprintln!(
+                "  phase: {phases} ({:.0} s)",
+                applied.elapsed().as_secs_f64()
+            );
+            last = phases.clone();
+        }
+        if !phases.is_empty() && phases.split_whitespace().all(|p| p == "Ready") {
+            break;
+        }
+        if Instant::now() > deadline {
+            eprintln!(
+                "the example is not Ready yet; see kubectl describe pi -A and {}",
+                demo.controller_logs()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    print!("{}", cluster.kubectl_ok(&["get", "pi", "-A"], None)?);
+    let endpoints = cluster.kubectl_ok(
+        &[
+            "get",
+            "pi",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}: http {.status.endpoints.http}, routes {.status.endpoints.routeUrlPattern}, kubeconfig Secret {.metadata.namespace}/{.status.kubeconfigSecretRef.name} (key {.status.kubeconfigSecretRef.key}){\"\\n\"}{end}",
+        ],
+        None,
+    )?;
+    println!("\nEndpoints and kubeconfig:\n{endpoints}");
+
+    println!("\nThe control plane is up at {}.", demo.cp.server());
+    println!(
+        "  export KUBECONFIG={}   # you, as {DEMO_USER} (cluster-admin); the operator runs as {}",
+        user_kubeconfig.display(),
+        demo.operator_user()
+    );
+    println!(
+        "  export PATH={}:$PATH   # kubectl and helm built for the tests",
+        cluster
+            .kubectl
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    );
+    println!(
+        "Then: kubectl describe pi -n {namespace} {name}; kubectl get secret -n {namespace}; kubectl get ns -l platform.di-framework.dev/host-namespace"
+    );
+    println!(
+        "The stand-in platform package is served by the npm registry at {} (log {}).",
+        demo.registry.url(),
+        demo.registry.handle().log().display()
+    );
+    demo.print_notes(&namespace, &name)?;
+    println!(
+        "Logs: {}; the control plane's in {}/logs. Press Ctrl-C to stop.",
+        demo.controller_logs(),
+        demo.cp.dir().display()
+    );
+    common::http::shutdown_signal().await;
+    eprintln!("stopping");
+    demo.stop();
+    Ok(())
+}
+
+/// The operator chart on a real node with the real vCluster.
+async fn up_chart() -> anyhow::Result<Demo> {
+    eprintln!(
+        "building the images: the real vCluster's (from ../shared/vendor/vcluster), the operator's from the Dockerfile (cached)"
+    );
+    let built = e2e::operator_on_node::build().context(
+        "building the images (needs root, buildah and the real vCluster's tools: e2e/run-demo.sh builds them; or run with --process)",
+    )?;
+    eprintln!(
+        "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK and a real node (first run builds them from Go modules)"
+    );
+    let mut cp = ControlPlane::start(Options::new("local").real_node_with_dns()).await?;
+    if let Some(node) = cp.real_node() {
+        let f = node.figures();
+        eprintln!(
+            "real node {} Ready in {:.1} s",
+            e2e::real_node::NODE_NAME,
+            f.node_ready.as_secs_f64()
+        );
+    }
+    eprintln!("starting the npm registry with the stand-in @di-framework/platform");
+    let registry = e2e::npm::Registry::start(&cp.dir().join("npm-registry"))?;
+    registry.publish_standins()?;
+    e2e::operator_on_node::prepare_node(&mut cp, &built, registry.url())?;
+    eprintln!("helm install of charts/platform-operator with the operator image");
+    let installed = e2e::operator_on_node::install(
+        &cp,
+        &built,
+        &[e2e::operator_on_node::chart_digest_arg(&built, 0)],
+        |_| Ok(()),
+    )?;
+    eprintln!(
+        "the operator's pods Ready {:.1} s after helm install",
+        installed.ready_after.as_secs_f64()
+    );
+    Ok(Demo {
+        cp,
+        registry,
+        operator: Operator::Chart,
+    })
+}
+
+/// The webhook and the controller as processes, with the stand-in vCluster.
+async fn up_process(bin_dir: Option<PathBuf>, real_node: bool) -> anyhow::Result<Demo> {
     let bin_dir = bin_dir.unwrap_or_else(|| {
         std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
@@ -89,7 +294,7 @@ async fn main() -> anyhow::Result<()> {
     if real_node {
         options = options.real_node();
     }
-    let mut cp = ControlPlane::start(options).await?;
+    let cp = ControlPlane::start(options).await?;
     if let Some(node) = cp.real_node() {
         let f = node.figures();
         eprintln!(
@@ -99,16 +304,13 @@ async fn main() -> anyhow::Result<()> {
             f.images.as_secs_f64()
         );
     }
-    if keep {
-        cp.keep_files();
-    }
     let cluster = cp.handle();
     cluster.install_crd()?;
 
     // The stand-in vCluster: a second API server, the stand-in chart, and the stand-in syncer
     // that issues its certificate and exports its kubeconfig when the chart's pod is ready.
     let inner = ControlPlane::start(Options::new("local-vcluster").standin_vcluster()).await?;
-    let _syncer = e2e::standin_vcluster::StandInSyncer::start(cp.kubeconfig(), &inner)?;
+    let syncer = e2e::standin_vcluster::StandInSyncer::start(cp.kubeconfig(), &inner)?;
     let chart_dir = cp.dir().join("chart");
     std::fs::create_dir_all(&chart_dir)?;
     let chart = e2e::standin_vcluster::package_chart(
@@ -191,7 +393,7 @@ async fn main() -> anyhow::Result<()> {
         .arg(&chart)
         .args([
             "--vcluster-chart-sha256",
-            &format!("sha256:{}", sha256_file(&chart)?),
+            &format!("sha256:{}", e2e::images::sha256_file(&chart)?),
         ])
         .arg("--vcluster-extra-values")
         .arg(&values)
@@ -201,129 +403,127 @@ async fn main() -> anyhow::Result<()> {
         .stdout(log.try_clone()?)
         .stderr(log);
     e2e::process::die_with_parent(&mut controller);
-    let mut controller = controller.spawn().context("starting the controller")?;
+    let controller = controller.spawn().context("starting the controller")?;
 
-    // The person trying the demo gets an admin identity of their own (user demo-admin, bound to
-    // cluster-admin), not the operator's: the protection policy exempts the operator's user,
-    // so with the operator's kubeconfig `kubectl label svc vcluster` would be admitted.
-    let user_kubeconfig = cp.user_kubeconfig(DEMO_USER, None)?;
-    cluster.kubectl_ok(
-        &[
-            "create",
-            "clusterrolebinding",
-            DEMO_USER,
-            "--clusterrole=cluster-admin",
-            &format!("--user={DEMO_USER}"),
-        ],
-        None,
-    )?;
+    Ok(Demo {
+        cp,
+        registry,
+        operator: Operator::Process {
+            inner: Box::new(inner),
+            _syncer: syncer,
+            webhook,
+            controller,
+            controller_log,
+        },
+    })
+}
 
-    // The example instance, in its own namespace (the webhook serves every namespace).
-    let manifest = std::fs::read_to_string(&example)
-        .with_context(|| format!("reading {}", example.display()))?;
-    let namespace = manifest
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("namespace:")
-                .map(|n| n.trim().to_string())
-        })
-        .unwrap_or_else(|| "default".to_string());
-    let ns = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n");
-    cluster.kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&ns))?;
-    print!(
-        "{}",
-        cluster.kubectl_ok(
-            &[
-                "apply",
-                "--server-side",
-                "-f",
-                &example.display().to_string()
-            ],
-            None
-        )?
-    );
-    eprintln!("waiting for the example to be Ready (npm and pulumi install the platform)");
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut last = String::new();
-    loop {
-        let phases = cluster
-            .kubectl_ok(
-                &["get", "pi", "-A", "-o", "jsonpath={.items[*].status.phase}"],
-                None,
-            )
-            .unwrap_or_default();
-        if phases != last {
-            eprintln!("  phase: {phases}");
-            last = phases.clone();
+impl Demo {
+    /// Where the controller's log is.
+    fn controller_logs(&self) -> String {
+        match &self.operator {
+            Operator::Chart => format!(
+                "kubectl -n {} logs deploy/platform-operator-controller",
+                e2e::operator_on_node::NAMESPACE
+            ),
+            Operator::Process { controller_log, .. } => controller_log.display().to_string(),
         }
-        if !phases.is_empty() && phases.split_whitespace().all(|p| p == "Ready") {
-            break;
-        }
-        if Instant::now() > deadline {
-            eprintln!(
-                "the example is not Ready yet; see kubectl describe pi -A and {}",
-                controller_log.display()
-            );
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    print!("{}", cluster.kubectl_ok(&["get", "pi", "-A"], None)?);
-    let endpoints = cluster.kubectl_ok(
-        &[
-            "get",
-            "pi",
-            "-A",
-            "-o",
-            "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}: http {.status.endpoints.http}, routes {.status.endpoints.routeUrlPattern}, kubeconfig Secret {.metadata.namespace}/{.status.kubeconfigSecretRef.name} (key {.status.kubeconfigSecretRef.key}){\"\\n\"}{end}",
-        ],
-        None,
-    )?;
-    println!("\nEndpoints and kubeconfig:\n{endpoints}");
 
-    println!(
-        "\nThe control plane is up at {}; the stand-in vCluster's API server at {}.",
-        cp.server(),
-        inner.server()
-    );
-    println!(
-        "  export KUBECONFIG={}   # you, as {DEMO_USER} (cluster-admin); the operator runs as {}",
-        user_kubeconfig.display(),
-        e2e::control_plane::ADMIN_USER
-    );
-    println!(
-        "  export PATH={}:$PATH   # kubectl and helm built for the tests",
-        cluster
-            .kubectl
-            .parent()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default()
-    );
-    println!(
-        "Then: kubectl describe pi -n {namespace}; kubectl get secret -n {namespace}; kubectl get ns -l platform.di-framework.dev/host-namespace"
-    );
-    println!(
-        "The stand-in platform package is served by the npm registry at {} (log {}).",
-        registry.url(),
-        registry.handle().log().display()
-    );
-    let storage = cp
-        .host_path(&cp.dir().join("storage").display().to_string())
-        .unwrap_or_default();
-    println!(
-        "Each instance's storage directory is on the (stand-in) node under {}: `kubectl delete pi` with deletionPolicy: Delete runs a cleanup Job whose `controller cleanup` the stand-in kubelet (Jobs) really runs, and the directory goes (ls it before and after; kubectl get jobs -n {operator_ns}).",
-        storage.display()
-    );
-    println!(
-        "Logs are in {}/logs (controller.log among them); the instance's Pulumi project is under {}/state. Press Ctrl-C to stop.",
-        cp.dir().display(),
-        cp.dir().display()
-    );
-    common::http::shutdown_signal().await;
-    eprintln!("stopping");
-    e2e::process::terminate(&mut controller, Duration::from_secs(10));
-    webhook.stop();
-    cp.stop();
-    Ok(())
+    /// The identity the operator acts as.
+    fn operator_user(&self) -> String {
+        match &self.operator {
+            Operator::Chart => format!(
+                "system:serviceaccount:{}:platform-operator",
+                e2e::operator_on_node::NAMESPACE
+            ),
+            Operator::Process { .. } => e2e::control_plane::ADMIN_USER.to_string(),
+        }
+    }
+
+    /// What is where, for the example instance `namespace/name`.
+    fn print_notes(&self, namespace: &str, name: &str) -> anyhow::Result<()> {
+        let cluster = self.cp.handle();
+        match &self.operator {
+            Operator::Chart => {
+                let host_ns = common::names::host_namespace(namespace, name);
+                let secret = common::names::kubeconfig_secret(name);
+                let kubeconfig = cluster.kubectl_ok(
+                    &[
+                        "-n",
+                        namespace,
+                        "get",
+                        "secret",
+                        &secret,
+                        "-o",
+                        "jsonpath={.data.kubeconfig}",
+                    ],
+                    None,
+                )?;
+                let file = self.cp.dir().join(format!("{name}.kubeconfig"));
+                use base64::Engine as _;
+                let decoded = base64::engine::general_purpose::STANDARD
+                    .decode(kubeconfig.trim())
+                    .unwrap_or_default();
+                std::fs::write(&file, decoded)?;
+                let cluster_ip = cluster.kubectl_ok(
+                    &[
+                        "-n",
+                        &host_ns,
+                        "get",
+                        "service",
+                        "vcluster",
+                        "-o",
+                        "jsonpath={.spec.clusterIP}",
+                    ],
+                    None,
+                )?;
+                let netns = self
+                    .cp
+                    .real_node()
+                    .and_then(|n| n.netns())
+                    .map(|n| n.name().to_string())
+                    .unwrap_or_default();
+                println!(
+                    "The vCluster runs in host namespace {host_ns} (kubectl get pods -n {host_ns}); its admin kubeconfig (Secret {namespace}/{secret}) is in {file}. It names the in-cluster address, reached from the node's network namespace:
+  ip netns exec {netns} kubectl --kubeconfig {file} --server https://{cluster_ip}:443 --tls-server-name vcluster.{host_ns}.svc get ns",
+                    file = file.display()
+                );
+                println!(
+                    "Each instance's storage directory is on the real node under {}: `kubectl delete pi -n {namespace} {name}` (deletionPolicy: Delete) runs a cleanup Job in a real container there, and the directory goes (kubectl get jobs -n {}).",
+                    self.cp.dir().join("instances").display(),
+                    e2e::operator_on_node::CLEANUP_NAMESPACE
+                );
+            }
+            Operator::Process { inner, .. } => {
+                println!(
+                    "The stand-in vCluster's API server is at {}; the instance's Pulumi project is under {}/state.",
+                    inner.server(),
+                    self.cp.dir().display()
+                );
+                let storage = self
+                    .cp
+                    .host_path(&self.cp.dir().join("storage").display().to_string())
+                    .unwrap_or_default();
+                println!(
+                    "Each instance's storage directory is on the (stand-in) node under {}: `kubectl delete pi` with deletionPolicy: Delete runs a cleanup Job whose `controller cleanup` the stand-in kubelet (Jobs) really runs, and the directory goes (ls it before and after; kubectl get jobs -n platform-operator).",
+                    storage.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn stop(mut self) {
+        if let Operator::Process {
+            mut webhook,
+            mut controller,
+            ..
+        } = self.operator
+        {
+            e2e::process::terminate(&mut controller, Duration::from_secs(10));
+            webhook.stop();
+        }
+        self.cp.stop();
+    }
 }
