@@ -5,7 +5,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-step() { printf '\n==> %s\n' "$*"; }
+started="$(date +%s)"
+# Minutes:seconds since the run started (or from the start to the epoch second given).
+elapsed() {
+  local s=$((${1:-$(date +%s)} - started))
+  printf '%d:%02d' $((s / 60)) $((s % 60))
+}
+step() { printf '\n==> [%s] %s\n' "$(elapsed)" "$*"; }
 
 # Downloads (Debian packages, npm packages, crates) wait on the network, not the CPU: on a cold
 # machine they run in the background while the Go build below keeps both cores busy. Each writes a
@@ -15,7 +21,10 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$bgdir"' EXIT
 background() {
   local name="$1"
   shift
-  ("$@") >"$bgdir/$name.log" 2>&1 &
+  (
+    trap 'date +%s >"$bgdir/$name.end"' EXIT
+    "$@"
+  ) >"$bgdir/$name.log" 2>&1 &
   echo $! >"$bgdir/$name.pid"
 }
 await() {
@@ -145,7 +154,7 @@ lane 4 "${args_four[@]}"
 failed=()
 for name in 3 2 4 1 1b; do
   if wait "$(cat "$bgdir/lane-$name.pid")"; then status=passed; else status=FAILED; failed+=("$name"); fi
-  step "lane $name ($status)"
+  step "lane $name ($status, ended at $(elapsed "$(cat "$bgdir/lane-$name.end")"))"
   cat "$bgdir/lane-$name.log"
 done
 step "cargo test --doc"
