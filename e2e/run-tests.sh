@@ -112,8 +112,8 @@ step "cargo test (unit, router and end-to-end tests), in five lanes"
 # control planes starting), so they run beside the rest instead of after it: lane 1 the installer (its longest test in lane 1b),
 # lane 2 the Headlamp browser test and the stand-in platform, lane 4 the real node (root, Debian's
 # containerd; its pods need the cores least when they start beside the rest; the node itself, then
-# the chart with the operator image built from the Dockerfile, then one instance on the real
-# vCluster), lane 3 every other test target
+# the chart with the operator image built from the Dockerfile, then instances on the real
+# vCluster through operator restarts, chart upgrades and deletion), lane 3 every other test target
 # (found in the workspace's metadata, so a new test file runs without being named here), then the
 # doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
 # one. cargo holds its build lock only while it builds (everything is built above), not while
