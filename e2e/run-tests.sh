@@ -36,7 +36,7 @@ await() {
 }
 debian_packages() {
   # One job, so two apt runs never contend for apt's lock.
-  # Chromium for the browser test; for the real node (e2e/src/real_node.rs, lane 4) containerd,
+  # Chromium for the browser test; for the real node (e2e/src/real_node.rs, lanes 4 and 5) containerd,
   # runc, the CNI plugins and iptables, and for its images (e2e/src/images.rs) buildah and
   # busybox-static; lua5.4 runs the Argo CD health check (docs/argocd-health.lua) in the
   # controller's tests.
@@ -107,13 +107,14 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo test (unit, router and end-to-end tests), in five lanes"
+step "cargo test (unit, router and end-to-end tests), in six lanes"
 # The longest end-to-end test binaries spend most of their time waiting (on npm, Pulumi, a browser,
 # control planes starting), so they run beside the rest instead of after it: lane 1 the installer (its longest test in lane 1b),
 # lane 2 the Headlamp browser test and the stand-in platform, lane 4 the real node (root, Debian's
 # containerd; its pods need the cores least when they start beside the rest; the node itself, then
-# the chart with the operator image built from the Dockerfile, then one instance on the real
-# vCluster), lane 3 every other test target
+# the chart with the operator image built from the Dockerfile), lane 5 the real vCluster on a real
+# node of its own (instances through operator restarts, a recovery, a chart upgrade and deletion:
+# the longest real-node test, beside lane 4 instead of after it), lane 3 every other test target
 # (found in the workspace's metadata, so a new test file runs without being named here), then the
 # doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
 # one. cargo holds its build lock only while it builds (everything is built above), not while
@@ -125,7 +126,8 @@ lane_one=(installer)
 # lane 1b then runs nothing and lane 1 runs every installer test.
 installer_longest=installs_upgrades_fails_times_out_and_repairs_drift
 lane_two=(headlamp standin_platform)
-lane_four=(real_node real_node_chart real_vcluster)
+lane_four=(real_node real_node_chart)
+lane_five=(real_vcluster)
 mapfile -t lane_three < <(
   cargo metadata --no-deps --format-version 1 --locked |
     python3 -c '
@@ -134,7 +136,7 @@ taken = set(sys.argv[1:])
 names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"]
                 if "test" in t["kind"] and t["name"] not in taken})
 print("\n".join(names))
-' "${lane_one[@]}" "${lane_two[@]}" "${lane_four[@]}"
+' "${lane_one[@]}" "${lane_two[@]}" "${lane_four[@]}" "${lane_five[@]}"
 )
 test_args() { for t in "$@"; do printf -- '--test\n%s\n' "$t"; done; }
 lane() {
@@ -146,13 +148,15 @@ mapfile -t args_one < <(test_args "${lane_one[@]}")
 mapfile -t args_two < <(test_args "${lane_two[@]}")
 mapfile -t args_three < <(test_args "${lane_three[@]}")
 mapfile -t args_four < <(test_args "${lane_four[@]}")
+mapfile -t args_five < <(test_args "${lane_five[@]}")
 lane 1 "${args_one[@]}" -- --skip "$installer_longest"
 lane 1b "${args_one[@]}" -- --exact "$installer_longest"
 lane 2 "${args_two[@]}"
 lane 3 --lib --bins "${args_three[@]}"
 lane 4 "${args_four[@]}"
+lane 5 "${args_five[@]}"
 failed=()
-for name in 3 2 4 1 1b; do
+for name in 3 2 4 5 1 1b; do
   if wait "$(cat "$bgdir/lane-$name.pid")"; then status=passed; else status=FAILED; failed+=("$name"); fi
   step "lane $name ($status, ended at $(elapsed "$(cat "$bgdir/lane-$name.end")"))"
   cat "$bgdir/lane-$name.log"

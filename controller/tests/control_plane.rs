@@ -2,7 +2,8 @@
 //! `Recreate` (Helm's post-renderer, the controller binary's `post-render`) whoever changes its
 //! pod template, and the controller stops it before a pending release is rolled back. On the
 //! local control plane with the stand-in chart (KWOK makes its pods Ready), and the real chart
-//! rendered offline; the same steps hold for the real vCluster on the real node.
+//! rendered offline; `e2e/tests/real_vcluster.rs` takes the same steps with the real vCluster on
+//! the real node.
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};

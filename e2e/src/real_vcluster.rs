@@ -13,6 +13,9 @@
 //!
 //! Each is named as the chart's values (or, for CoreDNS, the syncer) select it, so the kubelet
 //! finds it imported; docs/development.md lists how each differs from the published image.
+//!
+//! For upgrade tests, [`package_next_chart`] packages the same chart again as a later version
+//! ([`NEXT_CHART_VERSION`]) and [`tag_next_image`] gives the syncer image that version's tag.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,6 +30,13 @@ pub const CHART_ARCHIVE: &str = "vcluster-0.37.0-rc.1.tgz";
 /// The syncer image the chart's values select (`controlPlane.statefulSet.image`: the chart names
 /// the `vcluster-pro` repository at its own version).
 pub const VCLUSTER_IMAGE: &str = "ghcr.io/loft-sh/vcluster-pro:0.37.0-rc.1";
+/// The version of the second chart the upgrade test packages from the same archive
+/// ([`package_next_chart`]): a later pre-release of the same version, so it sorts after
+/// [`CHART_VERSION`] and claims no release upstream made.
+pub const NEXT_CHART_VERSION: &str = "0.37.0-rc.1-next";
+/// The syncer image the second chart selects (the chart tags the image with its own version):
+/// the same image as [`VCLUSTER_IMAGE`], tagged so on the node ([`tag_next_image`]).
+pub const NEXT_VCLUSTER_IMAGE: &str = "ghcr.io/loft-sh/vcluster-pro:0.37.0-rc.1-next";
 /// The distro image the chart's values select (`controlPlane.distro.k8s.image`).
 pub const DISTRO_IMAGE: &str = "ghcr.io/loft-sh/kubernetes:v1.36.0";
 /// The CoreDNS image the syncer deploys inside a virtual cluster of Kubernetes 1.35
@@ -219,4 +229,45 @@ pub fn images(tools: &Tools) -> Result<Vec<BuiltImage>, HarnessError> {
         distro_image(tools, &kubernetes)?,
         coredns_image(tools)?,
     ])
+}
+
+/// The vendored chart packaged again as [`NEXT_CHART_VERSION`] (`helm package --version
+/// --app-version`, as the vendored archive was made from the source tree) into `dir`: the
+/// archive and its sha256 (hex). Its templates, values and schema are the vendored ones; the
+/// version, and so its labels and the syncer image's tag, differ.
+pub fn package_next_chart(helm: &Path, dir: &Path) -> Result<(PathBuf, String), HarnessError> {
+    let (archive, _) = chart()?;
+    let unpacked = dir.join(format!("vcluster-{NEXT_CHART_VERSION}-src"));
+    let _ = std::fs::remove_dir_all(&unpacked);
+    std::fs::create_dir_all(&unpacked).map_err(|e| HarnessError::io(&unpacked, e))?;
+    let mut tar = Command::new("tar");
+    tar.arg("-xzf").arg(&archive).arg("-C").arg(&unpacked);
+    crate::cmd::run(tar, None)?.ok("unpacking the vendored vCluster chart")?;
+    let mut package = Command::new(helm);
+    package
+        .arg("package")
+        .arg(unpacked.join("vcluster"))
+        .arg("-d")
+        .arg(dir)
+        .args(["--version", NEXT_CHART_VERSION])
+        .args(["--app-version", NEXT_CHART_VERSION]);
+    let packaged = crate::cmd::run(package, None)?.ok("helm package of the vCluster chart");
+    let _ = std::fs::remove_dir_all(&unpacked);
+    packaged?;
+    let next = dir.join(format!("vcluster-{NEXT_CHART_VERSION}.tgz"));
+    let sha = crate::images::sha256_file(&next)?;
+    Ok((next, sha))
+}
+
+/// Tags the imported syncer image [`VCLUSTER_IMAGE`] as [`NEXT_VCLUSTER_IMAGE`] on `node`, the
+/// image the second chart's control plane runs.
+pub fn tag_next_image(node: &crate::real_node::RealNode) -> Result<(), HarnessError> {
+    node.ctr(&[
+        "images",
+        "tag",
+        "--force",
+        VCLUSTER_IMAGE,
+        NEXT_VCLUSTER_IMAGE,
+    ])
+    .map(|_| ())
 }
