@@ -2,8 +2,7 @@
 //! ([`crate::real_vcluster`]): the operator image built from the `Dockerfile` with the real
 //! vCluster chart at its shipped path, `helm install` of `charts/platform-operator` pinned to
 //! that image's digest, and the stand-in `@di-framework/platform` served by a local npm registry
-//! relayed into the node's network namespace. Used by the demo (`local-cluster up`) and by the
-//! real-vCluster tests.
+//! relayed into the node's network namespace. Used by the demo (`local-cluster up`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
