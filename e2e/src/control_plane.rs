@@ -46,6 +46,11 @@ pub struct Options {
     /// it. Needs root and the Debian packages [`crate::real_node::DEBIAN_PACKAGES`]; off by
     /// default.
     pub real_node: bool,
+    /// Import into the real node what the controller's Jobs and its stand-in vCluster's pods run
+    /// ([`crate::images::JobImages`], built while the control plane starts): the operator image
+    /// by digest ([`ControlPlane::operator_image`]) and the stand-in vCluster chart's images.
+    /// Off by default.
+    pub job_images: bool,
     /// Give the real node a cluster DNS ([`crate::cluster_dns`]: CoreDNS serving
     /// `cluster.local` only, at [`crate::real_node::CLUSTER_DNS_IP`]); needs the real vCluster's
     /// tools (`e2e/tools/build.sh vcluster`) for its image. Off by default.
@@ -62,6 +67,7 @@ impl Options {
             timeout: Duration::from_secs(180),
             sni_slots: 0,
             operator_bin_dir: None,
+            job_images: false,
             node_pods: 1000,
             real_node: false,
             cluster_dns: false,
@@ -108,6 +114,14 @@ impl Options {
         self
     }
 
+    /// Also starts a real node, with the operator image and the stand-in vCluster's images
+    /// imported (see [`Options::job_images`]): the controller's Jobs run there.
+    pub fn real_node_for_jobs(mut self) -> Self {
+        self.real_node = true;
+        self.job_images = true;
+        self
+    }
+
     /// Sets the folder of the binaries the stand-in kubelet (Jobs) runs for the operator image.
     pub fn operator_bin_dir(mut self, dir: PathBuf) -> Self {
         self.operator_bin_dir = Some(dir);
@@ -141,6 +155,7 @@ pub struct ControlPlane {
     processes: Vec<Process>,
     kubelet: Option<crate::standin_kubelet::StandInKubelet>,
     real_node: Option<crate::real_node::RealNode>,
+    operator_image: Option<String>,
     keep: bool,
 }
 
@@ -292,11 +307,15 @@ impl ControlPlane {
             processes: Vec::new(),
             kubelet: None,
             real_node: None,
+            operator_image: None,
             keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
         };
         let mut options = options;
         options.apiserver_args.extend(sni_args);
-        if let Err(e) = cp.boot(&options, &pki, &files).await {
+        // Built (or taken from the cache) while the control plane starts.
+        let images = (options.real_node && options.workloads && options.job_images)
+            .then(|| tokio::task::spawn_blocking(crate::images::job_images));
+        if let Err(e) = cp.boot(&options, &pki, &files, images).await {
             cp.keep = true;
             return Err(HarnessError::Start {
                 message: e.to_string(),
@@ -311,6 +330,7 @@ impl ControlPlane {
         options: &Options,
         pki: &Pki,
         files: &PkiFiles,
+        images: Option<tokio::task::JoinHandle<Result<crate::images::JobImages, HarnessError>>>,
     ) -> Result<(), HarnessError> {
         let deadline = options.timeout;
         // etcd
@@ -435,6 +455,13 @@ impl ControlPlane {
                 node.start(&access, &client, deadline).await?;
                 if options.cluster_dns {
                     crate::cluster_dns::deploy(node, &self.kubeconfig, &self.tools, deadline)?;
+                }
+                if let Some(images) = images {
+                    let images = images
+                        .await
+                        .map_err(|e| HarnessError::Node(format!("building the images: {e}")))??;
+                    node.import_job_images(&images)?;
+                    self.operator_image = Some(images.operator.by_digest());
                 }
             }
         }
@@ -699,6 +726,12 @@ impl ControlPlane {
     /// root; `None` without workloads).
     pub fn host_path(&self, path: &str) -> Option<PathBuf> {
         self.kubelet.as_ref().map(|k| k.host_path(path))
+    }
+
+    /// The operator image on the real node by digest (`<repository>@sha256:…`), what the
+    /// controller's `--cleanup-image` names there, when [`Options::job_images`] imported it.
+    pub fn operator_image(&self) -> Option<&str> {
+        self.operator_image.as_deref()
     }
 
     /// The real node, when [`Options::real_node`] asked for one.

@@ -23,7 +23,7 @@ pub mod tools;
 pub mod webhook;
 
 pub use control_plane::{ControlPlane, Options};
-pub use shared::shared;
+pub use shared::{shared, shared_with_real_node};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
