@@ -34,9 +34,6 @@ pub struct Options {
     /// API server reloads when they change) are filled by the stand-in syncer, one per vCluster
     /// it starts, with exactly the names vCluster would serve.
     pub sni_slots: usize,
-    /// Where the stand-in kubelet (Jobs) finds the operator image's binaries
-    /// ([`crate::standin_kubelet`]); `None`: this workspace's, built when stale.
-    pub operator_bin_dir: Option<PathBuf>,
     /// How many pods the fake node takes (its `pods` capacity; the scheduler leaves the rest
     /// Pending). A real node's kubelet defaults to 110; one fake node stands for a cluster.
     pub node_pods: usize,
@@ -66,7 +63,6 @@ impl Options {
             apiserver_args: Vec::new(),
             timeout: Duration::from_secs(180),
             sni_slots: 0,
-            operator_bin_dir: None,
             job_images: false,
             node_pods: 1000,
             real_node: false,
@@ -122,12 +118,6 @@ impl Options {
         self
     }
 
-    /// Sets the folder of the binaries the stand-in kubelet (Jobs) runs for the operator image.
-    pub fn operator_bin_dir(mut self, dir: PathBuf) -> Self {
-        self.operator_bin_dir = Some(dir);
-        self
-    }
-
     /// Adds kube-apiserver flags.
     pub fn apiserver_args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, args: I) -> Self {
         self.apiserver_args.extend(args.into_iter().map(Into::into));
@@ -153,7 +143,6 @@ pub struct ControlPlane {
     server: String,
     tools: Tools,
     processes: Vec<Process>,
-    kubelet: Option<crate::standin_kubelet::StandInKubelet>,
     real_node: Option<crate::real_node::RealNode>,
     operator_image: Option<String>,
     keep: bool,
@@ -305,7 +294,6 @@ impl ControlPlane {
             server: String::new(),
             tools,
             processes: Vec::new(),
-            kubelet: None,
             real_node: None,
             operator_image: None,
             keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
@@ -439,11 +427,6 @@ impl ControlPlane {
         if options.workloads {
             self.start_workloads(files, &client, deadline, options.node_pods)
                 .await?;
-            self.kubelet = Some(crate::standin_kubelet::StandInKubelet::start(
-                &self.kubeconfig,
-                &self.dir,
-                options.operator_bin_dir.clone(),
-            )?);
             if let Some(node) = self.real_node.as_mut() {
                 taint_kwok_node(&client).await?;
                 let access = crate::real_node::ControlPlaneAccess {
@@ -722,12 +705,6 @@ impl ControlPlane {
         self.keep = true;
     }
 
-    /// Where the node's hostPath `path` lives on this machine (the stand-in kubelet's node
-    /// root; `None` without workloads).
-    pub fn host_path(&self, path: &str) -> Option<PathBuf> {
-        self.kubelet.as_ref().map(|k| k.host_path(path))
-    }
-
     /// The operator image on the real node by digest (`<repository>@sha256:…`), what the
     /// controller's `--cleanup-image` names there, when [`Options::job_images`] imported it.
     pub fn operator_image(&self) -> Option<&str> {
@@ -744,12 +721,10 @@ impl ControlPlane {
         self.real_node.as_mut()
     }
 
-    /// Stops the real node (its processes by pid, its mounts, cgroups and network removed), the
-    /// stand-in kubelet, then every process, newest first: SIGTERM, then SIGKILL after five
-    /// seconds.
+    /// Stops the real node (its processes by pid, its mounts, cgroups and network removed), then
+    /// every process, newest first: SIGTERM, then SIGKILL after five seconds.
     pub fn stop(&mut self) {
         self.real_node.take();
-        self.kubelet.take();
         while let Some(mut p) = self.processes.pop() {
             crate::process::terminate(&mut p.child, Duration::from_secs(5));
         }

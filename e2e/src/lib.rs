@@ -17,7 +17,6 @@ pub mod prometheus;
 pub mod real_node;
 pub mod real_vcluster;
 pub mod shared;
-pub mod standin_kubelet;
 pub mod standin_vcluster;
 pub mod tools;
 pub mod webhook;

@@ -22,8 +22,6 @@ pub struct Shared {
     pub kubectl: PathBuf,
     /// The helm binary.
     pub helm: PathBuf,
-    /// The node's root folder for hostPath volumes (the stand-in kubelet's), with workloads.
-    pub node_root: Option<PathBuf>,
     /// The operator image on its real node by digest, what the controller's `--cleanup-image`
     /// names there ([`ControlPlane::operator_image`]); `None` without a real node, where no
     /// Job's container runs.
@@ -38,7 +36,6 @@ impl ControlPlane {
             dir: self.dir().to_path_buf(),
             kubectl: self.tools().bin("kubectl"),
             helm: self.tools().bin("helm"),
-            node_root: self.host_path("/"),
             operator_image: self.operator_image().map(str::to_string),
         }
     }
@@ -48,14 +45,6 @@ impl Shared {
     /// A new admin client (create one per test: clients belong to the test's runtime).
     pub async fn client(&self) -> Result<kube::Client, HarnessError> {
         crate::control_plane::client_for(&self.kubeconfig).await
-    }
-
-    /// Where the node's hostPath `path` lives on this machine (see
-    /// [`crate::standin_kubelet`]); `None` for a control plane without workloads.
-    pub fn host_path(&self, path: &str) -> Option<PathBuf> {
-        self.node_root
-            .as_deref()
-            .map(|root| crate::standin_kubelet::map_host_path(root, path))
     }
 
     /// A `kubectl` command with the admin kubeconfig.

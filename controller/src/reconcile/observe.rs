@@ -253,7 +253,8 @@ fn program_config(
     kubeconfig: &str,
     client_secret: Option<Result<String, ConfigError>>,
 ) -> Result<ProgramConfig, ConfigError> {
-    let endpoint = program::kubeconfig_server(kubeconfig).ok_or(ConfigError::KubeconfigWithoutServer)?;
+    let endpoint =
+        program::kubeconfig_server(kubeconfig).ok_or(ConfigError::KubeconfigWithoutServer)?;
     Ok(program::program_config(&program::Inputs {
         platform: pi.spec.platform.as_ref(),
         storage_root: format!(
