@@ -36,7 +36,7 @@ await() {
 }
 debian_packages() {
   # One job, so two apt runs never contend for apt's lock.
-  # Chromium for the browser test; for the real node (e2e/src/real_node.rs, lanes 4 and 5) containerd,
+  # Chromium for the browser test; for the real nodes (e2e/src/real_node.rs, lanes 1b, 3, 4 and 5) containerd,
   # runc, the CNI plugins and iptables, and for its images (e2e/src/images.rs) buildah and
   # busybox-static; lua5.4 runs the Argo CD health check (docs/argocd-health.lua) in the
   # controller's tests.
@@ -65,7 +65,7 @@ background verdaccio bash e2e/tools/verdaccio/install.sh
 rust_build() {
   cargo fetch --locked
   cargo test --workspace --locked --no-run
-  # The operator image the real-node lane builds (e2e/src/images.rs) carries release binaries.
+  # The operator image the real nodes run (e2e/src/images.rs) carries release binaries.
   cargo build --release --locked -p controller -p webhook
   cargo clippy --workspace --all-targets --locked -- -D warnings
 }
@@ -117,8 +117,9 @@ step "cargo test (unit, router and end-to-end tests), in six lanes"
 # the longest real-node test, beside lane 4 instead of after it), lane 3 every other test target
 # (found in the workspace's metadata, so a new test file runs without being named here), then the
 # doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
-# one. cargo holds its build lock only while it builds (everything is built above), not while
-# tests run. Each lane's output is printed whole when the lane ends; the run fails if any lane
+# one; the tests that run Jobs (in lanes 1b and 3) start a real node of their own beside it, each
+# in its own network namespace, so several real nodes run at once. cargo holds its build lock only
+# while it builds (everything is built above), not while tests run. Each lane's output is printed whole when the lane ends; the run fails if any lane
 # failed.
 lane_one=(installer)
 # The installer's longest test gets a lane of its own (lane 1b): run in one binary on two threads,

@@ -1,8 +1,10 @@
-//! End-to-end: the controller binary as a process on the local control plane, with the stand-in
-//! vCluster chart (`e2e/standin-vcluster`, named a stand-in: the real chart cannot be fetched
-//! here) and the harness's stand-in syncer, which exports a kubeconfig for a second, real API
-//! server serving exactly the certificate names vCluster would. KWOK makes the control plane
-//! Deployment Ready; the harness's stand-in kubelet (Jobs) runs the cleanup Job's command.
+//! End-to-end: the controller binary as a process on the local control plane with a real node
+//! (`e2e::shared_with_real_node`), with the stand-in vCluster chart (`e2e/standin-vcluster`,
+//! named a stand-in: the real chart cannot be fetched here) and the harness's stand-in syncer,
+//! which exports a kubeconfig for a second, real API server serving exactly the certificate names
+//! vCluster would. The control plane's pod runs on the real node (its `storage-owner` init
+//! container from the operator image built from the Dockerfile, its hostPath storage a folder of
+//! the test), and so does the cleanup Job.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -37,7 +39,7 @@ fn bound_volume(cluster: &Shared, host: &str, pv: &str) {
 /// `retained-volumes.json`; with `Delete`, and for volumes bound elsewhere, nothing changes.
 #[tokio::test]
 async fn retain_keeps_the_volumes_bound_in_the_host_namespace() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "volumes").await;
     let team = cluster.create_namespace("vols", &[]).expect("namespace");
@@ -134,7 +136,7 @@ async fn retain_keeps_the_volumes_bound_in_the_host_namespace() {
 /// instance's (another UID) is never taken: the instance gets this release's name.
 #[tokio::test]
 async fn an_instance_of_an_earlier_release_keeps_its_host_namespace_and_storage() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "legacy").await;
     let team = cluster.create_namespace("legacy", &[]).expect("namespace");
@@ -222,7 +224,7 @@ async fn an_instance_of_an_earlier_release_keeps_its_host_namespace_and_storage(
 
 #[tokio::test]
 async fn instances_provision_and_delete_as_their_policy_says() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "main").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");
@@ -508,7 +510,7 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     );
 
     // Retain keeps the storage and state directories; Delete removes them with a cleanup Job
-    // that the stand-in kubelet (Jobs) really runs: `controller cleanup` from the operator image.
+    // that runs on the real node: `controller cleanup` from the operator image.
     let state = fx.dir.join("state").join(&team);
     for name in ["kept", "gone"] {
         std::fs::create_dir_all(state.join(name)).expect("state dir");
@@ -520,9 +522,10 @@ async fn instances_provision_and_delete_as_their_policy_says() {
             .expect("host")
             .to_string();
     let storage = Storage::new(&cluster, &fx);
-    // The kubelet created each vCluster's hostPath (DirectoryOrCreate) on the node: its storage
-    // directory, keyed by the whole digest of `<ns>/<name>`. The data vCluster would write there,
-    // a link out of it and the Retain instance's directory beside.
+    // The kubelet created each vCluster's hostPath (DirectoryOrCreate) on the node, and its
+    // init container claimed it: its storage directory, keyed by the whole digest of
+    // `<ns>/<name>`. The data vCluster would write there, a link out of it and the Retain
+    // instance's directory beside.
     let dir_of = |name: &str, host: &str| common::names::storage_dir(&team, name, host);
     let gone_dir = storage.instance(&dir_of("gone", &gone_host));
     let kept_dir = storage.instance(&dir_of("kept", &host));
@@ -531,9 +534,9 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     }
     storage.fill(&gone_dir);
     std::fs::write(kept_dir.join("data.db"), "kept").expect("neighbour data");
-    // Issue 30, item 1: the owner marker of "taken"'s directory names another instance (its
-    // control plane's init container would have refused it; KWOK runs none): its cleanup
-    // removes nothing and the instance says whose the directory is.
+    // Issue 30, item 1: the owner marker of "taken"'s directory now names another instance (as
+    // if another had taken it over after its control plane started): its cleanup removes
+    // nothing and the instance says whose the directory is.
     let taken = get(&cluster, &["-n", &team, "get", "pi", "taken"]).expect("pi");
     let taken_host = taken["status"]["hostNamespace"].as_str().expect("host");
     let taken_dir = storage.instance(&dir_of("taken", taken_host));
@@ -649,7 +652,7 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     );
     assert_eq!(
         job["spec"]["template"]["spec"]["nodeName"],
-        e2e::control_plane::NODE_NAME,
+        e2e::real_node::NODE_NAME,
         "pinned to the node the vCluster ran on"
     );
     assert_eq!(
@@ -660,22 +663,12 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         get(&cluster, &["-n", &fx.operator_ns, "get", "job", &host]).is_none(),
         "Retain runs no cleanup"
     );
-    drop(controller);
 
-    // A cleanup image that cannot run the command (BusyBox's rm has no --one-file-system; the
-    // stand-in kubelet runs no image but the operator's) fails the Job: the instance stalls with
-    // CleanupFailed, keeps its finalizer and its storage.
-    let controller = Controller::start(
-        &cluster,
-        &fx,
-        &[
-            "--leader-elect=false",
-            "--watch-namespace",
-            &team,
-            "--cleanup-image=busybox:1.37",
-            "--cleanup-backoff-limit=0",
-        ],
-    );
+    // A cleanup image that cannot run the command (the busybox image on the node has no
+    // /usr/local/bin/controller, so its container cannot start) fails the Job: the instance
+    // stalls with CleanupFailed, keeps its finalizer and its storage. The instance comes up with
+    // the operator image (its control plane's init container runs it too); a controller with
+    // the busybox image as its cleanup image then deletes it.
     cluster
         .kubectl_ok(
             &["apply", "--server-side", "-f", "-"],
@@ -696,12 +689,24 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     let stuck_dir = storage.instance(&common::names::storage_dir(&team, "stuck", &stuck_host));
     assert!(stuck_dir.is_dir(), "{}", stuck_dir.display());
     std::fs::write(stuck_dir.join("data.db"), "still here").expect("data");
+    drop(controller);
     cluster
         .kubectl_ok(
             &["-n", &team, "delete", "pi", "stuck", "--wait=false"],
             None,
         )
         .expect("delete");
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--watch-namespace",
+            &team,
+            &format!("--cleanup-image={}", e2e::images::BUSYBOX_IMAGE),
+            "--cleanup-backoff-limit=0",
+        ],
+    );
     wait_for(
         "stuck to stall with CleanupFailed",
         Duration::from_secs(120),
@@ -735,8 +740,9 @@ async fn instances_provision_and_delete_as_their_policy_says() {
     support::release_finalizer(&cluster, &team, "stuck");
 }
 
-/// The node's storage root as the stand-in kubelet (Jobs) maps it, with a link out of an
-/// instance's directory and a file outside that the cleanup must not touch.
+/// The node's storage root (`--storage-root-base`, a folder of the test on this machine, which
+/// the real node's hostPath volumes mount), with a link out of an instance's directory and a file
+/// outside that the cleanup must not touch.
 struct Storage {
     root: std::path::PathBuf,
     outside: std::path::PathBuf,
@@ -744,10 +750,11 @@ struct Storage {
 
 impl Storage {
     fn new(cluster: &Shared, fx: &support::Fixture) -> Self {
-        let base = fx.dir.join("storage");
-        let root = cluster
-            .host_path(&base.display().to_string())
-            .expect("the control plane has a node");
+        assert!(
+            cluster.operator_image.is_some(),
+            "the control plane has a real node"
+        );
+        let root = fx.dir.join("storage");
         let outside = fx.dir.join("outside-storage");
         std::fs::create_dir_all(&outside).expect("outside");
         std::fs::write(outside.join("precious"), "keep").expect("precious");
@@ -797,7 +804,7 @@ fn job_pod_exit(cluster: &Shared, ns: &str, job: &str) -> Option<(i64, String)> 
 
 #[tokio::test]
 async fn a_chart_digest_mismatch_stops_the_controller() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     let dir =
         e2e::control_plane::base_dir().join(format!("controller-digest-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -818,11 +825,7 @@ async fn a_chart_digest_mismatch_stops_the_controller() {
             &format!("sha256:{}", "0".repeat(64)),
             "--metrics-bind-address",
             "127.0.0.1:0",
-            &format!(
-                "--cleanup-image={}@{}",
-                e2e::standin_kubelet::KNOWN_IMAGE,
-                e2e::chart::TEST_DIGEST
-            ),
+            &format!("--cleanup-image={}", e2e::chart::TEST_IMAGE),
         ])
         .output()
         .expect("runs");
@@ -1154,7 +1157,7 @@ fn uid_of(cluster: &Shared, ns: &str, kind: &str, name: &str) -> Option<String> 
 
 #[tokio::test]
 async fn a_chart_upgrade_keeps_what_vcluster_synced_and_never_runs_two_control_planes() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "upgrade").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");
@@ -1461,7 +1464,7 @@ async fn woken_by_its_watch(
 /// polls), and advances at once when the kubeconfig is exported / the Deployment is available.
 #[tokio::test]
 async fn waits_for_the_kubeconfig_and_the_control_plane_are_woken_by_their_watches() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "watched").await;
     let team = cluster.create_namespace("watched", &[]).expect("namespace");

@@ -233,7 +233,8 @@ fn is_ready(pi: &Value, version: &str) -> bool {
 
 #[tokio::test]
 async fn installs_upgrades_fails_times_out_and_repairs_drift() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    // Its Delete instance's cleanup Job runs on the real node.
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let registry = e2e::npm::shared().expect("npm registry");
     let fx = fixture(&cluster, "installer").await;

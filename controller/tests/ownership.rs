@@ -1,7 +1,7 @@
 //! End-to-end, issue 15: nothing of another's is touched and nothing wedges. The controller
 //! binary on the local control plane (real kube-apiserver, etcd, controller-manager with its Job
-//! and quota controllers, KWOK nodes that run the cleanup Job's pod to completion), the stand-in
-//! vCluster chart and syncer of `support`. Each part injects one fault and checks what survives:
+//! and quota controllers, a real node that runs the control planes' pods and the cleanup Jobs'
+//! pods in real containers), the stand-in vCluster chart and syncer of `support`. Each part injects one fault and checks what survives:
 //!
 //! - a Secret `<name>-kubeconfig` somebody else made is neither overwritten nor deleted;
 //! - a host namespace another instance's annotation names, and one somebody made without any
@@ -100,7 +100,7 @@ async fn serving(
 
 #[tokio::test]
 async fn nothing_of_another_is_touched_and_nothing_wedges() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "ownership").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");

@@ -23,10 +23,15 @@ pub fn vendored_vcluster_chart() -> PathBuf {
     crate::repo_root().join("../shared/vendor/vcluster/vcluster-0.37.0-rc.1.tgz")
 }
 
-/// A digest for the operator image in tests: nothing pulls it (the stand-in kubelet (Jobs) runs
-/// this workspace's binaries for it).
+/// A digest for the operator image in tests that only render the chart or run no container
+/// of it (on KWOK): no image has it, so a real node could never run it. Tests on a real node use
+/// the digest of the image built from the `Dockerfile` ([`crate::images::operator`]).
 pub const TEST_DIGEST: &str =
     "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+/// The chart's operator image (`image.repository`) at [`TEST_DIGEST`]: the controller's
+/// `--cleanup-image` on a control plane without a real node, where no Job's container runs.
+pub const TEST_IMAGE: &str = "ghcr.io/di-framework/platform-operator@sha256:1111111111111111111111111111111111111111111111111111111111111111";
 
 /// The helm binary built by `e2e/tools/build.sh`, optionally aimed at a control plane.
 #[derive(Debug, Clone)]
@@ -207,9 +212,7 @@ pub fn controller_vcluster_values() -> (String, String) {
     let out = Command::new(controller)
         .args(["--print-vcluster-values", "team-a/one"])
         .args(["--storage-root-base", "/var/lib/kubesolo/instances"])
-        .arg(format!(
-            "--cleanup-image=ghcr.io/di-framework/platform-operator@{TEST_DIGEST}"
-        ))
+        .arg(format!("--cleanup-image={TEST_IMAGE}"))
         .output()
         .expect("controller");
     assert!(
@@ -351,25 +354,6 @@ pub fn operator_binaries() -> Result<(PathBuf, PathBuf), String> {
         .clone()
 }
 
-/// `name` (`controller` or `webhook`) in this workspace's target folder (beside the running
-/// test's), if it was built after every source it is built from (`common`, its own crate,
-/// `Cargo.lock`); `None` when missing or older ([`operator_binaries`] builds it then).
-pub fn fresh_operator_binary(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let root = crate::repo_root();
-    let built = [exe.parent()?, exe.parent()?.parent()?]
-        .into_iter()
-        .map(|d| d.join(name))
-        .find(|b| b.is_file())?;
-    let modified = std::fs::metadata(&built).and_then(|m| m.modified()).ok()?;
-    let newest_source = ["common", name]
-        .iter()
-        .filter_map(|c| newest(&root.join(c).join("src")))
-        .chain(newest(&root.join("Cargo.lock")))
-        .max()?;
-    (modified >= newest_source).then_some(built)
-}
-
 /// The newest modification time of any file under `path`.
 fn newest(path: &Path) -> Option<std::time::SystemTime> {
     let meta = std::fs::metadata(path).ok()?;
@@ -411,4 +395,15 @@ spec:
     kubectl.args(["apply", "-f", "-"]);
     crate::cmd::run(kubectl, Some(&pv))?.ok("kubectl apply of the state volume")?;
     Ok(volume)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_test_image_is_the_charts_repository_at_the_test_digest() {
+        let repository = crate::images::chart_repository().expect("image.repository");
+        assert_eq!(TEST_IMAGE, format!("{repository}@{TEST_DIGEST}"));
+    }
 }

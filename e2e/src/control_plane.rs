@@ -34,9 +34,6 @@ pub struct Options {
     /// API server reloads when they change) are filled by the stand-in syncer, one per vCluster
     /// it starts, with exactly the names vCluster would serve.
     pub sni_slots: usize,
-    /// Where the stand-in kubelet (Jobs) finds the operator image's binaries
-    /// ([`crate::standin_kubelet`]); `None`: this workspace's, built when stale.
-    pub operator_bin_dir: Option<PathBuf>,
     /// How many pods the fake node takes (its `pods` capacity; the scheduler leaves the rest
     /// Pending). A real node's kubelet defaults to 110; one fake node stands for a cluster.
     pub node_pods: usize,
@@ -46,6 +43,11 @@ pub struct Options {
     /// it. Needs root and the Debian packages [`crate::real_node::DEBIAN_PACKAGES`]; off by
     /// default.
     pub real_node: bool,
+    /// Import into the real node what the controller's Jobs and its stand-in vCluster's pods run
+    /// ([`crate::images::JobImages`], built while the control plane starts): the operator image
+    /// by digest ([`ControlPlane::operator_image`]) and the stand-in vCluster chart's images.
+    /// Off by default.
+    pub job_images: bool,
     /// Give the real node a cluster DNS ([`crate::cluster_dns`]: CoreDNS serving
     /// `cluster.local` only, at [`crate::real_node::CLUSTER_DNS_IP`]); needs the real vCluster's
     /// tools (`e2e/tools/build.sh vcluster`) for its image. Off by default.
@@ -61,7 +63,7 @@ impl Options {
             apiserver_args: Vec::new(),
             timeout: Duration::from_secs(180),
             sni_slots: 0,
-            operator_bin_dir: None,
+            job_images: false,
             node_pods: 1000,
             real_node: false,
             cluster_dns: false,
@@ -108,9 +110,11 @@ impl Options {
         self
     }
 
-    /// Sets the folder of the binaries the stand-in kubelet (Jobs) runs for the operator image.
-    pub fn operator_bin_dir(mut self, dir: PathBuf) -> Self {
-        self.operator_bin_dir = Some(dir);
+    /// Also starts a real node, with the operator image and the stand-in vCluster's images
+    /// imported (see [`Options::job_images`]): the controller's Jobs run there.
+    pub fn real_node_for_jobs(mut self) -> Self {
+        self.real_node = true;
+        self.job_images = true;
         self
     }
 
@@ -139,8 +143,8 @@ pub struct ControlPlane {
     server: String,
     tools: Tools,
     processes: Vec<Process>,
-    kubelet: Option<crate::standin_kubelet::StandInKubelet>,
     real_node: Option<crate::real_node::RealNode>,
+    operator_image: Option<String>,
     keep: bool,
 }
 
@@ -290,13 +294,16 @@ impl ControlPlane {
             server: String::new(),
             tools,
             processes: Vec::new(),
-            kubelet: None,
             real_node: None,
+            operator_image: None,
             keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
         };
         let mut options = options;
         options.apiserver_args.extend(sni_args);
-        if let Err(e) = cp.boot(&options, &pki, &files).await {
+        // Built (or taken from the cache) while the control plane starts.
+        let images = (options.real_node && options.workloads && options.job_images)
+            .then(|| tokio::task::spawn_blocking(crate::images::job_images));
+        if let Err(e) = cp.boot(&options, &pki, &files, images).await {
             cp.keep = true;
             return Err(HarnessError::Start {
                 message: e.to_string(),
@@ -311,6 +318,7 @@ impl ControlPlane {
         options: &Options,
         pki: &Pki,
         files: &PkiFiles,
+        images: Option<tokio::task::JoinHandle<Result<crate::images::JobImages, HarnessError>>>,
     ) -> Result<(), HarnessError> {
         let deadline = options.timeout;
         // etcd
@@ -419,11 +427,6 @@ impl ControlPlane {
         if options.workloads {
             self.start_workloads(files, &client, deadline, options.node_pods)
                 .await?;
-            self.kubelet = Some(crate::standin_kubelet::StandInKubelet::start(
-                &self.kubeconfig,
-                &self.dir,
-                options.operator_bin_dir.clone(),
-            )?);
             if let Some(node) = self.real_node.as_mut() {
                 taint_kwok_node(&client).await?;
                 let access = crate::real_node::ControlPlaneAccess {
@@ -435,6 +438,13 @@ impl ControlPlane {
                 node.start(&access, &client, deadline).await?;
                 if options.cluster_dns {
                     crate::cluster_dns::deploy(node, &self.kubeconfig, &self.tools, deadline)?;
+                }
+                if let Some(images) = images {
+                    let images = images
+                        .await
+                        .map_err(|e| HarnessError::Node(format!("building the images: {e}")))??;
+                    node.import_job_images(&images)?;
+                    self.operator_image = Some(images.operator.by_digest());
                 }
             }
         }
@@ -695,10 +705,10 @@ impl ControlPlane {
         self.keep = true;
     }
 
-    /// Where the node's hostPath `path` lives on this machine (the stand-in kubelet's node
-    /// root; `None` without workloads).
-    pub fn host_path(&self, path: &str) -> Option<PathBuf> {
-        self.kubelet.as_ref().map(|k| k.host_path(path))
+    /// The operator image on the real node by digest (`<repository>@sha256:…`), what the
+    /// controller's `--cleanup-image` names there, when [`Options::job_images`] imported it.
+    pub fn operator_image(&self) -> Option<&str> {
+        self.operator_image.as_deref()
     }
 
     /// The real node, when [`Options::real_node`] asked for one.
@@ -711,12 +721,10 @@ impl ControlPlane {
         self.real_node.as_mut()
     }
 
-    /// Stops the real node (its processes by pid, its mounts, cgroups and network removed), the
-    /// stand-in kubelet, then every process, newest first: SIGTERM, then SIGKILL after five
-    /// seconds.
+    /// Stops the real node (its processes by pid, its mounts, cgroups and network removed), then
+    /// every process, newest first: SIGTERM, then SIGKILL after five seconds.
     pub fn stop(&mut self) {
         self.real_node.take();
-        self.kubelet.take();
         while let Some(mut p) = self.processes.pop() {
             crate::process::terminate(&mut p.child, Duration::from_secs(5));
         }

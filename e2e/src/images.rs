@@ -8,7 +8,9 @@
 //! - the operator image ([`operator`]): the project's `Dockerfile` followed instruction by
 //!   instruction on a tree assembled from Debian packages and the test build's binaries, nothing
 //!   pulled and nothing run inside it (docs/development.md lists how it differs from the
-//!   published image).
+//!   published image);
+//! - [`JobImages`]: what the controller's Jobs and its stand-in vCluster's pods run on a real
+//!   node, the operator image and the pause program under the stand-in chart's image names.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -95,12 +97,24 @@ pub fn build(spec: &ImageSpec) -> Result<BuiltImage, HarnessError> {
     std::fs::create_dir_all(&dir).map_err(|e| HarnessError::io(&dir, e))?;
     let archive = dir.join(format!("{slug}-{key}.tar"));
     let digest_file = dir.join(format!("{slug}-{key}.digest"));
-    if let (true, Ok(digest)) = (archive.exists(), std::fs::read_to_string(&digest_file)) {
-        return Ok(BuiltImage {
+    let cached = || -> Option<BuiltImage> {
+        let digest = std::fs::read_to_string(&digest_file).ok()?;
+        archive.exists().then(|| BuiltImage {
             name: spec.name.clone(),
-            archive,
+            archive: archive.clone(),
             digest: digest.trim().to_string(),
-        });
+        })
+    };
+    if let Some(image) = cached() {
+        return Ok(image);
+    }
+    // Test processes running side by side may need the same image: one builds it, the others
+    // wait for its lock and take it from the cache.
+    let lock_path = dir.join(format!("{slug}-{key}.lock"));
+    let lock = std::fs::File::create(&lock_path).map_err(|e| HarnessError::io(&lock_path, e))?;
+    lock.lock().map_err(|e| HarnessError::io(&lock_path, e))?;
+    if let Some(image) = cached() {
+        return Ok(image);
     }
     let work = dir.join(format!(
         "work-{}-{}",
@@ -318,6 +332,12 @@ pub(crate) fn write(path: &Path, text: &str) -> Result<(), HarnessError> {
 /// The pause image: our own `e2e/images/pause.c`, compiled statically with the machine's C
 /// compiler.
 pub fn pause() -> Result<BuiltImage, HarnessError> {
+    pause_named(PAUSE_IMAGE)
+}
+
+/// The pause program ([`pause`]) as the image `name`: a process that does nothing until it is
+/// stopped, and exits at once on SIGTERM.
+pub fn pause_named(name: &str) -> Result<BuiltImage, HarnessError> {
     let tree = scratch("pause")?;
     let result = (|| {
         let source = crate::repo_root().join("e2e/images/pause.c");
@@ -328,7 +348,7 @@ pub fn pause() -> Result<BuiltImage, HarnessError> {
             .arg(&source);
         crate::cmd::run(cc, None)?.ok("cc -static e2e/images/pause.c")?;
         build(&ImageSpec {
-            name: PAUSE_IMAGE.into(),
+            name: name.into(),
             rootfs: tree.clone(),
             entrypoint: vec!["/pause".into()],
             user: Some("65535:65535".into()),
@@ -394,6 +414,34 @@ pub(crate) fn busybox_tree(tree: &Path) -> Result<(), HarnessError> {
 /// The images every real node imports: pause and busybox.
 pub fn test_images() -> Result<Vec<BuiltImage>, HarnessError> {
     Ok(vec![pause()?, busybox()?])
+}
+
+/// What the controller's Jobs and its stand-in vCluster's pods run on a real node.
+#[derive(Debug, Clone)]
+pub struct JobImages {
+    /// The operator image built from the `Dockerfile` ([`operator`] of
+    /// [`OperatorInputs::for_tests`]): the storage cleanup Jobs and each vCluster control plane's
+    /// `storage-owner` init container run it, referred to by digest.
+    pub operator: BuiltImage,
+    /// The stand-in vCluster chart's control plane images
+    /// ([`crate::standin_vcluster::control_plane_images`]), referred to by name.
+    pub standin_vcluster: Vec<BuiltImage>,
+}
+
+/// Builds the [`JobImages`] (or takes them from the cache), once per test process.
+pub fn job_images() -> Result<JobImages, HarnessError> {
+    static BUILT: std::sync::OnceLock<Result<JobImages, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let inputs = OperatorInputs::for_tests().map_err(|e| e.to_string())?;
+            Ok(JobImages {
+                operator: operator(&inputs).map_err(|e| format!("the operator image: {e}"))?,
+                standin_vcluster: crate::standin_vcluster::control_plane_images()
+                    .map_err(|e| format!("the stand-in vCluster's images: {e}"))?,
+            })
+        })
+        .clone()
+        .map_err(HarnessError::Node)
 }
 
 /// The tag the operator image carries beside its digest (the chart pins it by digest only).

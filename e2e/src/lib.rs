@@ -17,13 +17,12 @@ pub mod prometheus;
 pub mod real_node;
 pub mod real_vcluster;
 pub mod shared;
-pub mod standin_kubelet;
 pub mod standin_vcluster;
 pub mod tools;
 pub mod webhook;
 
 pub use control_plane::{ControlPlane, Options};
-pub use shared::shared;
+pub use shared::{shared, shared_with_real_node};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

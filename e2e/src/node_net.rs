@@ -141,8 +141,13 @@ impl NetnsHandle {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = run_ip(&["netns", "del", &self.name]);
+        delete_netns(&self.name);
     }
+}
+
+/// Deletes the network namespace `name` (with its devices and rules), if it exists.
+pub fn delete_netns(name: &str) {
+    let _ = run_ip(&["netns", "del", name]);
 }
 
 fn ip_binary() -> PathBuf {

@@ -101,6 +101,77 @@ where
     }
 }
 
+/// As [`keep_for_process`], and the fixture is dropped when the test process exits (an `atexit`
+/// handler asks the keeper thread to drop it and waits up to a minute), for a fixture whose
+/// drop removes what a parent-death signal would leave (a real node's containers, mounts,
+/// cgroups and network namespace). A process killed by a signal runs no handler:
+/// [`crate::real_node::sweep_ended`] removes what it left, at the next real node's start.
+pub fn keep_until_exit<T, H>(
+    name: &str,
+    start: impl FnOnce() -> Result<T, String> + Send + 'static,
+    handle: impl FnOnce(&T) -> H + Send + 'static,
+) -> Result<H, String>
+where
+    H: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || match start() {
+            Ok(fixture) => {
+                let _ = tx.send(Ok(handle(&fixture)));
+                // Until the process exits (or the handler is gone).
+                let _ = stopped.recv();
+                drop(fixture);
+                let _ = done.send(());
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        });
+    if let Err(e) = spawned {
+        return Err(e.to_string());
+    }
+    AT_EXIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((stop, finished));
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(register_at_exit);
+    rx.recv().unwrap_or_else(|e| Err(e.to_string()))
+}
+
+#[allow(unsafe_code)]
+fn register_at_exit() {
+    // SAFETY: atexit(3) with a function that never unwinds (it catches panics).
+    unsafe {
+        libc::atexit(drop_kept_fixtures);
+    }
+}
+
+type Kept = (std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>);
+
+/// The fixtures [`keep_until_exit`] keeps: how to stop each, and how to hear that it stopped.
+static AT_EXIT: std::sync::Mutex<Vec<Kept>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn drop_kept_fixtures() {
+    let _ = std::panic::catch_unwind(|| {
+        let kept = std::mem::take(
+            &mut *AT_EXIT
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for (stop, _) in &kept {
+            let _ = stop.send(());
+        }
+        for (_, finished) in kept {
+            let _ = finished.recv_timeout(Duration::from_secs(60));
+        }
+    });
+}
+
 /// Runs the future `make` builds on a new thread named `name`, with a current-thread runtime of
 /// its own, so that a test blocking on kubectl does not stall it.
 pub fn spawn_on_own_runtime<F, Fut>(

@@ -211,6 +211,7 @@ impl RealNode {
     /// dials through the egress proxy this creates). `dir` is the node's own folder.
     pub fn prepare(dir: &Path) -> Result<Self, HarnessError> {
         let machine = Machine::inspect()?;
+        sweep_ended(&crate::control_plane::base_dir());
         std::fs::create_dir_all(dir).map_err(|e| HarnessError::io(dir, e))?;
         let network = NodeNetwork::create(dir)?;
         let cgroup_root = network.netns().name().to_string();
@@ -407,6 +408,9 @@ impl RealNode {
                 format!("--config={}", kubelet_config.display()),
                 format!("--kubeconfig={}", kubelet_kc.display()),
                 format!("--root-dir={}", self.dir.join("kubelet").display()),
+                // Its self-signed serving certificate in the node's folder, not in
+                // /var/lib/kubelet/pki, which every node on the machine would share.
+                format!("--cert-dir={}", self.dir.join("kubelet/pki").display()),
                 format!("--hostname-override={NODE_NAME}"),
                 format!("--node-ip={NODE_IP}"),
                 "--v=1".into(),
@@ -466,6 +470,17 @@ impl RealNode {
                     "{name} is not in containerd after importing {path}: {names}"
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Imports what the controller's Jobs and its stand-in vCluster's pods run
+    /// ([`crate::images::JobImages`]): the operator image by name and digest, the stand-in
+    /// vCluster's images by name.
+    pub fn import_job_images(&self, images: &crate::images::JobImages) -> Result<(), HarnessError> {
+        self.import_by_digest(&images.operator)?;
+        for image in &images.standin_vcluster {
+            self.import(&image.archive)?;
         }
         Ok(())
     }
@@ -787,29 +802,7 @@ oom_score = 0
     /// Kills the shims of this node's containerd (found by its socket in their arguments) and
     /// every process left in the node's cgroups.
     fn kill_leftovers(&self) {
-        let socket = self.containerd_socket().display().to_string();
-        let mut pids: Vec<i32> = Vec::new();
-        if let Ok(entries) = std::fs::read_dir("/proc") {
-            for entry in entries.filter_map(Result::ok) {
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|s| s.parse::<i32>().ok())
-                else {
-                    continue;
-                };
-                let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-                    continue;
-                };
-                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-                let is_shim = args
-                    .first()
-                    .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
-                if is_shim && args.contains(&socket.as_bytes()) {
-                    pids.push(pid);
-                }
-            }
-        }
+        let mut pids = shims_of(&self.containerd_socket());
         for hierarchy in &self.machine.cgroup_v1 {
             collect_cgroup_pids(&hierarchy.join(&self.cgroup_root), &mut pids);
         }
@@ -821,16 +814,100 @@ oom_score = 0
     }
 
     fn remove_cgroups(&self) {
-        for hierarchy in &self.machine.cgroup_v1 {
-            let root = hierarchy.join(&self.cgroup_root);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while root.exists() && Instant::now() < deadline {
-                remove_cgroup_tree(&root);
-                if root.exists() {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+        remove_cgroups(&self.machine.cgroup_v1, &self.cgroup_root);
+    }
+}
+
+/// The containerd shims started by the containerd at `socket` (its address is in their
+/// arguments).
+fn shims_of(socket: &Path) -> Vec<i32> {
+    let socket = socket.display().to_string();
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_shim = args
+            .first()
+            .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+        if is_shim && args.contains(&socket.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Removes the cgroup `name` (and its children) from each of `hierarchies`, retrying for up to
+/// five seconds while killed processes leave it.
+fn remove_cgroups(hierarchies: &[PathBuf], name: &str) {
+    for hierarchy in hierarchies {
+        let root = hierarchy.join(name);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while root.exists() && Instant::now() < deadline {
+            remove_cgroup_tree(&root);
+            if root.exists() {
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes what the real nodes of test processes that ended without stopping them (killed, or
+/// a shared control plane whose process was) left behind: under `base` (the control planes'
+/// folders, `<name>-<pid>-<time>`), the shims of their containerd and every mount; then the
+/// cgroups and network namespaces (`po-<pid>-<n>`) of those processes. Their folders stay, for
+/// whoever owns them; a process that still runs is never touched.
+pub fn sweep_ended(base: &Path) {
+    if let Ok(entries) = std::fs::read_dir(base) {
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+            let node = entry.path().join("node");
+            if pid.is_some_and(|p| !alive(p)) && node.is_dir() {
+                for shim in shims_of(&node.join("containerd.sock")) {
+                    kill(shim);
+                }
+                unmount_under(&entry.path());
+            }
+        }
+    }
+    let Ok(namespaces) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    let hierarchies = cgroup_v1_hierarchies();
+    for entry in namespaces.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("po-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_none_or(alive) {
+            continue;
+        }
+        let mut pids = Vec::new();
+        for hierarchy in &hierarchies {
+            collect_cgroup_pids(&hierarchy.join(&name), &mut pids);
+        }
+        for pid in pids {
+            kill(pid);
+        }
+        remove_cgroups(&hierarchies, &name);
+        crate::node_net::delete_netns(&name);
     }
 }
 

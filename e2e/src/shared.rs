@@ -1,4 +1,6 @@
-//! One control plane shared by every test of a test binary, started on first use.
+//! One control plane shared by every test of a test binary, started on first use: [`shared`]
+//! with the KWOK node only, or [`shared_with_real_node`] with a real node beside it for the test
+//! binaries whose tests run Jobs.
 //!
 //! It is started and owned by a keeper thread that lives until the test process exits, so its
 //! processes (spawned with a parent-death signal) end with the process, whatever the tests did.
@@ -20,8 +22,10 @@ pub struct Shared {
     pub kubectl: PathBuf,
     /// The helm binary.
     pub helm: PathBuf,
-    /// The node's root folder for hostPath volumes (the stand-in kubelet's), with workloads.
-    pub node_root: Option<PathBuf>,
+    /// The operator image on its real node by digest, what the controller's `--cleanup-image`
+    /// names there ([`ControlPlane::operator_image`]); `None` without a real node, where no
+    /// Job's container runs.
+    pub operator_image: Option<String>,
 }
 
 impl ControlPlane {
@@ -32,7 +36,7 @@ impl ControlPlane {
             dir: self.dir().to_path_buf(),
             kubectl: self.tools().bin("kubectl"),
             helm: self.tools().bin("helm"),
-            node_root: self.host_path("/"),
+            operator_image: self.operator_image().map(str::to_string),
         }
     }
 }
@@ -41,14 +45,6 @@ impl Shared {
     /// A new admin client (create one per test: clients belong to the test's runtime).
     pub async fn client(&self) -> Result<kube::Client, HarnessError> {
         crate::control_plane::client_for(&self.kubeconfig).await
-    }
-
-    /// Where the node's hostPath `path` lives on this machine (see
-    /// [`crate::standin_kubelet`]); `None` for a control plane without workloads.
-    pub fn host_path(&self, path: &str) -> Option<PathBuf> {
-        self.node_root
-            .as_deref()
-            .map(|root| crate::standin_kubelet::map_host_path(root, path))
     }
 
     /// A `kubectl` command with the admin kubeconfig.
@@ -130,6 +126,7 @@ impl Shared {
 }
 
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+static SHARED_WITH_REAL_NODE: OnceLock<Result<Shared, String>> = OnceLock::new();
 
 /// The shared control plane, started on first call. Blocks while it starts.
 pub fn shared() -> Result<Shared, String> {
@@ -149,6 +146,45 @@ pub fn shared() -> Result<Shared, String> {
                     cp.keep_files();
                     eprintln!(
                         "shared control plane at {} (files in {})",
+                        cp.server(),
+                        cp.dir().display()
+                    );
+                    Ok(cp)
+                },
+                ControlPlane::handle,
+            )
+        })
+        .clone()
+}
+
+/// The shared control plane with a real node beside the KWOK node
+/// ([`Options::real_node_for_jobs`]), started on first call (blocks while it starts): every Job,
+/// and every pod that does not tolerate the KWOK node, runs there in real containers, hostPath
+/// volumes are this machine's folders, and the operator image is imported by digest
+/// ([`Shared::operator_image`]). It is stopped when the test process exits (its node's
+/// containers, mounts, cgroups and network namespace removed), its folder kept for the logs.
+pub fn shared_with_real_node() -> Result<Shared, String> {
+    SHARED_WITH_REAL_NODE
+        .get_or_init(|| {
+            let base = crate::control_plane::base_dir();
+            // What killed test processes' nodes left first, so that their folders can go.
+            crate::real_node::sweep_ended(&base);
+            crate::process::sweep_ended(&base, "shared-node-");
+            crate::process::keep_until_exit(
+                "control-plane-keeper",
+                || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    let mut cp = runtime
+                        .block_on(ControlPlane::start(
+                            Options::new("shared-node").real_node_for_jobs(),
+                        ))
+                        .map_err(|e| e.to_string())?;
+                    cp.keep_files();
+                    eprintln!(
+                        "shared control plane with a real node at {} (files in {})",
                         cp.server(),
                         cp.dir().display()
                     );

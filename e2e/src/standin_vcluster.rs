@@ -1,7 +1,7 @@
-//! STAND-IN for the vCluster syncer, for the end-to-end tests: the real vCluster image cannot run
-//! here (KWOK runs no containers), so the harness does what the syncer does at start-up and while
-//! it runs, for each release of the stand-in chart (`e2e/standin-vcluster`, see its
-//! `STANDIN.md`):
+//! STAND-IN for the vCluster syncer, for the end-to-end tests: the real vCluster image does not
+//! run on KWOK, and on a real node its pod runs the pause program ([`control_plane_images`]), so
+//! the harness does what the syncer does at start-up and while it runs, for each release of the
+//! stand-in chart (`e2e/standin-vcluster`, see its `STANDIN.md`):
 //!
 //! - **start-up**, when the control plane pod of a host namespace is ready (and again whenever a
 //!   new pod replaces it): issues the serving certificate with exactly the names vCluster would
@@ -60,6 +60,24 @@ pub const CHART_VERSION: &str = "0.37.3-standin";
 /// A second version of the same stand-in chart, for upgrade tests (only `Chart.yaml`'s version
 /// differs, and with it the `chart` label and the control plane's image tag).
 pub const NEXT_CHART_VERSION: &str = "0.37.4-standin";
+
+/// The image of the stand-in chart's control plane container at chart `version`: the real
+/// chart's repository, tagged with the chart version as the real chart tags it.
+pub fn control_plane_image(version: &str) -> String {
+    format!("ghcr.io/loft-sh/vcluster-pro:{version}")
+}
+
+/// The stand-in chart's control plane images for a real node, [`CHART_VERSION`]'s and
+/// [`NEXT_CHART_VERSION`]'s ([`control_plane_image`]): the pause program
+/// ([`crate::images::pause_named`]), since this syncer does vCluster's work from the harness.
+/// Its pod then runs as a real one: the kubelet mounts its volumes (the hostPath storage
+/// directory among them) and runs its init containers, and it is Ready once started.
+pub fn control_plane_images() -> Result<Vec<crate::images::BuiltImage>, HarnessError> {
+    [CHART_VERSION, NEXT_CHART_VERSION]
+        .iter()
+        .map(|version| crate::images::pause_named(&control_plane_image(version)))
+        .collect()
+}
 
 /// The release name and the name of the control plane and its Service, as the operator installs.
 const RELEASE: &str = "vcluster";

@@ -84,7 +84,8 @@ impl Tools {
     /// KWOK's stage files: fast node initialisation, node heartbeats with leases, and the fast pod
     /// lifecycle (ready, delete), so Deployments and StatefulSets progress. KWOK's `pod-complete`
     /// stage, which would mark every Job's pod `Succeeded` without running anything, is left out:
-    /// the stand-in kubelet (Jobs, [`crate::standin_kubelet`]) runs them and writes their outcome.
+    /// a Job's pod on the KWOK node never ends, and Jobs run on a real node
+    /// ([`crate::Options::real_node_for_jobs`]).
     pub fn kwok_stages(&self) -> Result<Vec<PathBuf>, HarnessError> {
         let mut files = Vec::new();
         for sub in ["node/fast", "node/heartbeat-with-lease", "pod/fast"] {

@@ -17,9 +17,12 @@
 //!   package) scrapes both over HTTPS with a reader's token, and the key series, `promtool check
 //!   metrics`, the dashboard's queries and the chart's alert rules are checked through it.
 //!
-//! KWOK runs no containers, so the chart's Deployments never run the binaries here: the
-//! processes run on the host with the flags the chart rendered, and only paths and listen
-//! addresses changed for the host.
+//! The chart's Deployments never run the binaries here (KWOK runs no containers, and the chart's
+//! digest is one no image has): the processes run on the host with the flags the chart rendered,
+//! and only paths and listen addresses changed for the host. The `rbac.clusterAdmin=false` test's
+//! control plane has a real node, where the vCluster's control plane pod and the cleanup Job run
+//! (the chart's `cleanupImage` is the operator image built from the Dockerfile, its
+//! `storageRootBase` a folder of the test).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -975,14 +978,20 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
     let policy = dir.join("audit-policy.yaml");
     std::fs::write(&policy, AUDIT_POLICY).expect("audit policy");
     let audit = dir.join("audit.log");
-    let plane = ControlPlane::start(Options::new("chart-rbac").apiserver_args([
-        format!("--audit-policy-file={}", policy.display()),
-        format!("--audit-log-path={}", audit.display()),
-        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_string(),
-    ]))
+    // A real node runs the vCluster's control plane pod and the cleanup Job.
+    let plane = ControlPlane::start(
+        Options::new("chart-rbac")
+            .real_node_for_jobs()
+            .apiserver_args([
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", audit.display()),
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_string(),
+            ]),
+    )
     .await
     .expect("control plane");
     let cluster = plane.handle();
+    let cleanup_image = cluster.operator_image.clone().expect("the operator image");
     let helm = Helm::for_cluster(&cluster);
     let registry = e2e::npm::shared().expect("npm registry");
     let (controller_bin, _) = operator_binaries().expect("operator binaries");
@@ -994,6 +1003,8 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
         )
         .expect("namespace");
     let registry_set = format!("npmRegistry={}", registry.url());
+    let cleanup_image_set = format!("cleanupImage={cleanup_image}");
+    let storage_set = format!("storageRootBase={}", dir.join("storage").display());
     let out = helm_release(
         &helm,
         "install",
@@ -1004,6 +1015,8 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
             "webhook.certLifetime=60s",
             "installTimeout=5m",
             &registry_set,
+            &cleanup_image_set,
+            &storage_set,
         ],
         &[],
     );
@@ -1019,8 +1032,8 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
             .is_none()
     );
 
-    // The API server here cannot reach a Service (no kube-proxy, no running pods), so the
-    // chart's configurations are pointed at the webhook process; everything else is the chart's.
+    // The webhook's pods do not run here (the chart's digest is one no image has), so the chart's
+    // configurations are pointed at the webhook process; everything else is the chart's.
     let admission_port = free_port().expect("port");
     for (kind, path) in [
         ("mutatingwebhookconfiguration", "mutate"),

@@ -1,5 +1,6 @@
 //! The real node ([`e2e::real_node`]): it becomes Ready beside the KWOK node, runs busybox pods
-//! to completion in real containers, and serves a ClusterIP Service through kube-proxy. Prints
+//! to completion in real containers, fails a Job whose image it does not have (never completing
+//! it unrun), and serves a ClusterIP Service through kube-proxy. Prints
 //! the figures of the issue: node start, pod start p50/p99 over 20 pods, kubelet and containerd
 //! RSS. Needs root and the Debian packages `e2e/run-tests.sh` installs for its real-node lane.
 
@@ -130,6 +131,81 @@ spec:
                 .is_some_and(|m| m.contains("registry.invalid/nothing:1"))
         },
     );
+
+    // A Job in an image that was never imported does not complete unrun: its pod (scheduled
+    // here, the KWOK node being tainted) waits naming the image, and the Job fails at its
+    // deadline.
+    let job = format!(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata: {{ name: unpulled, namespace: {ns} }}
+spec:
+  backoffLimit: 0
+  activeDeadlineSeconds: 15
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{{ name: c, image: "registry.example/once@sha256:{d}" }}]
+"#,
+        d = "0".repeat(64)
+    );
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&job));
+    let pod_of_job = |path: &str| -> String {
+        let mut cmd = cluster.kubectl();
+        cmd.args([
+            "-n",
+            ns,
+            "get",
+            "pods",
+            "-l",
+            "job-name=unpulled",
+            "-o",
+            &format!("jsonpath={{.items[0].{path}}}"),
+        ]);
+        run(cmd, None)
+            .ok()
+            .and_then(|o| o.ok("the Job's pod").ok())
+            .unwrap_or_default()
+    };
+    wait_for(
+        "the Job's pod to wait for its image",
+        Duration::from_secs(60),
+        || {
+            pod_of_job("status.containerStatuses[0].state.waiting.message")
+                .contains("registry.example/once@sha256:")
+        },
+    );
+    assert_eq!(pod_of_job("spec.nodeName"), NODE_NAME);
+    wait_for("the Job to fail", Duration::from_secs(60), || {
+        let mut cmd = cluster.kubectl();
+        cmd.args([
+            "-n",
+            ns,
+            "get",
+            "job",
+            "unpulled",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason}",
+        ]);
+        run(cmd, None)
+            .ok()
+            .and_then(|o| o.ok("the Job").ok())
+            .is_some_and(|r| r == "DeadlineExceeded")
+    });
+    let succeeded = kubectl(
+        &cluster,
+        &[
+            "-n",
+            ns,
+            "get",
+            "job",
+            "unpulled",
+            "-o",
+            "jsonpath={.status.succeeded}",
+        ],
+        None,
+    );
+    assert!(succeeded.is_empty() || succeeded == "0", "{succeeded}");
 
     // Pod start over 20 pods: created one after another, each timed to Running.
     let mut starts = Vec::new();

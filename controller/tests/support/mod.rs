@@ -144,13 +144,14 @@ impl Controller {
         cmd.env("PATH", path)
             .arg("--pulumi-binary")
             .arg(tools.bin("pulumi"));
-        // The cleanup Jobs run the operator image, which the stand-in kubelet (Jobs) runs as
-        // this workspace's controller binary.
+        // The cleanup Jobs and the control planes' storage-owner init containers run the
+        // operator image: on a real node, the image built from the Dockerfile, imported by
+        // digest; without one (KWOK), an image no container is ever started from.
         if !extra.iter().any(|a| a.starts_with("--cleanup-image")) {
+            let image = cluster.operator_image.as_deref();
             cmd.arg(format!(
-                "--cleanup-image={}@{}",
-                e2e::standin_kubelet::KNOWN_IMAGE,
-                e2e::chart::TEST_DIGEST
+                "--cleanup-image={}",
+                image.unwrap_or(e2e::chart::TEST_IMAGE)
             ));
         }
         if !extra.contains(&"--passphrase-file") {

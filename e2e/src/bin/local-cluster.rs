@@ -289,10 +289,10 @@ async fn up_process(bin_dir: Option<PathBuf>, real_node: bool) -> anyhow::Result
     eprintln!(
         "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK (first run builds them from Go modules)"
     );
-    // The stand-in kubelet (Jobs) runs the cleanup Jobs' `controller cleanup` from bin_dir.
-    let mut options = Options::new("local").operator_bin_dir(bin_dir.clone());
+    // The cleanup Jobs run only on a real node, with the operator image imported.
+    let mut options = Options::new("local");
     if real_node {
-        options = options.real_node();
+        options = options.real_node_for_jobs();
     }
     let cp = ControlPlane::start(options).await?;
     if let Some(node) = cp.real_node() {
@@ -365,9 +365,8 @@ async fn up_process(bin_dir: Option<PathBuf>, real_node: bool) -> anyhow::Result
         )
         .args(["--npm-registry", registry.url()])
         .arg(format!(
-            "--cleanup-image={}@{}",
-            e2e::standin_kubelet::KNOWN_IMAGE,
-            e2e::chart::TEST_DIGEST
+            "--cleanup-image={}",
+            cp.operator_image().unwrap_or(e2e::chart::TEST_IMAGE)
         ))
         .arg("--pulumi-binary")
         .arg(tools.bin("pulumi"))
@@ -501,12 +500,9 @@ impl Demo {
                     inner.server(),
                     self.cp.dir().display()
                 );
-                let storage = self
-                    .cp
-                    .host_path(&self.cp.dir().join("storage").display().to_string())
-                    .unwrap_or_default();
+                let storage = self.cp.dir().join("storage");
                 println!(
-                    "Each instance's storage directory is on the (stand-in) node under {}: `kubectl delete pi` with deletionPolicy: Delete runs a cleanup Job whose `controller cleanup` the stand-in kubelet (Jobs) really runs, and the directory goes (ls it before and after; kubectl get jobs -n platform-operator).",
+                    "Each instance's storage directory is {}/<dir> on the node its control plane runs on: with --real-node, `kubectl delete pi` with deletionPolicy: Delete runs a cleanup Job there whose `controller cleanup` removes it (ls it before and after; kubectl get jobs -n platform-operator); on the KWOK node no Job runs.",
                     storage.display()
                 );
             }
