@@ -214,6 +214,14 @@ enum Task {
         #[arg(long)]
         uid: Option<String>,
     },
+    /// Print the passphrase of one instance's Pulumi state, derived from --passphrase-file and the
+    /// instance's UID, to open that state by hand with the Pulumi CLI
+    /// (`PULUMI_CONFIG_PASSPHRASE_FILE`); docs/operations.md.
+    StatePassphrase {
+        /// The instance's UID (`kubectl get platforminstance <name> -o jsonpath={.metadata.uid}`).
+        #[arg(long)]
+        uid: String,
+    },
     /// Helm's post-renderer: the vCluster chart's manifest from standard input to standard output,
     /// its control plane set to the `Recreate` strategy (`controller::helm::post_render`).
     PostRender,
@@ -418,6 +426,16 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     if let Some(Task::PostRender) = &args.task {
         let manifest = std::io::read_to_string(std::io::stdin())?;
         print!("{}", controller::helm::post_render(&manifest)?);
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    if let Some(Task::StatePassphrase { uid }) = &args.task {
+        let file = &args.installer.passphrase_file;
+        let passphrase = std::fs::read(file)
+            .map_err(|e| anyhow::anyhow!("reading the passphrase file {}: {e}", file.display()))?;
+        println!(
+            "{}",
+            controller::installer::state_key::derive(&passphrase, uid)
+        );
         return Ok(std::process::ExitCode::SUCCESS);
     }
     if let Some(Task::ClaimStorage { dir, uid, instance }) = &args.task {

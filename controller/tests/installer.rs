@@ -130,30 +130,66 @@ fn tree_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 /// `pulumi <args> --stack dev` of the real CLI in an instance's project, the way the operator
-/// runs it (its file backend, the passphrase file); its JSON output.
-fn pulumi_json(fx: &Fixture, project: &Path, args: &[&str]) -> Value {
+/// runs it (its file backend, the passphrase in `key`), `stdin` its input.
+fn pulumi(
+    fx: &Fixture,
+    project: &Path,
+    key: &Path,
+    args: &[&str],
+    stdin: &str,
+) -> e2e::cmd::Outcome {
     let tools = e2e::tools::Tools::locate().expect("tools");
-    let out = Command::new(tools.bin("pulumi"))
-        .current_dir(project)
+    let mut cmd = Command::new(tools.bin("pulumi"));
+    cmd.current_dir(project)
         .args(args)
         .args(["--stack", "dev", "--non-interactive"])
         .env(
             "PULUMI_BACKEND_URL",
             format!("file://{}?metadata=skip", project.join("state").display()),
         )
-        .env("PULUMI_CONFIG_PASSPHRASE_FILE", &fx.passphrase)
+        .env("PULUMI_CONFIG_PASSPHRASE_FILE", key)
         .env_remove("PULUMI_CONFIG_PASSPHRASE")
         .env("PULUMI_HOME", fx.dir.join("pulumi-home-of-the-test"))
         .env("PULUMI_SKIP_UPDATE_CHECK", "true")
-        .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true")
-        .output()
-        .expect("pulumi runs");
-    assert!(
-        out.status.success(),
-        "pulumi {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        .env("PULUMI_DIY_BACKEND_NO_LEGACY_WARNING", "true");
+    e2e::cmd::run(cmd, Some(stdin)).expect("pulumi runs")
+}
+
+/// [`pulumi`]'s JSON output; it must succeed.
+fn pulumi_json(fx: &Fixture, project: &Path, key: &Path, args: &[&str]) -> Value {
+    let out = pulumi(fx, project, key, args, "");
+    assert!(out.success, "pulumi {args:?}: {}", out.stderr);
+    serde_json::from_str(&out.stdout).expect("JSON")
+}
+
+/// A file with the passphrase of instance `uid`'s state, from `controller state-passphrase`
+/// (what a person runs to open that state by hand).
+fn state_key_file(fx: &Fixture, uid: &str) -> PathBuf {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_controller"));
+    cmd.arg("--passphrase-file").arg(&fx.passphrase);
+    cmd.args(["state-passphrase", "--uid", uid]);
+    let key = e2e::cmd::run(cmd, None)
+        .expect("controller")
+        .ok("controller state-passphrase")
+        .expect("the instance's passphrase");
+    let file = fx.dir.join(format!("state-key-{uid}"));
+    std::fs::write(&file, key.trim()).expect("write");
+    file
+}
+
+/// Whether the passphrase in `key` opens the stack's state: `pulumi stack export
+/// --show-secrets` decrypts every secret of the checkpoint, `pulumi config --show-secrets` those
+/// of the config.
+fn opens(fx: &Fixture, project: &Path, key: &Path) -> bool {
+    let export = pulumi(fx, project, key, &["stack", "export", "--show-secrets"], "");
+    let config = pulumi(
+        fx,
+        project,
+        key,
+        &["config", "--show-secrets", "--json"],
+        "",
     );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    export.success && config.success
 }
 
 fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
@@ -350,7 +386,9 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     // The operator set that config with `pulumi config`, its secrets encrypted with the
     // passphrase (never in the file as plaintext): the real CLI reads every value back.
     assert!(!stack_config.contains(CLIENT_SECRET), "{stack_config}");
-    let cli_config = pulumi_json(&fx, &project, &["config", "--json", "--show-secrets"]);
+    let uid = pi["metadata"]["uid"].as_str().expect("uid");
+    let key = state_key_file(&fx, uid);
+    let cli_config = pulumi_json(&fx, &project, &key, &["config", "--json", "--show-secrets"]);
     assert_eq!(
         cli_config["platform:tenantAuthClientSecret"],
         serde_json::json!({"value": CLIENT_SECRET, "secret": true})
@@ -366,6 +404,7 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     let cli_outputs = pulumi_json(
         &fx,
         &project,
+        &key,
         &["stack", "output", "--json", "--show-secrets"],
     );
     assert!(
@@ -437,6 +476,26 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     assert!(!events.contains(CLIENT_SECRET));
     assert!(!controller.log().contains(CLIENT_SECRET));
 
+    // The state is under the instance's own key (derived from the operator's passphrase and its
+    // UID), never the operator's passphrase, so one instance's program cannot open another's.
+    assert!(opens(&fx, &project, &key), "its own key opens the state");
+    assert!(
+        !opens(&fx, &project, &fx.passphrase),
+        "the operator's passphrase does not"
+    );
+    // State an earlier release left under the operator's passphrase (put back by the CLI, under
+    // the state lock every run holds) moves to the instance's own key at its next run.
+    {
+        let lock = std::fs::File::open(instance_dir(&fx, &team, "one").join("install.lock"))
+            .expect("state lock");
+        lock.lock().expect("the state lock");
+        let operator = std::fs::read_to_string(&fx.passphrase).expect("passphrase");
+        let args = ["stack", "change-secrets-provider", "passphrase"];
+        let out = pulumi(&fx, &project, &key, &args, &format!("{operator}\n"));
+        assert!(out.success, "{}", out.stderr);
+    }
+    assert!(opens(&fx, &project, &fx.passphrase) && !opens(&fx, &project, &key));
+
     // Upgrade 6.0.21 → 6.0.22: Upgrading shows both versions, then Ready at 6.0.22.
     set_version(&cluster, &team, "one", "6.0.22");
     let pi = wait_phase(
@@ -463,6 +522,14 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     .await;
     let cm = settings_configmap(&fx, &cluster).expect("settings ConfigMap");
     assert_eq!(cm["data"]["packageVersion"], "6.0.22");
+    assert!(opens(&fx, &project, &key), "moved to its own key");
+    assert!(!opens(&fx, &project, &fx.passphrase));
+    assert!(
+        !instance_dir(&fx, &team, "one")
+            .join("state-key-migration")
+            .exists(),
+        "the copy taken while it moved is gone"
+    );
 
     // A failing version: the upgrade fails, 6.0.22 stays installed and the reason says why.
     set_version(&cluster, &team, "one", "6.0.23");

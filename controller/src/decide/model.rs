@@ -114,6 +114,9 @@ pub struct Record {
     /// The state copies taken before upgrades, newest first (`status.stateBackups`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_backups: Vec<StateBackup>,
+    /// The UID of the instance whose key (`installer::state_key`) encrypts the Pulumi state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_key_uid: Option<String>,
 }
 
 impl Record {

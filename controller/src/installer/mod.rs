@@ -11,6 +11,7 @@ pub(crate) mod npm;
 pub(crate) mod process;
 pub(crate) mod pulumi;
 pub(crate) mod record;
+pub mod state_key;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -144,6 +145,8 @@ fn volume_full(used: u64, capacity: u64, percent: u8) -> bool {
 pub(crate) struct Job {
     pub namespace: String,
     pub name: String,
+    /// The instance's UID: its state's key is derived from it ([`state_key`]).
+    pub uid: String,
     pub version: String,
     pub mode: Mode,
     pub config: ProgramConfig,
@@ -268,6 +271,32 @@ impl Installer {
         }
     }
 
+    /// The stack of the instance `uid` in `dir` under the instance's own key, its state
+    /// re-encrypted first when another key opens it ([`state_key::instance_key`]); `rec` (the
+    /// record as loaded) notes whose key it is. The key file lives as long as the returned one.
+    async fn keyed_stack(
+        &self,
+        dir: &Path,
+        uid: &str,
+        rec: &mut Record,
+    ) -> Result<(pulumi::Stack, state_key::KeyFile), TaskError> {
+        let stack = self.stack(dir);
+        let recorded = rec.state_key_uid.as_deref();
+        let key = state_key::instance_key(&stack, dir, uid, recorded).await?;
+        if rec.state_key_uid.as_deref() != Some(uid) {
+            rec.state_key_uid = Some(uid.to_string());
+            record::store(dir, rec).map_err(io("writing the install record in", dir))?;
+        }
+        let passphrase_file = key.path.clone();
+        Ok((
+            pulumi::Stack {
+                passphrase_file,
+                ..stack
+            },
+            key,
+        ))
+    }
+
     fn observe_tool(&self, tool: &str, ok: bool, seconds: f64) {
         if let Some(h) = &self.tool_seconds {
             h.with_label_values(&[tool, if ok { "ok" } else { "error" }])
@@ -307,7 +336,7 @@ impl Installer {
         rec.failure = None;
         rec.attempted_config_hash = Some(job.config.hash.clone());
         record::store(&dir, &rec).map_err(io("writing the install record in", &dir))?;
-        let steps = self.install_steps(&client, &dir, &job, &rec, interrupted);
+        let steps = self.install_steps(&client, &dir, &job, &mut rec, interrupted);
         let (result, outcome) = match tokio::time::timeout(self.install_timeout, steps).await {
             Ok(Ok(applied)) => (
                 InstallResult::Succeeded,
@@ -348,13 +377,13 @@ impl Installer {
         client: &kube::Client,
         dir: &Path,
         job: &Job,
-        previous: &Record,
+        rec: &mut Record,
         interrupted: bool,
     ) -> Result<(pulumi::Counts, Endpoints, Vec<String>), TaskError> {
         process::reap(dir);
         self.passphrase_readable()?;
         self.check_state_volume()?;
-        let stack = self.stack(dir);
+        let (stack, _key) = self.keyed_stack(dir, &job.uid, rec).await?;
         write_project(
             &stack.project,
             &stack.backend,
@@ -363,18 +392,9 @@ impl Installer {
         )?;
         self.dependencies(&stack.project, dir, job).await?;
         let applied = self.apply(&stack, &job.config, interrupted).await;
-        let (counts, outputs) = applied.map_err(|e| {
-            let failure = match e {
-                pulumi::PulumiError::Spawn { .. } => Failure::ToolMissing,
-                pulumi::PulumiError::Io(_) => Failure::StateUnavailable,
-                pulumi::PulumiError::OutOfMemory { .. } => Failure::ProgramOutOfMemory,
-                pulumi::PulumiError::IncorrectPassphrase { .. } => Failure::PassphraseMismatch,
-                _ => Failure::InstallFailed,
-            };
-            TaskError::new(failure, e.to_string())
-        })?;
+        let (counts, outputs) = applied?;
         let endpoints = endpoints(&outputs, &job.config.settings);
-        let secrets = write_membership_secrets(client, job, &outputs, &previous.membership_secrets)
+        let secrets = write_membership_secrets(client, job, &outputs, &rec.membership_secrets)
             .await
             .map_err(|e| TaskError::new(Failure::OutputsFailed, e))?;
         Ok((counts, endpoints, secrets))
@@ -520,6 +540,7 @@ impl Installer {
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         version: &str,
     ) -> Result<(), TaskError> {
         let dir = self.instance_dir(namespace, name);
@@ -528,6 +549,9 @@ impl Installer {
         let run = async {
             process::reap(&dir);
             self.passphrase_readable().map_err(|e| e.message)?;
+            let mut rec = record::load(&dir).map_err(|e| e.to_string())?;
+            let (stack, _key) =
+                (self.keyed_stack(&dir, uid, &mut rec).await).map_err(|e| e.message)?;
             stack.clear_locks().map_err(|e| e.to_string())?;
             stack.preview().await.map_err(|e| e.to_string())
         };
@@ -589,9 +613,14 @@ impl Installer {
         let _held = hold_state(&dir)?;
         let mut stack = self.stack(&dir);
         let installed = std::mem::replace(&mut stack.project, dir.join(UPGRADE_PREVIEW));
+        let mut key = None;
         let run = async {
             process::reap(&dir);
             self.passphrase_readable()?;
+            let mut rec = record::load(&dir).map_err(unreadable)?;
+            let (keyed, file) = self.keyed_stack(&dir, &job.uid, &mut rec).await?;
+            stack.passphrase_file = keyed.passphrase_file;
+            key = Some(file);
             let _ = std::fs::remove_dir_all(&stack.project);
             let project = &stack.project;
             std::fs::create_dir_all(project).map_err(io("creating", project))?;
@@ -1120,6 +1149,7 @@ mod tests {
         let job = Job {
             namespace: "team-a".into(),
             name: "one".into(),
+            uid: "u-1".into(),
             version: "6.0.22".into(),
             mode: Mode::Install,
             config: ProgramConfig {

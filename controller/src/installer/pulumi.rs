@@ -12,6 +12,7 @@ use tokio::process::Command;
 use super::config::Redacted;
 use super::modules::{StateError, entries, io};
 use super::process::{self, Output};
+use crate::decide::model::{Failure, TaskError};
 
 /// The one stack every instance project has; every command names it.
 pub const STACK: &str = "dev";
@@ -74,6 +75,9 @@ pub enum PulumiError {
     },
     #[error("pulumi stack output printed output the operator cannot read: {0}")]
     Output(String),
+    /// Re-encrypting the state under another key went wrong.
+    #[error("{0}")]
+    Rekey(String),
     #[error(
         "pulumi {action} failed: the platform program's node process reached its heap limit of {limit_mib} MiB (--program-heap-limit) and was stopped; the controller and other instances are unaffected. Fix the program or its input, or raise the limit with the container's memory"
     )]
@@ -87,6 +91,19 @@ pub enum PulumiError {
     IncorrectPassphrase { action: &'static str, path: PathBuf },
     #[error(transparent)]
     Io(#[from] StateError),
+}
+
+impl From<PulumiError> for TaskError {
+    fn from(e: PulumiError) -> Self {
+        let failure = match e {
+            PulumiError::Spawn { .. } => Failure::ToolMissing,
+            PulumiError::Io(_) | PulumiError::Rekey(_) => Failure::StateUnavailable,
+            PulumiError::OutOfMemory { .. } => Failure::ProgramOutOfMemory,
+            PulumiError::IncorrectPassphrase { .. } => Failure::PassphraseMismatch,
+            PulumiError::Failed { .. } | PulumiError::Output(_) => Failure::InstallFailed,
+        };
+        TaskError::new(failure, e.to_string())
+    }
 }
 
 /// Resource counts of an update, from the event log's summary event.
@@ -423,6 +440,55 @@ impl Stack {
             ..summary
         };
         Ok((counts, Vec::new()))
+    }
+
+    /// Whether this stack's passphrase opens its state: Pulumi checks it against the stack's salt
+    /// before it sets a secret, here in a copy of the stack config (the state is not written).
+    pub async fn opens(&self) -> Result<bool, PulumiError> {
+        let config = self.project.join(format!("Pulumi.{STACK}.yaml"));
+        let probe = self.state.join("passphrase-probe.yaml");
+        std::fs::copy(&config, &probe).map_err(io("copying the stack config to", &probe))?;
+        let probe_arg = probe.display().to_string();
+        let args = [
+            "config",
+            "set",
+            "--secret",
+            "--raw",
+            "--config-file",
+            &probe_arg,
+        ];
+        let args = [&args[..], &["platform-operator:probe"]].concat();
+        let out = self.run(&args, Some(b"probe")).await;
+        let _ = std::fs::remove_file(&probe);
+        let out = out?;
+        match self.failed("config set", &out, None) {
+            _ if out.success() => Ok(true),
+            PulumiError::IncorrectPassphrase { .. } => Ok(false),
+            e => Err(e),
+        }
+    }
+
+    /// Re-encrypts the stack's config and checkpoint under `passphrase` (the stack's own
+    /// passphrase opens them): `pulumi stack change-secrets-provider`, which reads the new one
+    /// from standard input and runs no program.
+    pub async fn rotate(&self, passphrase: &str) -> Result<(), PulumiError> {
+        // Empty input would set an empty passphrase without a word.
+        if passphrase.trim().is_empty() {
+            return Err(PulumiError::Rekey("refusing an empty passphrase".into()));
+        }
+        let args = ["stack", "change-secrets-provider", "passphrase"];
+        let input = format!("{passphrase}\n");
+        let action = "stack change-secrets-provider";
+        self.ok(action, &args, Some(input.as_bytes()))
+            .await
+            .map(|_| ())
+    }
+
+    /// Decrypts every secret of the checkpoint (`pulumi stack export --show-secrets`, its output
+    /// dropped): whether this stack's passphrase opens all of the state.
+    pub async fn export(&self) -> Result<(), PulumiError> {
+        let args = ["stack", "export", "--show-secrets"];
+        self.ok("stack export", &args, None).await.map(|_| ())
     }
 
     /// The stack outputs, secrets shown (they go into Secrets, never into logs or status).

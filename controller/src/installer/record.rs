@@ -89,6 +89,7 @@ mod tests {
             history: Vec::new(),
             pending_upgrade: None,
             state_backups: Vec::new(),
+            state_key_uid: Some("u-1".into()),
         };
         store(&dir, &record).expect("store");
         assert_eq!(load(&dir).expect("load"), record);

@@ -208,6 +208,7 @@ fn job(t: &Target<'_>, mode: Mode) -> Option<installer::Job> {
     Some(installer::Job {
         namespace: t.ns.clone(),
         name: t.name.clone(),
+        uid: t.pi.uid()?,
         version: t.pi.spec.version.clone().unwrap_or_default(),
         mode,
         config: t.found.config.clone()?,
@@ -238,8 +239,13 @@ fn install(t: &Target<'_>, mode: Mode) {
 fn preview(t: &Target<'_>) {
     let installer = t.ctx.installer.clone();
     let (namespace, instance) = (t.ns.clone(), t.name.clone());
+    let Some(uid) = t.pi.uid() else { return };
     let version = t.found.record.installed_version.clone().unwrap_or_default();
-    let work = async move { installer.preview(&namespace, &instance, &version).await };
+    let work = async move {
+        installer
+            .preview(&namespace, &instance, &uid, &version)
+            .await
+    };
     let histogram = &t.ctx.metrics.install_duration;
     submit_timed(t, &preview_key(t.pi), true, histogram, "preview", work);
 }
