@@ -33,6 +33,41 @@ pub fn parse_exact(value: &str) -> Result<semver::Version, VersionError> {
     Ok(version)
 }
 
+/// A `MAJOR.MINOR` bound of the supported platform versions (`--min-platform-version`,
+/// `--max-platform-version` of both the webhook and the controller).
+pub type Minor = (u64, u64);
+
+/// Why a flag value is not `MAJOR.MINOR`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not MAJOR.MINOR, such as 6.0")]
+pub struct NotMinor(pub String);
+
+/// Parses a `MAJOR.MINOR` bound.
+pub fn parse_minor(value: &str) -> Result<Minor, NotMinor> {
+    let err = || NotMinor(value.to_string());
+    let (major, minor) = value.split_once('.').ok_or_else(err)?;
+    Ok((
+        major.parse().map_err(|_| err())?,
+        minor.parse().map_err(|_| err())?,
+    ))
+}
+
+/// Whether `version` lies in `min.x` to `max.x`; the refusal names `field` and the fix.
+pub fn check_supported(
+    field: &str,
+    version: &semver::Version,
+    (min, max): (Minor, Minor),
+) -> Result<(), String> {
+    let minor = (version.major, version.minor);
+    if minor < min || minor > max {
+        return Err(format!(
+            "{field} {version} is outside the versions this operator supports ({}.{}.x to {}.{}.x); choose a version in that range or upgrade the operator",
+            min.0, min.1, max.0, max.1
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +126,25 @@ mod tests {
             parse_exact("6.1.0-rc.1").expect("exact").pre.as_str(),
             "rc.1"
         );
+    }
+
+    #[test]
+    fn the_supported_range_is_by_major_and_minor() {
+        assert_eq!(parse_minor("6.1"), Ok((6, 1)));
+        for bad in ["6", "6.x", "6.1.0", ""] {
+            assert_eq!(parse_minor(bad), Err(NotMinor(bad.to_string())));
+        }
+        let range = ((6, 0), (6, 1));
+        let v = |s| parse_exact(s).expect("exact");
+        assert!(check_supported("spec.version", &v("6.0.0"), range).is_ok());
+        assert!(check_supported("spec.version", &v("6.1.99-rc.1"), range).is_ok());
+        let refused = check_supported("spec.version", &v("6.2.0"), range).expect_err("above");
+        assert!(
+            refused.starts_with(
+                "spec.version 6.2.0 is outside the versions this operator supports (6.0.x to 6.1.x)"
+            ),
+            "{refused}"
+        );
+        assert!(check_supported("spec.version", &v("5.9.9"), range).is_err());
     }
 }

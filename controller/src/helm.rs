@@ -56,10 +56,8 @@ pub enum HelmError {
         "helm {0} in {1} ran longer than {2:?} and was killed; look at the host namespace's pods and events, or raise --helm-timeout"
     )]
     TimedOut(&'static str, String, Duration),
-    /// Writing the values file `.0` failed.
-    #[error(
-        "writing the helm values file {0} failed: {1}; check that the temporary folder is writable"
-    )]
+    /// Writing the values file or helm's home `.0` failed.
+    #[error("writing {0} for helm failed: {1}; check that the temporary folder is writable")]
     Values(PathBuf, #[source] std::io::Error),
 }
 
@@ -134,6 +132,15 @@ impl Helm {
     ) -> Result<String, HelmError> {
         let mut cmd = Command::new(&self.binary);
         cmd.args(args).stdin(Stdio::null()).kill_on_drop(true);
+        // A home of its own, so helm never finds a `~/.kube/config` (or a helm config) that
+        // something running as the controller's user wrote: it uses the KUBECONFIG the
+        // controller was given, or else the pod's in-cluster configuration.
+        let home = self.work_dir.join("home");
+        std::fs::create_dir_all(&home).map_err(|source| HelmError::Values(home.clone(), source))?;
+        cmd.env("HOME", &home);
+        for xdg in ["XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"] {
+            cmd.env_remove(xdg);
+        }
         // `output` pipes stdout and stderr; dropping it on timeout kills helm (`kill_on_drop`),
         // and tokio reaps it.
         let out = tokio::time::timeout(self.timeout, cmd.output())
@@ -303,5 +310,21 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(!marker.exists(), "helm was left running past its limit");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn helm_runs_with_a_home_of_its_own() {
+        let work_dir = std::env::temp_dir().join(format!("helm-home-{}", std::process::id()));
+        // `env` in helm's place prints the environment helm would get.
+        let helm = Helm {
+            binary: "env".into(),
+            timeout: Duration::from_secs(10),
+            work_dir: work_dir.clone(),
+            post_renderer: None,
+        };
+        let env = helm.run("env", "ns", &[] as &[&str]).await.expect("env");
+        let home = format!("HOME={}", work_dir.join("home").display());
+        assert!(env.lines().any(|l| l == home), "{env}");
+        let _ = std::fs::remove_dir_all(&work_dir);
     }
 }

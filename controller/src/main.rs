@@ -161,6 +161,16 @@ struct Args {
     #[arg(long)]
     operator_user: Option<String>,
 
+    /// The lowest platform MAJOR.MINOR this operator installs (the webhook's flag of the same
+    /// name admits the same range; give both the same value).
+    #[arg(long, default_value = "6.0", value_parser = common::version::parse_minor)]
+    min_platform_version: common::version::Minor,
+
+    /// The highest platform MAJOR.MINOR this operator installs (the webhook's flag of the same
+    /// name admits the same range; give both the same value).
+    #[arg(long, default_value = "6.0", value_parser = common::version::parse_minor)]
+    max_platform_version: common::version::Minor,
+
     /// This replica's identity in the leader Lease (default: the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -189,6 +199,19 @@ struct Args {
     /// nothing else (the image build renders the real chart with them).
     #[arg(long, value_name = "NAMESPACE/NAME")]
     print_vcluster_values: Option<String>,
+}
+
+/// The controller's API configuration, never `~/.kube/config` (which whatever runs as the
+/// controller's user could write): the files `KUBECONFIG` names when it is set (a controller run
+/// outside a cluster), else the pod's in-cluster configuration.
+async fn kube_config() -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions::default();
+    match kube::config::Kubeconfig::from_env().context("reading the files KUBECONFIG names")? {
+        Some(kubeconfig) => Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?),
+        None => kube::Config::incluster().context(
+            "no KUBECONFIG and no in-cluster configuration (KUBERNETES_SERVICE_HOST and the mounted ServiceAccount token): run the controller in a pod or set KUBECONFIG; it never reads ~/.kube/config",
+        ),
+    }
 }
 
 /// Whether a URL names a user or password (`scheme://user:secret@host/`).
@@ -349,6 +372,7 @@ impl Args {
             max_retries: self.max_retries,
             pod_security: self.pod_security_standard,
             default_resources: self.default_instance_resources.clone(),
+            supported_versions: (self.min_platform_version, self.max_platform_version),
         }
     }
 }
@@ -530,8 +554,7 @@ async fn run_controller(args: Args) -> anyhow::Result<()> {
     });
     let readiness = Readiness::default();
     let ops = OpsServer::bind(args.ops.metrics_bind_address).await?;
-    let client = kube::Client::try_default()
-        .await
+    let client = kube::Client::try_from(kube_config().await?)
         .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
     let secure = Secure::from_args(&args.ops.security, client.clone(), &registry)?;
     let ops_task = tokio::spawn(secure_metrics::serve(

@@ -251,6 +251,34 @@ async fn instances_provision_and_delete_as_their_policy_says() {
             Some(&instance(&team, "taken", "Delete")),
         )
         .expect("apply");
+    // A version outside the supported range (no admission webhook here to refuse it): the
+    // controller refuses it itself and creates nothing for it.
+    let too_new = instance(&team, "too-new", "Delete").replace("6.0.22", "7.0.0");
+    cluster
+        .kubectl_ok(&["apply", "--server-side", "-f", "-"], Some(&too_new))
+        .expect("apply");
+    let pi = wait_for(
+        "too-new to be refused",
+        Duration::from_secs(60),
+        &controller,
+        || {
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "too-new"])?;
+            (pi["status"]["phase"] == "Failed").then_some(pi)
+        },
+    )
+    .await;
+    let stalled = condition(&pi, "Stalled").expect("Stalled");
+    assert_eq!(
+        (stalled.0.as_str(), stalled.1.as_str()),
+        ("True", "InvalidSpec")
+    );
+    assert!(
+        pi.to_string().contains(
+            "spec.version 7.0.0 is outside the versions this operator supports (6.0.x to 6.0.x)"
+        ),
+        "{pi}"
+    );
+    assert!(pi["status"]["hostNamespace"].is_null(), "{pi}");
 
     // They reach Installing with the vCluster serving and the kubeconfig written.
     for name in ["kept", "gone", "taken"] {
@@ -832,6 +860,40 @@ async fn a_chart_digest_mismatch_stops_the_controller() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("refusing to start"), "{stderr}");
+
+    // Issue 32: outside a pod and without KUBECONFIG, the controller refuses to start, even
+    // with a working `~/.kube/config` in its home (which anything running as its user could
+    // have written).
+    let chart = dir.join("vcluster-0.37.3-standin.tgz");
+    let digest = Command::new("sha256sum")
+        .arg(&chart)
+        .output()
+        .expect("sha256sum");
+    let digest = String::from_utf8_lossy(&digest.stdout);
+    let home = dir.join("home");
+    std::fs::create_dir_all(home.join(".kube")).expect("home");
+    std::fs::copy(&cluster.kubeconfig, home.join(".kube/config")).expect("kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_controller"))
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", &home)
+        .arg("--vcluster-chart")
+        .arg(&chart)
+        .arg("--vcluster-chart-sha256")
+        .arg(format!(
+            "sha256:{}",
+            digest.split_whitespace().next().expect("digest")
+        ))
+        .args([
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            &format!("--cleanup-image={}", e2e::chart::TEST_IMAGE),
+        ])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("it never reads ~/.kube/config"), "{stderr}");
     let _ = std::fs::remove_dir_all(Path::new(&dir));
 }
 

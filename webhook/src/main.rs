@@ -74,12 +74,12 @@ struct Args {
     default_platform_version: String,
 
     /// The lowest supported platform MAJOR.MINOR.
-    #[arg(long, default_value = "6.0", value_parser = parse_minor)]
-    min_platform_version: (u64, u64),
+    #[arg(long, default_value = "6.0", value_parser = common::version::parse_minor)]
+    min_platform_version: common::version::Minor,
 
     /// The highest supported platform MAJOR.MINOR.
-    #[arg(long, default_value = "6.0", value_parser = parse_minor)]
-    max_platform_version: (u64, u64),
+    #[arg(long, default_value = "6.0", value_parser = common::version::parse_minor)]
+    max_platform_version: common::version::Minor,
 
     /// The API server's NodePort range (its --service-node-port-range), LOW-HIGH.
     #[arg(long, default_value = "30000-32767", value_parser = parse_port_range)]
@@ -92,9 +92,6 @@ enum FlagError {
     /// `--default-platform-version` is no exact version.
     #[error(transparent)]
     Version(#[from] common::version::VersionError),
-    /// A platform version bound is no `MAJOR.MINOR`.
-    #[error("{0:?} is not MAJOR.MINOR, such as 6.0")]
-    Minor(String),
     /// `--service-node-port-range` is no `LOW-HIGH` port range.
     #[error("{0:?} is not a port range LOW-HIGH, such as 30000-32767")]
     PortRange(String),
@@ -103,15 +100,6 @@ enum FlagError {
 fn parse_default_version(value: &str) -> Result<String, FlagError> {
     common::version::parse_exact(value)?;
     Ok(value.to_string())
-}
-
-fn parse_minor(value: &str) -> Result<(u64, u64), FlagError> {
-    let err = || FlagError::Minor(value.to_string());
-    let (major, minor) = value.split_once('.').ok_or_else(err)?;
-    Ok((
-        major.parse().map_err(|_| err())?,
-        minor.parse().map_err(|_| err())?,
-    ))
 }
 
 fn parse_port_range(value: &str) -> Result<(i32, i32), FlagError> {

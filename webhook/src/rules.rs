@@ -164,19 +164,9 @@ fn check_version(
     };
     let parsed = common::version::parse_exact(version)
         .map_err(|e| Finding::new("version", format!("spec.version: {e}")))?;
-    let minor = (parsed.major, parsed.minor);
-    if minor < settings.min_version || minor > settings.max_version {
-        return Err(Finding::new(
-            "version-range",
-            format!(
-                "spec.version {version} is outside the versions this operator supports ({}.{}.x to {}.{}.x); choose a version in that range or upgrade the operator",
-                settings.min_version.0,
-                settings.min_version.1,
-                settings.max_version.0,
-                settings.max_version.1
-            ),
-        ));
-    }
+    let range = (settings.min_version, settings.max_version);
+    common::version::check_supported("spec.version", &parsed, range)
+        .map_err(|message| Finding::new("version-range", message))?;
     let installed = old
         .and_then(|o| o.status.as_ref())
         .and_then(|s| s.installed_version.as_deref());

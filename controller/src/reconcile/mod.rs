@@ -79,6 +79,9 @@ pub struct Settings {
     pub pod_security: crate::pod_security::Level,
     /// `--default-instance-resources`: the quotas of an instance without `spec.resources`.
     pub default_resources: Option<common::crd::InstanceResources>,
+    /// The platform versions this operator installs (`--min-platform-version` to
+    /// `--max-platform-version`, by `MAJOR.MINOR`).
+    pub supported_versions: (common::version::Minor, common::version::Minor),
 }
 
 /// Shared by every reconcile.

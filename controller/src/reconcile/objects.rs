@@ -356,6 +356,7 @@ mod tests {
             install_platform: true,
             pod_security: Level::Baseline,
             default_resources: None,
+            supported_versions: ((6, 0), (6, 0)),
         }
     }
 

@@ -87,7 +87,7 @@ pub fn observe(
         suspended: pi.spec.suspend,
         has_finalizer: pi.finalizers().iter().any(|f| f == FINALIZER),
         deletion_policy: pi.spec.deletion_policy,
-        invalid_spec: invalid_spec(pi),
+        invalid_spec: invalid_spec(pi, settings.supported_versions),
         host: match (namespace, conflict) {
             (None, _) => HostNamespace::Missing,
             (Some(_), Some(owner)) => HostNamespace::Foreign(owner),
@@ -170,10 +170,18 @@ pub fn observe(
     (observed, found)
 }
 
-fn invalid_spec(pi: &PlatformInstance) -> Option<String> {
-    match pi.spec.version.as_deref() {
-        None => Some("spec.version is not set (the admission webhook sets it when it runs); set spec.version".to_string()),
-        Some(v) => common::version::parse_exact(v).err().map(|e| format!("spec.version: {e}")),
+/// Why the spec cannot be acted on: `spec.version` missing, not exact, or outside the
+/// `supported` versions (enforced here too, not only by the admission webhook).
+fn invalid_spec(
+    pi: &PlatformInstance,
+    supported: (common::version::Minor, common::version::Minor),
+) -> Option<String> {
+    let Some(v) = pi.spec.version.as_deref() else {
+        return Some("spec.version is not set (the admission webhook sets it when it runs); set spec.version".to_string());
+    };
+    match common::version::parse_exact(v) {
+        Ok(version) => common::version::check_supported("spec.version", &version, supported).err(),
+        Err(e) => Some(format!("spec.version: {e}")),
     }
 }
 
@@ -415,5 +423,29 @@ mod tests {
             service_hash(&service("u-1", "c", 443)),
             service_hash(&service("u-2", "c", 443))
         );
+    }
+
+    #[test]
+    fn a_version_outside_the_supported_range_is_an_invalid_spec() {
+        let pi = |version: Option<&str>| {
+            let mut pi = PlatformInstance::new("one", Default::default());
+            pi.spec.version = version.map(String::from);
+            pi
+        };
+        let range = ((6, 0), (6, 1));
+        assert_eq!(invalid_spec(&pi(Some("6.1.3")), range), None);
+        let refused = invalid_spec(&pi(Some("7.0.0")), range).expect("refused");
+        assert!(
+            refused.contains(
+                "spec.version 7.0.0 is outside the versions this operator supports (6.0.x to 6.1.x)"
+            ),
+            "{refused}"
+        );
+        assert!(invalid_spec(&pi(Some("5.2.0")), range).is_some());
+        assert!(
+            invalid_spec(&pi(Some("^6.0.0")), range)
+                .is_some_and(|r| r.starts_with("spec.version: "))
+        );
+        assert!(invalid_spec(&pi(None), range).is_some());
     }
 }
