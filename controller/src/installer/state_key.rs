@@ -137,6 +137,9 @@ async fn migrate(from: &Stack, to: &Stack, dir: &Path) -> Result<(), TaskError> 
     super::copy_folder(&from.backend, &copy.join("state")).map_err(io("copying", &copy))?;
     let config = config_file();
     std::fs::copy(project.join(&config), copy.join(&config)).map_err(io("copying", &copy))?;
+    // The copy reaches the disk before it is marked whole: after a crash a whole copy is put
+    // back over the state.
+    rustix::fs::sync();
     write_durably(&copy, WHOLE, b"").map_err(io("writing", &copy))?;
     let key =
         std::fs::read_to_string(&to.passphrase_file).map_err(io("reading", &to.passphrase_file))?;
@@ -151,6 +154,8 @@ async fn migrate(from: &Stack, to: &Stack, dir: &Path) -> Result<(), TaskError> 
     };
     match rotated.await {
         Ok(()) => {
+            // What Pulumi wrote reaches the disk before the copy goes.
+            rustix::fs::sync();
             let _ = std::fs::remove_dir_all(&copy);
             Ok(())
         }
@@ -180,6 +185,7 @@ fn put_back_interrupted(stack: &Stack, dir: &Path) -> Result<(), StateError> {
         let config = config_file();
         let target = stack.project.join(&config);
         std::fs::copy(copy.join(&config), &target).map_err(io("restoring", &target))?;
+        rustix::fs::sync();
     }
     if copy.exists() {
         std::fs::remove_dir_all(&copy).map_err(io("removing", &copy))?;
