@@ -109,25 +109,27 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test (unit, router and end-to-end tests), in six lanes"
 # The longest end-to-end test binaries spend most of their time waiting (on npm, Pulumi, a browser,
-# control planes starting), so they run beside the rest instead of after it: lane 1 the installer (its longest test in lane 1b),
-# lane 2 the Headlamp browser test and the stand-in platform, lane 4 the real node (root, Debian's
-# containerd; its pods need the cores least when they start beside the rest; the node itself, then
-# the chart with the operator image built from the Dockerfile), lane 5 the real vCluster on a real
+# control planes starting), so they run beside the rest instead of after it: lane 1 the installer (its longest test in lane 1b)
+# and the ownership test, lane 2 the Headlamp browser test and the stand-in platform, lane 4 the
+# real node (root, Debian's containerd; its pods need the cores least when they start beside the
+# rest; the node itself, then the chart with the operator image built from the Dockerfile), then
+# the fleet and storage node tests (lane 3 alone, run one binary after another, was the last to
+# end by six minutes in a cold run, with a core to spare), lane 5 the real vCluster on a real
 # node of its own (instances through operator restarts, a recovery, a chart upgrade and deletion:
 # the longest real-node test, beside lane 4 instead of after it), lane 3 every other test target
 # (found in the workspace's metadata, so a new test file runs without being named here), then the
 # doc tests. Each test binary starts its own control plane on free ports, so lanes do not share
-# one; the tests that run Jobs (in lanes 1b and 3) start a real node of their own beside it, each
-# in its own network namespace, so several real nodes run at once. cargo holds its build lock only
-# while it builds (everything is built above), not while tests run. Each lane's output is printed whole when the lane ends; the run fails if any lane
-# failed.
-lane_one=(installer)
+# one; the tests that run Jobs (in lanes 1, 1b and 3) start a real node of their own beside it,
+# each in its own network namespace, so several real nodes run at once. cargo holds its build lock
+# only while it builds (everything is built above), not while tests run. Each lane's output is
+# printed whole when the lane ends; the run fails if any lane failed.
+lane_one=(installer ownership)
 # The installer's longest test gets a lane of its own (lane 1b): run in one binary on two threads,
 # it started last, after the others (libtest starts tests in name order). A rename only costs time:
 # lane 1b then runs nothing and lane 1 runs every installer test.
 installer_longest=installs_upgrades_fails_times_out_and_repairs_drift
 lane_two=(headlamp standin_platform)
-lane_four=(real_node real_node_chart)
+lane_four=(real_node real_node_chart fleet storage_node)
 lane_five=(real_vcluster)
 mapfile -t lane_three < <(
   cargo metadata --no-deps --format-version 1 --locked |
