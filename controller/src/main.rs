@@ -237,6 +237,14 @@ enum Task {
         #[arg(long)]
         uid: Option<String>,
     },
+    /// Run one install, repair preview or upgrade preview of the platform program from a request
+    /// file (`request.json`, the instance's key in the file `passphrase` beside it) and write its
+    /// outcome into the instance's folder: Pulumi only, no Kubernetes client.
+    Install {
+        /// The request file.
+        #[arg(long)]
+        request: PathBuf,
+    },
     /// Print the passphrase of one instance's Pulumi state, derived from --passphrase-file and the
     /// instance's UID, to open that state by hand with the Pulumi CLI
     /// (`PULUMI_CONFIG_PASSPHRASE_FILE`); docs/operations.md.
@@ -450,6 +458,24 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     if let Some(Task::PostRender) = &args.task {
         let manifest = std::io::read_to_string(std::io::stdin())?;
         print!("{}", controller::helm::post_render(&manifest)?);
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    if let Some(Task::Install { request }) = &args.task {
+        let runtime = tokio::runtime::Runtime::new()?;
+        let outcome = runtime.block_on(args.installer.run_request(request))?;
+        match outcome.result {
+            Ok(_) => println!(
+                "run {} of instance {} done",
+                outcome.install_id, outcome.uid
+            ),
+            Err((failure, message)) => {
+                let reason: &str = failure.into();
+                println!(
+                    "run {} of instance {} failed ({reason}): {message}",
+                    outcome.install_id, outcome.uid
+                );
+            }
+        }
         return Ok(std::process::ExitCode::SUCCESS);
     }
     if let Some(Task::StatePassphrase { uid }) = &args.task {

@@ -25,7 +25,7 @@ impl std::fmt::Debug for Redacted {
 }
 
 /// What one install gives the program.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProgramConfig {
     /// The plaintext settings (no secret in it).
     pub settings: Value,

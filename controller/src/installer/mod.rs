@@ -11,6 +11,7 @@ pub(crate) mod npm;
 pub(crate) mod process;
 pub(crate) mod pulumi;
 pub(crate) mod record;
+pub mod run;
 pub mod state_key;
 
 use std::path::{Path, PathBuf};
@@ -391,8 +392,10 @@ impl Installer {
             &self.pulumi_sdk_version,
         )?;
         self.dependencies(&stack.project, dir, job).await?;
-        let applied = self.apply(&stack, &job.config, interrupted).await;
-        let (counts, outputs) = applied?;
+        let step = run::Step::Install { interrupted };
+        let run::Done {
+            counts, outputs, ..
+        } = self.run(&stack, step, &job.config).await.result?;
         let endpoints = endpoints(&outputs, &job.config.settings);
         let secrets = write_membership_secrets(client, job, &outputs, &rec.membership_secrets)
             .await
@@ -490,49 +493,74 @@ impl Installer {
         }
     }
 
-    /// Configures the stack and runs `pulumi up`; its other commands' time is tool `pulumi`'s.
-    async fn apply(
+    /// Runs `step` ([`run::run`]) and observes its Pulumi time: `pulumi up` as tool
+    /// `pulumi-up`, the other commands as `pulumi`.
+    async fn run(
         &self,
         stack: &pulumi::Stack,
+        step: run::Step,
         config: &ProgramConfig,
-        interrupted: bool,
-    ) -> Result<(pulumi::Counts, Value), pulumi::PulumiError> {
-        let started = Instant::now();
-        let mut up_seconds = 0.0;
-        let result = async {
-            let cleared = stack.clear_locks()?;
-            if cleared > 0 {
-                tracing::info!(project = %stack.project.display(), cleared, "cleared a stale state lock");
-            }
-            stack.select_or_create().await?;
-            // Without tenant auth, no client secret is left in the stack's config.
-            let absent: Vec<&str> = [config::CLIENT_SECRET_KEY]
+    ) -> run::Ran {
+        // Without tenant auth, no client secret is left in the stack's config.
+        let absent: Vec<&str> = match step {
+            run::Step::Install { .. } => [config::CLIENT_SECRET_KEY]
                 .into_iter()
                 .filter(|key| config.secrets.iter().all(|(k, _)| k != key))
-                .collect();
-            stack.configure(&config_values(config), &absent).await?;
-            if interrupted {
-                stack.clear_pending_creates().await?;
-            }
-            let up_started = Instant::now();
-            let up = stack.up().await;
-            up_seconds = up_started.elapsed().as_secs_f64();
-            self.observe_tool("pulumi-up", up.is_ok(), up_seconds);
-            // Every update, a failed one too, leaves a history record and a backup: keep a few.
-            match stack.prune_history(self.pulumi_history_keep.into()) {
-                Ok(0) => {}
-                Ok(pruned) => {
-                    tracing::debug!(project = %stack.project.display(), pruned, "pruned the stack's history")
-                }
-                Err(e) => tracing::warn!(error = %e, "pruning the stack's history failed"),
-            }
-            let counts = up?;
-            Ok((counts, stack.outputs().await?))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let keep = self.pulumi_history_keep.into();
+        let ran = run::run(stack, step, &config_values(config), &absent, keep).await;
+        if let Some((seconds, ok)) = ran.up {
+            self.observe_tool("pulumi-up", ok, seconds);
         }
-        .await;
-        let other = (started.elapsed().as_secs_f64() - up_seconds).max(0.0);
-        self.observe_tool("pulumi", result.is_ok(), other);
-        result
+        self.observe_tool("pulumi", ran.result.is_ok(), ran.other_seconds);
+        ran
+    }
+
+    /// Runs one [`run::Request`] (`controller install --request <file>`): its step in the
+    /// instance's project, with the instance's key from the file `passphrase` beside the
+    /// request, and writes its [`run::Outcome`] into the instance's folder ([`run::OUTCOME`]).
+    pub async fn run_request(&self, file: &Path) -> anyhow::Result<run::Outcome> {
+        use anyhow::Context;
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading the request {}", file.display()))?;
+        let request: run::Request = serde_json::from_str(&text)
+            .with_context(|| format!("reading the request {}", file.display()))?;
+        for name in [&request.namespace, &request.name] {
+            anyhow::ensure!(
+                common::names::is_dns_label(name),
+                "the request {} names the instance folder {name:?}, which is no namespace or instance name",
+                file.display()
+            );
+        }
+        let mut secrets = Vec::new();
+        for (key, value) in &request.secrets {
+            let known = [config::KUBECONFIG_KEY, config::CLIENT_SECRET_KEY];
+            let Some(key) = known.into_iter().find(|k| k == key) else {
+                anyhow::bail!(
+                    "the request {} sets the unknown secret config key {key:?}",
+                    file.display()
+                );
+            };
+            secrets.push((key, config::Redacted(value.clone())));
+        }
+        let config = ProgramConfig {
+            settings: request.settings.clone(),
+            secrets,
+            hash: String::new(),
+        };
+        let dir = self.instance_dir(&request.namespace, &request.name);
+        let mut stack = self.stack(&dir);
+        stack.passphrase_file = file.with_file_name("passphrase");
+        if request.step == run::Step::PreviewUpgrade {
+            stack.project = dir.join(UPGRADE_PREVIEW);
+        }
+        let outcome = run::Outcome::of(&request, self.run(&stack, request.step, &config).await);
+        let bytes = serde_json::to_vec(&outcome)?;
+        record::write_durably(&dir, run::OUTCOME, &bytes)
+            .with_context(|| format!("writing {} in {}", run::OUTCOME, dir.display()))?;
+        Ok(outcome)
     }
 
     /// Runs a refreshing preview of the installed config and records what it found.
@@ -552,15 +580,13 @@ impl Installer {
             let mut rec = record::load(&dir).map_err(|e| e.to_string())?;
             let (stack, _key) =
                 (self.keyed_stack(&dir, uid, &mut rec).await).map_err(|e| e.message)?;
-            stack.clear_locks().map_err(|e| e.to_string())?;
-            stack.preview().await.map_err(|e| e.to_string())
+            let none = ProgramConfig::default();
+            let done = self.run(&stack, run::Step::Preview, &none).await.result;
+            done.map(|d| (d.counts, d.resources))
+                .map_err(|e| e.to_string())
         };
-        let started = Instant::now();
         let outcome = match tokio::time::timeout(self.install_timeout, run).await {
-            Ok(outcome) => {
-                self.observe_tool("pulumi", outcome.is_ok(), started.elapsed().as_secs_f64());
-                outcome
-            }
+            Ok(outcome) => outcome,
             Err(_) => {
                 let _ = stack.clear_locks();
                 Err(format!(
@@ -630,12 +656,12 @@ impl Installer {
             let copied = std::fs::copy(installed.join(&config), stack.project.join(&config));
             copied.map_err(io("copying the stack config into", &stack.project))?;
             self.dependencies(&stack.project, &dir, &job).await?;
-            let failed =
-                |e: pulumi::PulumiError| TaskError::new(Failure::PreviewFailed, e.to_string());
-            stack.clear_locks().map_err(failed)?;
-            let values = config_values(&job.config);
-            stack.configure(&values, &[]).await.map_err(failed)?;
-            stack.preview().await.map_err(failed)
+            let done = (self
+                .run(&stack, run::Step::PreviewUpgrade, &job.config)
+                .await)
+                .result;
+            done.map(|d| (d.counts, d.resources))
+                .map_err(|e| TaskError::new(Failure::PreviewFailed, e.to_string()))
         };
         let outcome = tokio::time::timeout(self.install_timeout, run).await;
         let _ = stack.clear_locks();
@@ -1190,5 +1216,97 @@ mod tests {
                 "data": { "kubeconfig": ByteString(b"kc".to_vec()) },
             })
         );
+    }
+
+    /// `controller install`: a request's secrets reach the stack's config (encrypted under the
+    /// key beside the request), its outcome names the request's ids and is written into the
+    /// instance's folder; a request naming a folder outside the state or an unknown secret key
+    /// is refused before anything runs.
+    #[tokio::test]
+    async fn a_run_request_runs_pulumi_only_and_writes_its_outcome() {
+        let dir = std::env::temp_dir().join(format!("run-request-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut installer = installer_in(&dir);
+        let tools = e2e::tools::Tools::locate().expect("tools");
+        installer.pulumi_binary = tools.bin("pulumi").display().to_string();
+        let instance = dir.join("team-a").join("one");
+        let project = instance.join("platform");
+        write_project(
+            &project,
+            &project.join("state"),
+            "6.0.21",
+            DEFAULT_SDK_VERSION,
+        )
+        .expect("project");
+        let requests = dir.join("request");
+        std::fs::create_dir_all(&requests).expect("dir");
+        std::fs::write(requests.join("passphrase"), "the instance's key").expect("key");
+        let request = run::Request {
+            install_id: "run-1".into(),
+            uid: "uid-1".into(),
+            namespace: "team-a".into(),
+            name: "one".into(),
+            step: run::Step::Install { interrupted: false },
+            settings: json!({"gateway": {"httpNodePort": 30080}}),
+            secrets: [(
+                config::KUBECONFIG_KEY.to_string(),
+                "apiVersion: v1".to_string(),
+            )]
+            .into(),
+        };
+        let file = requests.join("request.json");
+        std::fs::write(&file, serde_json::to_vec(&request).expect("json")).expect("write");
+
+        // No dependency tree is linked: the program cannot load, so `up` fails, after the
+        // config was set.
+        let outcome = installer.run_request(&file).await.expect("outcome");
+        assert_eq!(
+            (outcome.install_id.as_str(), outcome.uid.as_str()),
+            ("run-1", "uid-1")
+        );
+        let (failure, message) = outcome.result.clone().expect_err("the program cannot load");
+        assert_eq!(failure, Failure::InstallFailed, "{message}");
+        assert!(outcome.up.is_some_and(|(_, ok)| !ok));
+        let written: run::Outcome = serde_json::from_slice(
+            &std::fs::read(instance.join(run::OUTCOME)).expect("outcome file"),
+        )
+        .expect("json");
+        assert_eq!(
+            (written.install_id, written.uid, written.result),
+            (outcome.install_id, outcome.uid, outcome.result)
+        );
+        let stack = pulumi::Stack {
+            passphrase_file: requests.join("passphrase"),
+            ..installer.stack(&instance)
+        };
+        let config = std::fs::read_to_string(project.join("Pulumi.dev.yaml")).expect("config");
+        assert!(config.contains("platform:kubeconfig") && !config.contains("apiVersion: v1"));
+        assert!(
+            stack.opens().await.expect("probe"),
+            "encrypted under the key beside the request"
+        );
+
+        // Refused before anything runs.
+        for (bad, expected) in [
+            (
+                run::Request {
+                    name: "../two".into(),
+                    ..request.clone()
+                },
+                "no namespace or instance name",
+            ),
+            (
+                run::Request {
+                    secrets: [("platform:other".to_string(), "x".to_string())].into(),
+                    ..request.clone()
+                },
+                "unknown secret config key",
+            ),
+        ] {
+            std::fs::write(&file, serde_json::to_vec(&bad).expect("json")).expect("write");
+            let refused = installer.run_request(&file).await.expect_err("refused");
+            assert!(refused.to_string().contains(expected), "{refused}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

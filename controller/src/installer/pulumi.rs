@@ -107,7 +107,7 @@ impl From<PulumiError> for TaskError {
 }
 
 /// Resource counts of an update, from the event log's summary event.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counts {
     /// Created (and replaced-by-create).
     pub created: i64,
