@@ -278,7 +278,13 @@ async fn instances_provision_and_delete_as_their_policy_says() {
         ),
         "{pi}"
     );
-    assert!(pi["status"]["hostNamespace"].is_null(), "{pi}");
+    let host = pi["status"]["hostNamespace"]
+        .as_str()
+        .expect("its host namespace's name");
+    assert!(
+        get(&cluster, &["get", "namespace", host]).is_none(),
+        "nothing is created for it"
+    );
 
     // They reach Installing with the vCluster serving and the kubeconfig written.
     for name in ["kept", "gone", "taken"] {
@@ -874,6 +880,8 @@ async fn a_chart_digest_mismatch_stops_the_controller() {
     std::fs::create_dir_all(home.join(".kube")).expect("home");
     std::fs::copy(&cluster.kubeconfig, home.join(".kube/config")).expect("kubeconfig");
     let out = Command::new(env!("CARGO_BIN_EXE_controller"))
+        .arg("--helm-binary")
+        .arg(&cluster.helm)
         .env_remove("KUBECONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env("HOME", &home)
