@@ -16,9 +16,6 @@
 //! - **NetworkPolicy sync**, only with `sync.toHost.networkPolicies.enabled`: every policy inside
 //!   is written, translated as vCluster translates it ([`translate_network_policy`]), into the
 //!   host namespace, owned by `service/vcluster`; host copies whose source is gone are deleted.
-//! - **a record of overlaps**: the most control plane pods that existed at once in each host
-//!   namespace ([`StandInSyncer::max_pods`]), counted from a watch (every pod's creation and
-//!   deletion in order, however short an overlap), so a test can prove a rollout never ran two.
 //!
 //! One inside API server may stand for several instances of a test: each host namespace then
 //! receives every NetworkPolicy of the shared inside.
@@ -57,26 +54,21 @@ pub const SNI_SLOTS: usize = 4;
 /// The stand-in chart's version.
 pub const CHART_VERSION: &str = "0.37.3-standin";
 
-/// A second version of the same stand-in chart, for upgrade tests (only `Chart.yaml`'s version
-/// differs, and with it the `chart` label and the control plane's image tag).
-pub const NEXT_CHART_VERSION: &str = "0.37.4-standin";
-
 /// The image of the stand-in chart's control plane container at chart `version`: the real
 /// chart's repository, tagged with the chart version as the real chart tags it.
 pub fn control_plane_image(version: &str) -> String {
     format!("ghcr.io/loft-sh/vcluster-pro:{version}")
 }
 
-/// The stand-in chart's control plane images for a real node, [`CHART_VERSION`]'s and
-/// [`NEXT_CHART_VERSION`]'s ([`control_plane_image`]): the pause program
+/// The stand-in chart's control plane image for a real node, [`CHART_VERSION`]'s
+/// ([`control_plane_image`]): the pause program
 /// ([`crate::images::pause_named`]), since this syncer does vCluster's work from the harness.
 /// Its pod then runs as a real one: the kubelet mounts its volumes (the hostPath storage
 /// directory among them) and runs its init containers, and it is Ready once started.
 pub fn control_plane_images() -> Result<Vec<crate::images::BuiltImage>, HarnessError> {
-    [CHART_VERSION, NEXT_CHART_VERSION]
-        .iter()
-        .map(|version| crate::images::pause_named(&control_plane_image(version)))
-        .collect()
+    Ok(vec![crate::images::pause_named(&control_plane_image(
+        CHART_VERSION,
+    ))?])
 }
 
 /// The release name and the name of the control plane and its Service, as the operator installs.
@@ -152,7 +144,7 @@ pub fn serving_names(
 
 /// vCluster's name for a synced object: `<name>-x-<namespace>-x-vcluster`, and beyond 63
 /// characters its first 52 characters, `-` and ten hex digits of the SHA-256 of the whole.
-pub fn translated_name(name: &str, namespace: &str) -> String {
+fn translated_name(name: &str, namespace: &str) -> String {
     safe_concat(&[name, "x", namespace, "x", RELEASE])
 }
 
@@ -325,8 +317,7 @@ fn url_host(server: &str) -> String {
 }
 
 /// What the syncer knows: the pod each host namespace's vCluster last started in, the pod whose
-/// certificate was written but is not served yet, the host namespace of each SNI slot, and the
-/// most control plane pods seen at once per namespace.
+/// certificate was written but is not served yet, and the host namespace of each SNI slot.
 #[derive(Debug, Default)]
 struct State {
     /// The instance namespaces whose host namespaces this syncer serves (`None`: every one).
@@ -334,7 +325,6 @@ struct State {
     started: BTreeMap<String, String>,
     pending: BTreeMap<String, String>,
     slots: Vec<Option<String>>,
-    max_pods: BTreeMap<String, usize>,
 }
 
 /// The inside API server's material the syncer needs.
@@ -395,9 +385,6 @@ impl StandInSyncer {
         let host_kubeconfig = host_kubeconfig.to_path_buf();
         let (stop2, state2) = (stop.clone(), state.clone());
         let thread = crate::process::spawn_on_own_runtime("standin-syncer", move || async move {
-            if let Ok(host) = client_for(&host_kubeconfig, None).await {
-                tokio::spawn(count_pods(host, state2.clone(), stop2.clone()));
-            }
             run(host_kubeconfig, inside, stop2, state2, file).await;
         })
         .map_err(|e| HarnessError::io(Path::new("standin-syncer thread"), e))?;
@@ -435,15 +422,6 @@ impl StandInSyncer {
         }
     }
 
-    /// The most control plane pods seen at once in `host_ns` (0 if none was seen).
-    pub fn max_pods(&self, host_ns: &str) -> usize {
-        self.state
-            .lock()
-            .ok()
-            .and_then(|s| s.max_pods.get(host_ns).copied())
-            .unwrap_or(0)
-    }
-
     /// The syncer's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -479,55 +457,6 @@ async fn client_for(
 fn of_replica_set(pod: &Pod) -> bool {
     (pod.metadata.owner_references.iter().flatten())
         .any(|r| r.kind == "ReplicaSet" && r.controller == Some(true))
-}
-
-/// Counts, from a watch of every control plane pod on the host, the pods that exist at once in
-/// each namespace (a terminating pod counts until it is gone), and keeps the most seen.
-async fn count_pods(host: kube::Client, state: Arc<Mutex<State>>, stop: Arc<AtomicBool>) {
-    use futures::StreamExt as _;
-    use kube::runtime::watcher::{self, Event};
-    let pods = Api::<Pod>::all(host);
-    let config = watcher::Config::default().labels(&format!("app=vcluster,release={RELEASE}"));
-    let mut stream = std::pin::pin!(watcher::watcher(pods, config));
-    let mut live: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
-    let key = |p: &Pod| {
-        (
-            p.metadata.namespace.clone().unwrap_or_default(),
-            p.metadata.uid.clone().unwrap_or_default(),
-        )
-    };
-    while !stop.load(Ordering::SeqCst) {
-        let event = tokio::select! {
-            e = stream.next() => e,
-            () = tokio::time::sleep(Duration::from_millis(500)) => continue,
-        };
-        let Some(Ok(event)) = event else {
-            continue;
-        };
-        let touched = match event {
-            Event::Init => {
-                live.clear();
-                None
-            }
-            Event::Apply(p) | Event::InitApply(p) if !of_replica_set(&p) => None,
-            Event::Apply(p) | Event::InitApply(p) => {
-                let (ns, uid) = key(&p);
-                live.entry(ns.clone()).or_default().insert(uid);
-                Some(ns)
-            }
-            Event::Delete(p) => {
-                let (ns, uid) = key(&p);
-                live.entry(ns.clone()).or_default().remove(&uid);
-                None
-            }
-            Event::InitDone => None,
-        };
-        if let (Some(ns), Ok(mut s)) = (touched, state.lock()) {
-            let now = live.get(&ns).map_or(0, |p| p.len());
-            let max = s.max_pods.entry(ns).or_default();
-            *max = (*max).max(now);
-        }
-    }
 }
 
 async fn run(

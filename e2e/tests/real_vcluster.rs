@@ -25,19 +25,24 @@
 //! is installed with `rbac.clusterAdmin=false` (Helm acts with the narrow ClusterRole, which must
 //! hold every rule of the real chart's Role: defect 1) and a `--vcluster-extra-values` file (on
 //! the state volume) renaming the syncer's ServiceAccount, under which the real syncer writes
-//! `service/vcluster` at its first start through the admission policy (defect 4). Then: the
-//! Deployment's pod template patched as the syncer's certificate rotation does, a watch counting
-//! the control-plane pods (never two: defect 2); `service/vcluster` deleted under the operator's
-//! identity (an admin is refused), a Pod and a ConfigMap made inside keeping their host copies,
-//! the same objects, while the controller restores the Service and restarts the syncer (defect 3);
+//! `service/vcluster` at its first start through the admission policy, which refuses the chart's
+//! default name for that account, `vc-vcluster` (defect 4). Then: the Deployment's pod template
+//! patched as the syncer's certificate rotation does, and its strategy patched back to the chart's
+//! `RollingUpdate` (which the controller puts back to `Recreate`), a watch counting the
+//! control-plane pods (never two: defect 2); a NetworkPolicy made inside synced to the host
+//! namespace, confined to the vCluster's pods and owned by nothing; `service/vcluster` deleted
+//! under the operator's identity (an admin is refused), a Pod and a ConfigMap made inside keeping
+//! their host copies, the same objects, while the controller restores the Service and restarts the
+//! syncer (defect 3);
 //! a helm upgrade of the vCluster killed while it waits, with the controller scaled to zero,
 //! leaving the release `pending-upgrade`: the controller, back, stops the control plane before
 //! it rolls back (defect 5).
 //!
 //! A second instance comes up meanwhile, and both are upgraded to a second chart version (the same
 //! archive packaged again with `helm package --version`, given to the controller by a `helm
-//! upgrade` of the operator chart): every object inside and every synced host object is kept, the
-//! same UIDs, never two control-plane pods. Then the two are deleted with `deletionPolicy:
+//! upgrade` of the operator chart): every object inside and every synced host object is kept, and
+//! so are `service/vcluster` and the exported kubeconfig Secret `vc-vcluster` (owned by nothing),
+//! the same UIDs, never two control-plane pods. Then the two are deleted with `deletionPolicy:
 //! Delete` and `Retain` (the real vCluster's `state.db` and `pki/` removed, kept), and the second
 //! is created again under its name: its control plane refuses the retained directory of the old
 //! UID (`StorageConflict`) until the owner marker is removed as docs/operations.md says, and then
@@ -233,13 +238,22 @@ fn ready(pod: &Value) -> bool {
     })
 }
 
-/// The status of condition `kind` of the instance, if it has one.
-fn condition(pi: &Value, kind: &str) -> Option<String> {
+/// Condition `kind` of the instance, if it has one.
+fn condition_of<'a>(pi: &'a Value, kind: &str) -> Option<&'a Value> {
     pi["status"]["conditions"]
         .as_array()?
         .iter()
         .find(|c| c["type"] == kind)
-        .and_then(|c| c["status"].as_str().map(str::to_string))
+}
+
+/// The status of condition `kind` of the instance, if it has one.
+fn condition(pi: &Value, kind: &str) -> Option<String> {
+    condition_of(pi, kind).and_then(|c| c["status"].as_str().map(str::to_string))
+}
+
+/// The reason of condition `kind` of the instance, if it has one.
+fn reason(pi: &Value, kind: &str) -> Option<String> {
+    condition_of(pi, kind).and_then(|c| c["reason"].as_str().map(str::to_string))
 }
 
 /// Base64 `v`, decoded as UTF-8.
@@ -885,6 +899,12 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
     );
     let vcluster_ready = vcluster_ready.expect("VClusterReady came before Ready");
     let all_ready = all_ready.expect("Ready");
+    assert_eq!(
+        reason(&one.get(&cluster), "VClusterReady").as_deref(),
+        Some("VClusterServing"),
+        "{}",
+        one.diagnostics(&cluster)
+    );
 
     // The real syncer runs from the built image, its binaries copied from the distro image, on
     // the real node.
@@ -930,6 +950,54 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
             .is_some_and(|c| !c.is_empty()),
         "the syncer wrote its service CIDR on service/vcluster: {service}"
     );
+    // The chart's default name for that account, `vc-vcluster` (which the policy before the fix
+    // let through by its `vc-` prefix), is refused with these values: given the right to patch
+    // Services in the host namespace, the policy alone decides (a server-side dry run).
+    let default_account = format!("system:serviceaccount:{host_ns}:vc-vcluster");
+    let grant = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{ name: e2e-services, \
+         namespace: {host_ns} }}\nrules: [{{ apiGroups: [\"\"], resources: [services], verbs: [get, \
+         patch] }}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{ \
+         name: e2e-services, namespace: {host_ns} }}\nroleRef: {{ apiGroup: \
+         rbac.authorization.k8s.io, kind: Role, name: e2e-services }}\nsubjects: [{{ kind: \
+         ServiceAccount, name: vc-vcluster, namespace: {host_ns} }}]\n"
+    );
+    kubectl(&cluster, &["apply", "-f", "-"], Some(&grant));
+    let annotate = || {
+        let mut annotate = cluster.kubectl();
+        annotate.args([
+            "-n",
+            &host_ns,
+            "annotate",
+            "service",
+            "vcluster",
+            "--overwrite",
+        ]);
+        annotate.args(["probe=1", "--dry-run=server", "--as", &default_account]);
+        run(annotate, None).expect("kubectl runs")
+    };
+    // RBAC refuses until the authorizer has seen the binding ("cannot get/patch resource").
+    let annotated = std::cell::RefCell::new(annotate());
+    wait_for(
+        "the RoleBinding for vc-vcluster in force",
+        Duration::from_secs(30),
+        || annotated.borrow().stderr.clone(),
+        || {
+            *annotated.borrow_mut() = annotate();
+            !annotated.borrow().stderr.contains("cannot ")
+        },
+    );
+    let annotated = annotated.into_inner();
+    assert!(
+        !annotated.success
+            && annotated
+                .stderr
+                .contains("managed by the platform operator"),
+        "vc-vcluster may not change service/vcluster: {}{}",
+        annotated.stdout,
+        annotated.stderr
+    );
+    kubectl(&cluster, &["delete", "-f", "-"], Some(&grant));
 
     // The kubeconfig the syncer exported, as the controller copied it: the in-cluster address.
     let exported = json(&cluster, &["-n", &host_ns, "get", "secret", "vc-vcluster"]);
@@ -1048,8 +1116,38 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
     // running at once.
     let deployment = json(&cluster, &["-n", &host_ns, "get", "deployment", "vcluster"]);
     assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
-    let count = PodCount::start(client.clone(), &host_ns);
-    count.wait_listed();
+    // Merge-patches deployment/vcluster with `patch` (`what`) while a watch counts the
+    // control-plane pods, waits until a new pod (not `old`) is Ready, `done` holds and the instance
+    // is Ready again, asserts that never two pods ran at once; the new pod's UID, the seconds to
+    // it, and the most pod objects at once.
+    let one_at_a_time = |old: &str, patch: &str, what: &str, done: &dyn Fn() -> bool| {
+        let count = PodCount::start(client.clone(), &host_ns);
+        count.wait_listed();
+        let patched = Instant::now();
+        let args = ["-n", &host_ns, "patch", "deployment", "vcluster"];
+        kubectl(
+            &cluster,
+            &[&args[..], &["--type=merge", "-p", patch]].concat(),
+            None,
+        );
+        let mut rolled = None;
+        wait_for(
+            &format!("{what}: the control plane's new pod Ready"),
+            Duration::from_secs(300),
+            || one.diagnostics(&cluster),
+            || {
+                rolled = new_control_plane(old);
+                rolled.is_some() && done()
+            },
+        );
+        let took = patched.elapsed();
+        instance_ready(&format!("the instance Ready again after {what}"));
+        std::thread::sleep(Duration::from_secs(2));
+        let (objects, at_once) = count.most();
+        drop(count);
+        assert_eq!(at_once, 1, "{what}: two control-plane pods running at once");
+        (rolled.expect("the new pod"), took, objects)
+    };
     let rotation = format!(
         r#"{{"spec":{{"template":{{"metadata":{{"annotations":{{"{CERT_ROTATION_ANNOTATION}":"{}"}}}}}}}}}}"#,
         std::time::SystemTime::now()
@@ -1057,46 +1155,42 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
             .expect("clock")
             .as_secs()
     );
-    let rotated = Instant::now();
-    kubectl(
-        &cluster,
-        &[
-            "-n",
-            &host_ns,
-            "patch",
-            "deployment",
-            "vcluster",
-            "--type=merge",
-            "-p",
-            &rotation,
-        ],
-        None,
+    let (rotated_pod, rotated_in, objects) = one_at_a_time(
+        &pod_uid,
+        &rotation,
+        "the pod template patched as the rotation does",
+        &|| true,
     );
-    let mut rolled = None;
-    wait_for(
-        "the rotated control plane's pod Ready",
-        Duration::from_secs(300),
-        || one.diagnostics(&cluster),
-        || {
-            rolled = new_control_plane(&pod_uid);
-            rolled.is_some()
-        },
-    );
-    let rotated_in = rotated.elapsed();
-    instance_ready("the instance Ready after the rotation");
-    std::thread::sleep(Duration::from_secs(2));
-    let (objects, at_once) = count.most();
-    drop(count);
-    assert_eq!(at_once, 1, "two control-plane pods running at once");
     let version = inside(&["get", "--raw", "/version"]);
     assert_eq!(version["gitVersion"], "v1.35.4", "{version}");
     println!(
         "figure: pod template patched as the certificate rotation does: new control plane Ready \
-         in {:.1} s, at most {at_once} control-plane pod running at once ({objects} pod \
-         objects, the ended one still held)",
+         in {:.1} s, at most 1 control-plane pod running at once ({objects} pod objects, the \
+         ended one still held)",
         rotated_in.as_secs_f64()
     );
-    let control_plane = rolled.expect("the rotated pod");
+
+    // Defect 2, whoever patches the Deployment: its strategy patched back to the chart's
+    // `RollingUpdate` with `maxSurge: 1` is put back to `Recreate` by the controller (a drift
+    // upgrade of the release through its post-renderer, the control plane stopped before it),
+    // and no two control-plane pods run meanwhile.
+    let rolling = r#"{"spec":{"strategy":{"type":"RollingUpdate","rollingUpdate":{"maxSurge":1,"maxUnavailable":0}}}}"#;
+    let recreate = || {
+        json_opt(&cluster, &["-n", &host_ns, "get", "deployment", "vcluster"])
+            .is_some_and(|d| d["spec"]["strategy"] == serde_json::json!({"type": "Recreate"}))
+    };
+    let (control_plane, recreated_in, objects) = one_at_a_time(
+        &rotated_pod,
+        rolling,
+        "the strategy patched to RollingUpdate, Recreate put back",
+        &recreate,
+    );
+    println!(
+        "figure: strategy patched to RollingUpdate (maxSurge 1): Recreate put back and the new \
+         control plane Ready in {:.1} s, at most 1 control-plane pod running at once ({objects} \
+         pod objects)",
+        recreated_in.as_secs_f64()
+    );
 
     // Defect 3: service/vcluster deleted. Inside the vCluster first: a ConfigMap and a bare Pod
     // using it (CoreDNS serving a Corefile from the ConfigMap), synced to the host namespace
@@ -1105,13 +1199,18 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
     // garbage collector deleted the host copies within seconds of the Service, and the running
     // syncer then deleted the virtual Pod and ConfigMap themselves (a host copy gone is taken for
     // a deletion: pods/syncer.go, configmaps/to_host_syncer.go), before any restore could act.
+    // With them a NetworkPolicy (for pods `app: web`: none here), which the syncer writes into the
+    // host namespace too (sync.toHost.networkPolicies, on in the controller's values).
     let manifest = format!(
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: keep, namespace: default }}\ndata:\n  \
          Corefile: |\n    .:1053 {{\n        whoami\n    }}\n---\napiVersion: v1\nkind: Pod\n\
          metadata: {{ name: keeper, namespace: default }}\nspec:\n  containers:\n    - name: dns\n      \
          image: {COREDNS_IMAGE}\n      imagePullPolicy: Never\n      args: [-conf, /etc/coredns/Corefile]\n      \
          volumeMounts: [{{ name: config, mountPath: /etc/coredns }}]\n  volumes:\n    - name: config\n      \
-         configMap: {{ name: keep }}\n"
+         configMap: {{ name: keep }}\n---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {{ name: isolate, namespace: default, labels: {{ tenant: acme }} }}\nspec:\n  \
+         podSelector: {{ matchLabels: {{ app: web }} }}\n  policyTypes: [Ingress]\n  ingress: [{{ \
+         from: [{{ podSelector: {{}} }}] }}]\n"
     );
     let manifest_file = cluster.dir().join("inside-keep.yaml");
     std::fs::write(&manifest_file, &manifest).expect("manifest");
@@ -1124,12 +1223,47 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
     ]);
     let host_pod = "keeper-x-default-x-vcluster";
     let host_config = "keep-x-default-x-vcluster";
+    let host_policy = "isolate-x-default-x-vcluster";
     wait_for(
         "the Pod made inside Ready on the host",
         Duration::from_secs(120),
         || one.diagnostics(&cluster),
         || json_opt(&cluster, &["-n", &host_ns, "get", "pod", host_pod]).is_some_and(|p| ready(&p)),
     );
+    // The NetworkPolicy's host copy: its labels kept, beside the syncer's marker and the virtual
+    // namespace; its pod selector confined to the vCluster's pods of that namespace (an
+    // unconfined one would select the host namespace's other pods); owned by nothing.
+    let mut policy = None;
+    wait_for(
+        "the NetworkPolicy made inside synced to the host",
+        Duration::from_secs(120),
+        || one.diagnostics(&cluster),
+        || {
+            policy = json_opt(
+                &cluster,
+                &["-n", &host_ns, "get", "networkpolicy", host_policy],
+            );
+            policy.is_some()
+        },
+    );
+    let policy = policy.expect("the synced NetworkPolicy");
+    let labels = &policy["metadata"]["labels"];
+    assert_eq!(labels["tenant"], "acme", "{policy}");
+    assert_eq!(
+        labels["vcluster.loft.sh/managed-by"], "vcluster",
+        "{policy}"
+    );
+    assert_eq!(labels["vcluster.loft.sh/namespace"], "default", "{policy}");
+    assert_eq!(
+        policy["spec"]["podSelector"],
+        serde_json::json!({"matchLabels": {
+            "app": "web",
+            "vcluster.loft.sh/managed-by": "vcluster",
+            "vcluster.loft.sh/namespace": "default",
+        }}),
+        "{policy}"
+    );
+    assert!(policy["metadata"]["ownerReferences"].is_null(), "{policy}");
     let service = json(&cluster, &["-n", &host_ns, "get", "service", "vcluster"]);
     let old_service = service["metadata"]["uid"]
         .as_str()
@@ -1142,6 +1276,7 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
     for name in [
         format!("Pod/{host_pod}"),
         format!("ConfigMap/{host_config}"),
+        format!("NetworkPolicy/{host_policy}"),
     ] {
         assert!(before.contains_key(&name), "{name} is synced: {before:?}");
     }
@@ -1805,11 +1940,26 @@ fn recovery_stops_the_control_plane_before_it_rolls_back(
     );
 }
 
+/// The UIDs of `service/vcluster` and of the Secret `vc-vcluster` (the kubeconfig the syncer
+/// exports) in `host`, which an upgrade must keep; the Secret, like everything the syncer writes
+/// (`setOwner: false`), names no owner.
+fn service_and_export(cluster: &ControlPlane, host: &str) -> (String, String) {
+    let service = json(cluster, &["-n", host, "get", "service", "vcluster"]);
+    let export = json(cluster, &["-n", host, "get", "secret", "vc-vcluster"]);
+    assert!(export["metadata"]["ownerReferences"].is_null(), "{export}");
+    (
+        text(&service["metadata"]["uid"]),
+        text(&export["metadata"]["uid"]),
+    )
+}
+
 /// Issue 29, the chart upgrade on the real vCluster: `upgrade` gives the controller the second
 /// chart version; each of `instances` is upgraded to it (its release record labelled with it,
 /// `service/vcluster` labelled with it, its control plane running the syncer image of that
-/// version, Ready), never with two control-plane pods running, and keeps every object inside
-/// ([`INSIDE_KINDS`]) and every synced host object, the same UIDs.
+/// version, Ready, `VClusterReady` for `VClusterServing`), never with two control-plane pods
+/// running, and keeps every object inside ([`INSIDE_KINDS`]), every synced host object,
+/// `service/vcluster` and the exported Secret `vc-vcluster` ([`service_and_export`]), the same
+/// UIDs.
 fn chart_upgrade_keeps_everything_inside_and_synced(
     cluster: &ControlPlane,
     client: &kube::Client,
@@ -1817,6 +1967,10 @@ fn chart_upgrade_keeps_everything_inside_and_synced(
     upgrade: impl FnOnce(),
 ) {
     type Uids = BTreeMap<String, String>;
+    let kept_before: Vec<(String, String)> = instances
+        .iter()
+        .map(|i| service_and_export(cluster, &i.host_ns))
+        .collect();
     let before: Vec<(Uids, Uids)> = instances
         .iter()
         .map(|i| {
@@ -1904,6 +2058,20 @@ fn chart_upgrade_keeps_everything_inside_and_synced(
             },
         );
     }
+    for (instance, kept) in instances.iter().zip(&kept_before) {
+        assert_eq!(
+            &service_and_export(cluster, &instance.host_ns),
+            kept,
+            "{}: service/vcluster and secret/vc-vcluster, the same objects",
+            instance.name
+        );
+        assert_eq!(
+            reason(&instance.get(cluster), "VClusterReady").as_deref(),
+            Some("VClusterServing"),
+            "{}",
+            instance.diagnostics(cluster)
+        );
+    }
     std::thread::sleep(Duration::from_secs(2));
     for (instance, count) in instances.iter().zip(&counts) {
         let (_, at_once) = count.most();
@@ -1930,7 +2098,8 @@ fn chart_upgrade_keeps_everything_inside_and_synced(
         .collect();
     println!(
         "figure: vCluster chart {} -> {NEXT_CHART_VERSION} through a helm upgrade of the operator \
-         chart: {}; at most one control-plane pod running at once",
+         chart: {}; service/vcluster and secret/vc-vcluster the same objects; at most one \
+         control-plane pod running at once",
         e2e::real_vcluster::CHART_VERSION,
         kept.join("; ")
     );

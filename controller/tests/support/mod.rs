@@ -24,7 +24,14 @@ pub struct Controller {
 impl Controller {
     /// Starts the controller binary against `cluster` with the fixture's chart and values.
     pub fn start(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
-        Self::start_with_chart(cluster, fixture, (&fixture.chart, &fixture.digest), extra)
+        Self::spawn(
+            cluster,
+            fixture,
+            (&fixture.chart, &fixture.digest),
+            extra,
+            &[],
+            true,
+        )
     }
 
     /// As [`Controller::start`], watching every namespace: only for a process that has the API
@@ -64,16 +71,6 @@ impl Controller {
             env,
             true,
         )
-    }
-
-    /// As [`Controller::start`], shipping `chart` (archive, `sha256:` digest) instead.
-    pub fn start_with_chart(
-        cluster: &Shared,
-        fixture: &Fixture,
-        chart: (&std::path::Path, &str),
-        extra: &[&str],
-    ) -> Self {
-        Self::spawn(cluster, fixture, chart, extra, &[], true)
     }
 
     /// As [`Controller::start`], running `binary` (another build of the controller, such as a
