@@ -43,6 +43,10 @@ pub const POD_BRIDGE: &str = "po-pods0";
 pub const API_PORT: u16 = 6443;
 /// Connections each door carries at once; more wait.
 const MAX_IN_FLIGHT: usize = 256;
+/// Connections the API server relay carries at once; more wait. Every watch holds one
+/// (HTTP/1.1): the kubelet's, kube-proxy's, the pods' and those of the controllers the tests start
+/// in the node's namespace, several at once in one test process.
+const API_RELAY_IN_FLIGHT: usize = 1024;
 /// How long the egress proxy waits for a CONNECT request's head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -387,7 +391,14 @@ impl NodeNetwork {
     /// Opens the API server relay: [`API_PORT`] on every address of the node's namespace,
     /// carried to `127.0.0.1:api_port` on the machine.
     pub fn start_api_relay(&mut self, api_port: u16) -> Result<(), HarnessError> {
-        self.start_relay("api-relay", API_PORT, api_port)
+        let relay = Relay::open_bounded(
+            &self.handle()?,
+            "api-relay",
+            (API_PORT, api_port),
+            API_RELAY_IN_FLIGHT,
+        )?;
+        self.relays.push(relay);
+        Ok(())
     }
 
     /// Opens a relay ([`Relay::open`]) that closes with the network: `port` on every address of
@@ -441,6 +452,16 @@ impl Relay {
         port: u16,
         upstream: u16,
     ) -> Result<Self, HarnessError> {
+        Self::open_bounded(netns, name, (port, upstream), MAX_IN_FLIGHT)
+    }
+
+    /// As [`Relay::open`], carrying at most `in_flight` connections at once.
+    fn open_bounded(
+        netns: &NetnsHandle,
+        name: &'static str,
+        (port, upstream): (u16, u16),
+        in_flight: usize,
+    ) -> Result<Self, HarnessError> {
         let listener = {
             let netns = netns
                 .try_clone()
@@ -465,7 +486,7 @@ impl Relay {
             let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
                 return;
             };
-            let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+            let slots = Arc::new(Semaphore::new(in_flight));
             let upstream = SocketAddr::from(([127, 0, 0, 1], upstream));
             loop {
                 let accepted = tokio::select! {
