@@ -1,8 +1,10 @@
 //! Installer benchmark (prints figures; asserts nothing about speed).
 //!
-//! On one control plane, with the stand-in `@di-framework/platform` in a local npm registry and
-//! the real Pulumi CLI, two rounds side by side in one run, each with its own controller and a
-//! fresh state volume (empty npm cache, Pulumi home and dependency trees):
+//! On one control plane with a real node, with the stand-in `@di-framework/platform` in a local
+//! npm registry and the real Pulumi CLI, two rounds side by side in one run, each with its own
+//! controller (in the node's network namespace, reaching the API server, the vCluster and the
+//! registry through the harness's relays) and a fresh state volume (empty npm cache, Pulumi home
+//! and dependency trees):
 //!
 //! - **cold registry**: the registry this run started, serving its first requests;
 //! - **warm registry**: the same registry, which has just served the same packages.
@@ -12,9 +14,10 @@
 //! inside `pulumi up` itself, inside the rest of the Pulumi step (the stack's config file, the
 //! stack's creation, pending operations, the outputs: any other Pulumi command and the work the
 //! operator does in their place), inside Helm for the vCluster, the **stand-in** vCluster's start
-//! (from the timeline: its Helm release `deployed` to its exported kubeconfig written; KWOK and
-//! the stand-in syncer, where a real vCluster takes its own, longer, time), and the rest (the
-//! operator's own work and its queues). "Outside `pulumi up`" is time to Ready minus `pulumi up`'s own seconds.
+//! (from the timeline: its Helm release `deployed` to its exported kubeconfig written; its pod on
+//! the real node and the stand-in syncer, where a real vCluster takes its own, longer, time), and
+//! the rest (the operator's own work and its queues). "Outside `pulumi up`" is time to Ready minus
+//! `pulumi up`'s own seconds.
 //! Figures come from the controller's `platform_operator_controller_tool_duration_seconds` and
 //! `platform_operator_controller_helm_duration_seconds`; Ready is seen by a watch
 //! (`kubectl wait`), not a poll.
@@ -47,7 +50,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
-use support::{Controller, fixture};
+use support::{Controller, installing_fixture};
 
 const TOOL: &str = "platform_operator_controller_tool_duration_seconds";
 const HELM: &str = "platform_operator_controller_helm_duration_seconds";
@@ -413,7 +416,7 @@ async fn round(
     version: &str,
     (name, binary): (&str, Option<&std::path::Path>),
 ) -> (Figures, Figures) {
-    let fx = fixture(cluster, &format!("bench-install-{name}")).await;
+    let fx = installing_fixture(cluster, &format!("bench-install-{name}")).await;
     let ns = cluster.create_namespace("bench", &[]).expect("namespace");
     let log_level = std::env::var("BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into());
     let args = [
@@ -473,7 +476,7 @@ fn row(name: &str, f: &Figures) {
 #[tokio::main]
 async fn main() {
     let version = std::env::var("BENCH_VERSION").unwrap_or_else(|_| "6.0.22".into());
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let registry = e2e::npm::shared().expect("npm registry");
     let baseline_binary = std::env::var_os("BENCH_BASELINE").map(std::path::PathBuf::from);

@@ -2,7 +2,8 @@
 //! plane with the stand-in vCluster chart (named a stand-in: the real chart cannot be fetched
 //! here). A leader whose API connection stalls behind a loopback proxy is replaced only after it
 //! has stopped working; an install killed mid-way leaves no zombie; host namespaces and vCluster
-//! values carry the Pod Security levels.
+//! values carry the Pod Security levels. The control plane has a real node (where the installing
+//! controller runs, in its network namespace).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 mod support;
-use support::{Controller, fixture, get, wait_for};
+use support::{Controller, fixture, get, installing_fixture, wait_for};
 
 fn instance(ns: &str, name: &str) -> String {
     format!(
@@ -168,7 +169,7 @@ const LEASE: [&str; 3] = [
 
 #[tokio::test]
 async fn a_leader_whose_api_connection_stalls_stops_working_before_another_takes_over() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let fx = fixture(&cluster, "stall").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");
@@ -297,9 +298,9 @@ async fn a_leader_whose_api_connection_stalls_stops_working_before_another_takes
 
 #[tokio::test]
 async fn a_killed_install_leaves_no_zombie_and_host_namespaces_carry_pod_security() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "zombie").await;
+    let fx = installing_fixture(&cluster, "zombie").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");
 
     // An npm that leaves an orphan (a child that starts a grandchild and exits at once, as a

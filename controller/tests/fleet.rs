@@ -1,7 +1,8 @@
 //! End-to-end tests of what a fleet needs (issue 31): suspend, retries you can see and bound,
 //! history, and the GitOps health of an instance. The controller binary runs on the local
 //! control plane with the stand-in vCluster chart and real helm, as in `e2e.rs`; instances are
-//! written with `kubectl apply --server-side`, as a user would.
+//! written with `kubectl apply --server-side`, as a user would. The control plane has a real node
+//! (where the installing controllers run, in its network namespace).
 
 use std::time::Duration;
 
@@ -9,7 +10,10 @@ use e2e::shared::Shared;
 use serde_json::Value;
 
 mod support;
-use support::{Controller, Fixture, argo_health, condition, fixture, get, reaches, wait_for};
+use support::{
+    Controller, Fixture, argo_health, condition, fixture, get, installing_fixture, reaches,
+    wait_for,
+};
 
 /// Helm runs the controller made (the `_count` of its helm durations).
 const HELM_RUNS: &str = "platform_operator_controller_helm_duration_seconds_count";
@@ -21,13 +25,18 @@ fn instance(ns: &str, name: &str, extra: &str) -> String {
     )
 }
 
-/// The shared control plane with the CRD, a fixture named `name` whose vCluster chart gets the
-/// extra `values`, a new namespace, and a controller watching it with `flags`. (Bind all four:
-/// the controller must stop before the fixture.)
+/// The shared control plane (with a real node) with the CRD, a fixture named `name` whose
+/// vCluster chart gets the extra `values` (an installing one when `flags` install), a new
+/// namespace, and a controller watching it with `flags`. (Bind all four: the controller must stop
+/// before the fixture.)
 async fn start(name: &str, values: &str, flags: &[&str]) -> (Shared, Fixture, String, Controller) {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, name).await;
+    let fx = if flags.contains(&"--install-platform=true") {
+        installing_fixture(&cluster, name).await
+    } else {
+        fixture(&cluster, name).await
+    };
     std::fs::write(&fx.values, values).expect("values");
     let team = cluster.create_namespace("team", &[]).expect("namespace");
     let mut args = vec!["--leader-elect=false", "--watch-namespace", &team];
@@ -296,8 +305,7 @@ async fn the_history_keeps_each_run_newest_first_and_a_ready_instance_is_healthy
         "phase=\"Ready\"",
         "version=\"6.0.22\"",
     ];
-    let text = e2e::control_plane::plain_get(controller.ops_port(), "/metrics").await;
-    let text = text.map(|(_, body)| body).unwrap_or_default();
+    let text = controller.metrics().await;
     let line = text
         .lines()
         .find(|l| l.starts_with(info) && l.contains(one));

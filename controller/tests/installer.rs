@@ -1,7 +1,8 @@
 //! End-to-end tests of the installer: the controller binary installs the STAND-IN
 //! `@di-framework/platform` (published into a real npm registry, verdaccio, on loopback; the
 //! real package cannot be had here) with the real Pulumi CLI built from Go modules, into the
-//! second API server that stands for each vCluster's inside.
+//! second API server that stands for each vCluster's inside. Every test runs on a control plane
+//! with a real node, the controller inside the node's network namespace (see `support`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,7 +13,7 @@ use e2e::shared::Shared;
 use serde_json::Value;
 
 mod support;
-use support::{Controller, Fixture, condition, fixture, get, wait_for};
+use support::{Controller, Fixture, condition, get, installing_fixture, wait_for};
 
 const CLIENT_SECRET: &str = "oauth-client-secret-e2e-7f3a";
 /// How many npm runs the controller made (`_count` of its npm tool time).
@@ -269,11 +270,12 @@ fn is_ready(pi: &Value, version: &str) -> bool {
 
 #[tokio::test]
 async fn installs_upgrades_fails_times_out_and_repairs_drift() {
-    // Its Delete instance's cleanup Job runs on the real node.
+    // Its Delete instance's cleanup Job runs on the real node, and the controller in its network
+    // namespace.
     let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let registry = e2e::npm::shared().expect("npm registry");
-    let fx = fixture(&cluster, "installer").await;
+    let fx = installing_fixture(&cluster, "installer").await;
     let team = team_with_secret(&cluster, CLIENT_SECRET);
     let controller = Controller::start(
         &cluster,
@@ -444,7 +446,11 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     .expect("base64");
     let file = fx.dir.join("member.kubeconfig");
     std::fs::write(&file, kubeconfig).expect("write");
+    // From the node's network namespace, where its server (the vCluster's relay) is.
+    let netns = cluster.node_netns.as_deref().expect("the node's namespace");
+    let netns = e2e::node_net::NetnsHandle::open(netns).expect("the node's namespace");
     let mut whoami = Command::new(&cluster.kubectl);
+    netns.enter_on_spawn(&mut whoami);
     whoami.env("KUBECONFIG", &file).args([
         "auth",
         "whoami",
@@ -777,13 +783,14 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
 
 #[tokio::test]
 async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
-    // A control plane of its own: a controller watches every instance of its cluster.
-    let cp = e2e::ControlPlane::start(e2e::Options::new("installer-crash"))
+    // A control plane of its own (with a real node, where the installing controller runs): a
+    // controller watches every instance of its cluster.
+    let cp = e2e::ControlPlane::start(e2e::Options::new("installer-crash").real_node_for_jobs())
         .await
         .expect("control plane");
     let cluster = cp.handle();
     cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "installer-crash").await;
+    let fx = installing_fixture(&cluster, "installer-crash").await;
     let team = team_with_secret(&cluster, "s");
     let args = [
         "--leader-elect=false",
@@ -1007,10 +1014,12 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
 
     // A program that tries to reach the cluster the operator runs in (the stand-in's 6.0.25)
     // finds nothing there: the controller's own KUBECONFIG (the host's admin) and in-cluster
-    // variables naming the host API server do not reach it, and a kubernetes resource with no
-    // provider gets the engine's error instead of the host's ambient credentials.
+    // variables naming the host API server (as the controller reaches it) do not reach it, and a
+    // kubernetes resource with no provider gets the engine's error instead of the host's ambient
+    // credentials.
     drop(controller);
-    let host_kubeconfig = std::fs::read_to_string(&cluster.kubeconfig).expect("kubeconfig");
+    let controllers = cluster.node_kubeconfig.as_ref().expect("kubeconfig");
+    let host_kubeconfig = std::fs::read_to_string(controllers).expect("kubeconfig");
     let server = host_kubeconfig
         .lines()
         .find_map(|l| l.trim().strip_prefix("server: "))
@@ -1079,9 +1088,9 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
 /// annotation allows it.
 #[tokio::test]
 async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "downgrade").await;
+    let fx = installing_fixture(&cluster, "downgrade").await;
     let team = team_with_secret(&cluster, CLIENT_SECRET);
     let controller = Controller::start(
         &cluster,
@@ -1117,6 +1126,26 @@ async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded
         "Retain kept the state"
     );
     apply(&cluster, &instance(&team, "kept", "6.0.21", "Retain", ""));
+    // Its storage on the node, kept too, still names the deleted instance (another UID): the
+    // control plane does not take it until the owner marker is removed, as docs/operations.md
+    // says.
+    wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "kept",
+        "the re-created instance to find the retained storage another's",
+        Duration::from_secs(300),
+        |pi| condition(pi, "Stalled") == Some(("True".into(), "StorageConflict".into())),
+    )
+    .await;
+    let host = common::names::host_namespace(&team, "kept");
+    let marker = fx
+        .dir
+        .join("storage")
+        .join(common::names::storage_dir(&team, "kept", &host))
+        .join(controller::marker::MARKER);
+    std::fs::remove_file(&marker).expect("remove the owner marker");
     let pi = wait_phase(
         &cluster,
         &controller,
@@ -1167,9 +1196,9 @@ async fn a_retained_instance_created_again_at_an_older_version_is_not_downgraded
 
 #[tokio::test]
 async fn a_full_state_volume_stops_installs_before_they_start_and_is_measured() {
-    let cluster = e2e::shared().unwrap_or_else(|e| panic!("control plane: {e}"));
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "installer-full").await;
+    let fx = installing_fixture(&cluster, "installer-full").await;
     let (used, capacity) =
         controller::metrics::volume_usage(&fx.dir).expect("the state volume is measurable");
     let percent = u128::from(used) * 100 / u128::from(capacity);
@@ -1227,12 +1256,12 @@ async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on
     // A control plane of its own: a controller reconciles every instance of its cluster, and the
     // other tests' controllers (another heap limit, a "full" state volume) must not take this
     // one's instance.
-    let cp = e2e::ControlPlane::start(e2e::Options::new("installer-oom"))
+    let cp = e2e::ControlPlane::start(e2e::Options::new("installer-oom").real_node_for_jobs())
         .await
         .expect("control plane");
     let cluster = cp.handle();
     cluster.install_crd().expect("CRD");
-    let fx = fixture(&cluster, "installer-oom").await;
+    let fx = installing_fixture(&cluster, "installer-oom").await;
     let team = team_with_secret(&cluster, CLIENT_SECRET);
     let mut controller = Controller::start(
         &cluster,

@@ -144,6 +144,7 @@ pub struct ControlPlane {
     tools: Tools,
     processes: Vec<Process>,
     real_node: Option<crate::real_node::RealNode>,
+    node_kubeconfig: Option<PathBuf>,
     operator_image: Option<String>,
     keep: bool,
 }
@@ -295,6 +296,7 @@ impl ControlPlane {
             tools,
             processes: Vec::new(),
             real_node: None,
+            node_kubeconfig: None,
             operator_image: None,
             keep: std::env::var_os("PLATFORM_OPERATOR_E2E_KEEP").is_some(),
         };
@@ -436,6 +438,13 @@ impl ControlPlane {
                     ca_file: files.ca_cert.clone(),
                 };
                 node.start(&access, &client, deadline).await?;
+                // The admin's kubeconfig as seen from inside the node's namespace, where the
+                // API server relay listens on 127.0.0.1 too (the serving certificate names it).
+                let server = format!("https://127.0.0.1:{}", crate::node_net::API_PORT);
+                let yaml = kubeconfig_yaml(&server, &pki.ca_cert, &pki.admin_cert, &pki.admin_key)?;
+                let path = self.dir.join("node-netns.kubeconfig");
+                std::fs::write(&path, yaml).map_err(|e| HarnessError::io(&path, e))?;
+                self.node_kubeconfig = Some(path);
                 if options.cluster_dns {
                     crate::cluster_dns::deploy(node, &self.kubeconfig, &self.tools, deadline)?;
                 }
@@ -709,6 +718,20 @@ impl ControlPlane {
     /// controller's `--cleanup-image` names there, when [`Options::job_images`] imported it.
     pub fn operator_image(&self) -> Option<&str> {
         self.operator_image.as_deref()
+    }
+
+    /// The admin kubeconfig for processes started inside the real node's network namespace
+    /// (server `https://127.0.0.1:6443`, the API server relay there), when there is a real node.
+    pub fn node_kubeconfig(&self) -> Option<&Path> {
+        self.node_kubeconfig.as_deref()
+    }
+
+    /// The name of the real node's network namespace (under `/run/netns`), when there is one.
+    pub fn node_netns(&self) -> Option<&str> {
+        self.real_node
+            .as_ref()
+            .and_then(|n| n.netns())
+            .map(|n| n.name())
     }
 
     /// The real node, when [`Options::real_node`] asked for one.

@@ -4,11 +4,15 @@
 //! two doors the harness holds open on loopback-only terms:
 //!
 //! - the **API server relay**: a listener inside the node's namespace ([`API_PORT`] on every
-//!   address there, so the kubelet, kube-proxy and pods behind the `kubernetes` Service reach it)
-//!   whose connections the harness carries to the API server on the machine's 127.0.0.1;
+//!   address there, so the kubelet, kube-proxy, pods behind the `kubernetes` Service and
+//!   processes a test starts in the namespace on `https://127.0.0.1:6443` reach it) whose
+//!   connections the harness carries to the API server on the machine's 127.0.0.1;
 //! - the **egress proxy**: an HTTP CONNECT proxy on a Unix socket that the API server's egress
 //!   selector (`cluster`: webhooks, the kubelet's logs and exec) uses, dialling from inside the
 //!   node's namespace, only IP addresses (no name is ever looked up).
+//!
+//! More doors are [`Relay`]s: a port in the namespace (any free one with port 0) carried to a
+//! server of the test on the machine's loopback, closed when dropped.
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -39,6 +43,10 @@ pub const POD_BRIDGE: &str = "po-pods0";
 pub const API_PORT: u16 = 6443;
 /// Connections each door carries at once; more wait.
 const MAX_IN_FLIGHT: usize = 256;
+/// Connections the API server relay carries at once; more wait. Every watch holds one
+/// (HTTP/1.1): the kubelet's, kube-proxy's, the pods' and those of the controllers the tests start
+/// in the node's namespace, several at once in one test process.
+const API_RELAY_IN_FLIGHT: usize = 1024;
 /// How long the egress proxy waits for a CONNECT request's head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -46,7 +54,7 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct Netns {
     name: String,
-    file: File,
+    handle: NetnsHandle,
 }
 
 static SEQUENCE: AtomicU32 = AtomicU32::new(0);
@@ -68,7 +76,10 @@ impl Netns {
                 return Err(HarnessError::io(&path, e));
             }
         };
-        let ns = Netns { name, file };
+        let ns = Netns {
+            name,
+            handle: NetnsHandle(file),
+        };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -95,11 +106,34 @@ impl Netns {
         crate::cmd::run(cmd, None)?.ok(&what)
     }
 
-    /// Makes `command` start inside this namespace (the file must outlive its spawn).
+    /// Makes `command` start inside this namespace (the namespace must outlive its spawn).
+    pub fn enter_on_spawn(&self, command: &mut Command) {
+        self.handle.enter_on_spawn(command);
+    }
+
+    /// A handle for moving threads into this namespace.
+    pub fn handle(&self) -> std::io::Result<NetnsHandle> {
+        self.handle.try_clone()
+    }
+}
+
+/// An open namespace file, for moving threads and new processes into it (it does not delete the
+/// namespace).
+#[derive(Debug)]
+pub struct NetnsHandle(File);
+
+impl NetnsHandle {
+    /// Opens the namespace `name` (under `/run/netns`), such as a real node's
+    /// ([`crate::shared::Shared::node_netns`]).
+    pub fn open(name: &str) -> std::io::Result<Self> {
+        File::open(Path::new("/run/netns").join(name)).map(NetnsHandle)
+    }
+
+    /// Makes `command` start inside the namespace (the handle must outlive its spawn).
     #[allow(unsafe_code)]
     pub fn enter_on_spawn(&self, command: &mut Command) {
         use std::os::unix::process::CommandExt;
-        let fd = self.file.as_raw_fd();
+        let fd = self.0.as_raw_fd();
         // SAFETY: the closure runs in the forked child before exec and calls only setns(2), which
         // is async-signal-safe; `fd` stays open in the parent (and so in the child) until then.
         unsafe {
@@ -112,17 +146,6 @@ impl Netns {
         }
     }
 
-    /// A handle for moving threads into this namespace.
-    pub fn handle(&self) -> std::io::Result<NetnsHandle> {
-        Ok(NetnsHandle(self.file.try_clone()?))
-    }
-}
-
-/// An open namespace file, for moving threads into it (it does not delete the namespace).
-#[derive(Debug)]
-pub struct NetnsHandle(File);
-
-impl NetnsHandle {
     /// Another handle on the same namespace.
     pub fn try_clone(&self) -> std::io::Result<Self> {
         Ok(NetnsHandle(self.0.try_clone()?))
@@ -136,6 +159,28 @@ impl NetnsHandle {
             return Err(std::io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// A plain-HTTP GET of `path` on `127.0.0.1:port` inside the namespace, from a thread that
+    /// enters it ([`crate::control_plane::blocking_get`]): the status code and the whole response
+    /// text.
+    pub async fn plain_get(&self, port: u16, path: &str) -> Option<(u16, String)> {
+        let handle = self.try_clone().ok()?;
+        let path = path.to_string();
+        tokio::task::spawn_blocking(move || {
+            // A thread of its own: the blocking pool's threads are reused, and this one does not
+            // come back from the namespace.
+            std::thread::spawn(move || {
+                handle.enter_thread().ok()?;
+                crate::control_plane::blocking_get(port, &path)
+            })
+            .join()
+            .ok()
+            .flatten()
+        })
+        .await
+        .ok()
+        .flatten()
     }
 }
 
@@ -172,7 +217,9 @@ pub struct NodeNetwork {
     egress_socket: PathBuf,
     bridge_nf_call: bool,
     notes: Vec<String>,
-    /// Dropped (or sent) to stop both doors.
+    /// The relays into the namespace, the API server relay among them.
+    relays: Vec<Relay>,
+    /// Dropped (or sent) to stop the egress proxy.
     stop: tokio::sync::watch::Sender<()>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -252,6 +299,7 @@ impl NodeNetwork {
             egress_socket,
             bridge_nf_call,
             notes,
+            relays: Vec::new(),
             stop: tokio::sync::watch::channel(()).0,
             threads: Vec::new(),
         };
@@ -299,10 +347,7 @@ impl NodeNetwork {
         listener
             .set_nonblocking(true)
             .map_err(|e| HarnessError::io(&self.egress_socket, e))?;
-        let netns = self
-            .netns
-            .handle()
-            .map_err(|e| HarnessError::io(Path::new("/run/netns"), e))?;
+        let netns = self.handle()?;
         let mut stop = self.stop.subscribe();
         let thread = std::thread::Builder::new()
             .name("egress-proxy".into())
@@ -346,22 +391,80 @@ impl NodeNetwork {
     /// Opens the API server relay: [`API_PORT`] on every address of the node's namespace,
     /// carried to `127.0.0.1:api_port` on the machine.
     pub fn start_api_relay(&mut self, api_port: u16) -> Result<(), HarnessError> {
-        self.start_relay("api-relay", API_PORT, api_port)
+        let relay = Relay::open_bounded(
+            &self.handle()?,
+            "api-relay",
+            (API_PORT, api_port),
+            API_RELAY_IN_FLIGHT,
+        )?;
+        self.relays.push(relay);
+        Ok(())
     }
 
-    /// Opens a relay: `port` on every address of the node's namespace, carried to
-    /// `127.0.0.1:upstream` on the machine (a server of the test on loopback, such as the npm
-    /// registry, made reachable from the pods without leaving the test's namespaces).
+    /// Opens a relay ([`Relay::open`]) that closes with the network: `port` on every address of
+    /// the node's namespace, carried to `127.0.0.1:upstream` on the machine.
     pub fn start_relay(
         &mut self,
         name: &'static str,
         port: u16,
         upstream: u16,
     ) -> Result<(), HarnessError> {
+        let relay = Relay::open(&self.handle()?, name, port, upstream)?;
+        self.relays.push(relay);
+        Ok(())
+    }
+
+    fn handle(&self) -> Result<NetnsHandle, HarnessError> {
+        self.netns
+            .handle()
+            .map_err(|e| HarnessError::io(Path::new("/run/netns"), e))
+    }
+}
+
+/// A door into a network namespace: a port on every address there whose connections are carried
+/// to a server of the test on the machine's loopback (`127.0.0.1:<upstream>`), which so becomes
+/// reachable from inside without anything leaving the test's namespaces. It carries at most
+/// [`MAX_IN_FLIGHT`] connections at once (more wait) and stops when dropped: its listener closed
+/// and the connections it carries ended.
+pub struct Relay {
+    name: &'static str,
+    port: u16,
+    /// Dropped (or sent) to stop it.
+    stop: tokio::sync::watch::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("name", &self.name)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl Relay {
+    /// Opens `port` (0: any free port there) on every address of the namespace `netns`, carrying
+    /// each connection to `127.0.0.1:upstream` on the machine; [`Relay::port`] says which port.
+    pub fn open(
+        netns: &NetnsHandle,
+        name: &'static str,
+        port: u16,
+        upstream: u16,
+    ) -> Result<Self, HarnessError> {
+        Self::open_bounded(netns, name, (port, upstream), MAX_IN_FLIGHT)
+    }
+
+    /// As [`Relay::open`], carrying at most `in_flight` connections at once.
+    fn open_bounded(
+        netns: &NetnsHandle,
+        name: &'static str,
+        (port, upstream): (u16, u16),
+        in_flight: usize,
+    ) -> Result<Self, HarnessError> {
         let listener = {
-            let netns = self
-                .netns
-                .handle()
+            let netns = netns
+                .try_clone()
                 .map_err(|e| HarnessError::io(Path::new("/run/netns"), e))?;
             // Bound by a short-lived thread inside the namespace; the listener stays there.
             std::thread::spawn(move || -> std::io::Result<std::net::TcpListener> {
@@ -374,22 +477,30 @@ impl NodeNetwork {
             .map_err(|_| HarnessError::Pki("the relay's thread panicked".into()))?
             .map_err(|e| HarnessError::io(Path::new(name), e))?
         };
-        let mut stop = self.stop.subscribe();
+        let port = listener
+            .local_addr()
+            .map_err(|e| HarnessError::io(Path::new(name), e))?
+            .port();
+        let (stop, mut stopped) = tokio::sync::watch::channel(());
         let thread = crate::process::spawn_on_own_runtime(name, move || async move {
             let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
                 return;
             };
-            let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+            let slots = Arc::new(Semaphore::new(in_flight));
             let upstream = SocketAddr::from(([127, 0, 0, 1], upstream));
             loop {
                 let accepted = tokio::select! {
-                    _ = stop.changed() => return,
+                    _ = stopped.changed() => return,
                     accepted = listener.accept() => accepted,
                 };
                 let Ok((mut inside, _)) = accepted else {
                     continue;
                 };
-                let Ok(permit) = slots.clone().acquire_owned().await else {
+                let permit = tokio::select! {
+                    _ = stopped.changed() => return,
+                    permit = slots.clone().acquire_owned() => permit,
+                };
+                let Ok(permit) = permit else {
                     return;
                 };
                 tokio::spawn(async move {
@@ -401,13 +512,33 @@ impl NodeNetwork {
             }
         })
         .map_err(|e| HarnessError::io(Path::new(name), e))?;
-        self.threads.push(thread);
-        Ok(())
+        Ok(Relay {
+            name,
+            port,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The port it listens on inside the namespace.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.send_replace(());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
 impl Drop for NodeNetwork {
     fn drop(&mut self) {
+        // The relays first, while their namespace is still there.
+        self.relays.clear();
         self.stop.send_replace(());
         for thread in self.threads.drain(..) {
             let _ = thread.join();

@@ -105,6 +105,15 @@ impl RegistryHandle {
         &self.url
     }
 
+    /// The registry's port on loopback.
+    pub fn port(&self) -> Option<u16> {
+        self.url
+            .trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+    }
+
     /// The registry's folder (config, storage of the stand-ins, `logs/`, publish staging).
     pub fn dir(&self) -> &Path {
         &self.dir

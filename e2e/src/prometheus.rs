@@ -270,20 +270,7 @@ impl Server {
         let Some(netns) = &self.netns else {
             return plain_get(self.port, path).await;
         };
-        let handle = netns.try_clone().ok()?;
-        let (port, path) = (self.port, path.to_string());
-        tokio::task::spawn_blocking(move || {
-            std::thread::spawn(move || {
-                handle.enter_thread().ok()?;
-                crate::control_plane::blocking_get(port, &path)
-            })
-            .join()
-            .ok()
-            .flatten()
-        })
-        .await
-        .ok()
-        .flatten()
+        netns.plain_get(self.port, path).await
     }
 
     /// Its log so far.

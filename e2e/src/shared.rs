@@ -5,7 +5,7 @@
 //! It is started and owned by a keeper thread that lives until the test process exits, so its
 //! processes (spawned with a parent-death signal) end with the process, whatever the tests did.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -26,10 +26,19 @@ pub struct Shared {
     /// names there ([`ControlPlane::operator_image`]); `None` without a real node, where no
     /// Job's container runs.
     pub operator_image: Option<String>,
+    /// The name of its real node's network namespace (under `/run/netns`; open it with
+    /// [`crate::node_net::NetnsHandle::open`]), where the node's address
+    /// ([`crate::node_net::NODE_IP`]) is and the pods' traffic ends; `None` without a real node.
+    pub node_netns: Option<String>,
+    /// Its admin kubeconfig for processes started in [`Shared::node_netns`]: the server is
+    /// `https://127.0.0.1:6443`, the API server relay inside that namespace; `None` without a
+    /// real node.
+    pub node_kubeconfig: Option<PathBuf>,
 }
 
 impl ControlPlane {
-    /// A cloneable handle with what tests use (kubeconfig, kubectl, helm), as [`shared`] gives.
+    /// A cloneable handle with what tests use (kubeconfig, kubectl, helm, the real node's
+    /// namespace), as [`shared`] gives.
     pub fn handle(&self) -> Shared {
         Shared {
             kubeconfig: self.kubeconfig().to_path_buf(),
@@ -37,6 +46,8 @@ impl ControlPlane {
             kubectl: self.tools().bin("kubectl"),
             helm: self.tools().bin("helm"),
             operator_image: self.operator_image().map(str::to_string),
+            node_netns: self.node_netns().map(str::to_string),
+            node_kubeconfig: self.node_kubeconfig().map(Path::to_path_buf),
         }
     }
 }

@@ -12,7 +12,10 @@
 //!   Secret `vc-vcluster`, owned by `service/vcluster` as `experimental.syncSettings.setOwner`
 //!   says. The inside is reached on loopback, so the kubeconfig's server is the inside API server's
 //!   address with `tls-server-name` set to the host of `exportKubeConfig.server`: a client checks
-//!   the certificate against exactly the name the operator asked for.
+//!   the certificate against exactly the name the operator asked for. Started with an advertised
+//!   server ([`StandInSyncer::start_advertising`]), the kubeconfig names that instead (a relay to
+//!   the inside, such as `https://10.254.0.2:<port>` in a real node's namespace, where pods reach
+//!   it), with the same `tls-server-name`.
 //! - **NetworkPolicy sync**, only with `sync.toHost.networkPolicies.enabled`: every policy inside
 //!   is written, translated as vCluster translates it ([`translate_network_policy`]), into the
 //!   host namespace, owned by `service/vcluster`; host copies whose source is gone are deleted.
@@ -332,6 +335,9 @@ struct State {
 struct Inside {
     dir: PathBuf,
     server: String,
+    /// The server the exported kubeconfig names instead of [`Inside::server`], when the inside
+    /// is relayed to where its clients are.
+    advertised: Option<String>,
     kubeconfig: PathBuf,
     ca_key: String,
 }
@@ -356,12 +362,25 @@ impl StandInSyncer {
     /// Starts the syncer for the host cluster of `host_kubeconfig`, standing in front of `inside`
     /// (a control plane started with [`crate::Options::standin_vcluster`]).
     pub fn start(host_kubeconfig: &Path, inside: &ControlPlane) -> Result<Self, HarnessError> {
+        Self::start_advertising(host_kubeconfig, inside, None)
+    }
+
+    /// As [`StandInSyncer::start`], the exported kubeconfigs naming `advertised` as their server
+    /// (with the same `tls-server-name`) instead of the inside API server's loopback address:
+    /// a relay to it that the clients reach, such as `https://10.254.0.2:<port>` in a real node's
+    /// namespace ([`crate::node_net::Relay`]), for pods and the processes started there.
+    pub fn start_advertising(
+        host_kubeconfig: &Path,
+        inside: &ControlPlane,
+        advertised: Option<String>,
+    ) -> Result<Self, HarnessError> {
         let ca_key_path = inside.dir().join("pki").join("ca.key");
         let ca_key =
             std::fs::read_to_string(&ca_key_path).map_err(|e| HarnessError::io(&ca_key_path, e))?;
         let inside = Inside {
             dir: inside.dir().to_path_buf(),
             server: inside.server().to_string(),
+            advertised,
             kubeconfig: inside.kubeconfig().to_path_buf(),
             ca_key,
         };
@@ -971,8 +990,9 @@ fn base64_of(text: &str) -> String {
 
 /// The inside's admin kubeconfig as vCluster exports it: the server named by
 /// `exportKubeConfig.server` (default `https://localhost:8443`) reached on loopback, that is the
-/// inside API server's address with `tls-server-name` set to the server's host; its context named
-/// by `exportKubeConfig.context`; TLS checks skipped only with `exportKubeConfig.insecure`.
+/// inside API server's address (or the advertised relay to it) with `tls-server-name` set to the
+/// server's host; its context named by `exportKubeConfig.context`; TLS checks skipped only with
+/// `exportKubeConfig.insecure`.
 fn exported_kubeconfig(inside: &Inside, values: &Value) -> Result<String, String> {
     let text = std::fs::read_to_string(&inside.kubeconfig)
         .map_err(|e| format!("{}: {e}", inside.kubeconfig.display()))?;
@@ -988,7 +1008,7 @@ fn exported_kubeconfig(inside: &Inside, values: &Value) -> Result<String, String
         .unwrap_or("my-vcluster")
         .to_string();
     let cluster = &mut config["clusters"][0]["cluster"];
-    cluster["server"] = json!(inside.server);
+    cluster["server"] = json!(inside.advertised.as_deref().unwrap_or(&inside.server));
     cluster["tls-server-name"] = json!(url_host(server));
     if export["insecure"].as_bool() == Some(true) {
         cluster["insecure-skip-tls-verify"] = json!(true);
@@ -1055,6 +1075,36 @@ mod tests {
             let values = json!({"policies": {"podSecurityStandard": bad}});
             assert!(check_pod_security(&values).is_err(), "{values}");
         }
+    }
+
+    #[test]
+    fn the_export_names_the_advertised_server_with_the_asked_name() {
+        let dir = std::env::temp_dir().join(format!("standin-export-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let kubeconfig = dir.join("kubeconfig");
+        let yaml = crate::control_plane::kubeconfig_yaml("https://127.0.0.1:7443", "ca", "c", "k")
+            .expect("kubeconfig");
+        std::fs::write(&kubeconfig, yaml).expect("write");
+        let values = json!({"exportKubeConfig": {"server": "https://vcluster.pi-a-b-1.svc:443"}});
+        let cluster = |advertised: Option<&str>| {
+            let inside = Inside {
+                dir: dir.clone(),
+                server: "https://127.0.0.1:7443".into(),
+                advertised: advertised.map(String::from),
+                kubeconfig: kubeconfig.clone(),
+                ca_key: String::new(),
+            };
+            let text = exported_kubeconfig(&inside, &values).expect("export");
+            let config: Value = serde_saphyr::from_str(&text).expect("yaml");
+            config["clusters"][0]["cluster"].clone()
+        };
+        let on_loopback = cluster(None);
+        assert_eq!(on_loopback["server"], "https://127.0.0.1:7443");
+        assert_eq!(on_loopback["tls-server-name"], "vcluster.pi-a-b-1.svc");
+        let relayed = cluster(Some("https://10.254.0.2:20001"));
+        assert_eq!(relayed["server"], "https://10.254.0.2:20001");
+        assert_eq!(relayed["tls-server-name"], "vcluster.pi-a-b-1.svc");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,13 +1,18 @@
 //! The real node ([`e2e::real_node`]): it becomes Ready beside the KWOK node, runs busybox pods
 //! to completion in real containers, fails a Job whose image it does not have (never completing
-//! it unrun), and serves a ClusterIP Service through kube-proxy. Prints
+//! it unrun), serves a ClusterIP Service through kube-proxy, and lets a test reach into its
+//! network namespace (the API server from `127.0.0.1:6443` there, and a relay on any free port
+//! carrying a round trip to a server of the test on loopback, for processes and pods). Prints
 //! the figures of the issue: node start, pod start p50/p99 over 20 pods, kubelet and containerd
 //! RSS. Needs root and the Debian packages `e2e/run-tests.sh` installs for its real-node lane.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use e2e::cmd::run;
 use e2e::images::BUSYBOX_IMAGE;
+use e2e::node_net::{NODE_IP, NetnsHandle, Relay};
 use e2e::real_node::NODE_NAME;
 use e2e::{ControlPlane, Options};
 
@@ -27,6 +32,78 @@ fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Runs `command` (`sh -c`) in a busybox pod `name` of `ns` on the real node until it ends; its
+/// log.
+fn run_to_end(cluster: &ControlPlane, ns: &str, name: &str, command: &str) -> String {
+    let command = serde_json::to_string(command).expect("json");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ name: {name}, namespace: {ns} }}
+spec:
+  nodeName: {NODE_NAME}
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["sh", "-c", {command}]
+"#
+    );
+    kubectl(cluster, &["apply", "-f", "-"], Some(&pod));
+    wait_for(
+        &format!("pod {name} to end"),
+        Duration::from_secs(60),
+        || {
+            let mut cmd = cluster.kubectl();
+            let phase = "jsonpath={.status.phase}";
+            cmd.args(["-n", ns, "get", "pod", name, "-o", phase]);
+            run(cmd, None)
+                .ok()
+                .and_then(|o| o.ok("phase").ok())
+                .is_some_and(|p| p == "Succeeded" || p == "Failed")
+        },
+    );
+    kubectl(cluster, &["-n", ns, "logs", name], None)
+}
+
+/// A server on the machine's loopback that answers each connection's first line with
+/// `relayed: <line>` and closes it; its port.
+fn echo_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let mut reader = BufReader::new(&stream);
+                if reader.read_line(&mut line).is_ok() {
+                    let _ = (&stream).write_all(format!("relayed: {line}").as_bytes());
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Sends `line` to `addr` from a thread inside `netns`; what comes back until the server closes.
+fn round_trip(netns: &NetnsHandle, addr: SocketAddr, line: &str) -> std::io::Result<String> {
+    let netns = netns.try_clone()?;
+    let line = format!("{line}\n");
+    std::thread::spawn(move || {
+        netns.enter_thread()?;
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(line.as_bytes())?;
+        let mut back = String::new();
+        stream.read_to_string(&mut back)?;
+        Ok(back)
+    })
+    .join()
+    .expect("the round trip's thread")
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -313,41 +390,54 @@ spec:
         ],
         None,
     );
-    let client = format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{ name: client, namespace: {ns} }}
-spec:
-  nodeName: {NODE_NAME}
-  restartPolicy: Never
-  containers:
-  - name: client
-    image: {BUSYBOX_IMAGE}
-    imagePullPolicy: Never
-    command: ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {ip} 80 | grep served-by && exit 0; sleep 1; done; exit 1"]
-"#
+    let get = format!(
+        "for i in 1 2 3 4 5 6 7 8 9 10; do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {ip} 80 | grep served-by && exit 0; sleep 1; done; exit 1"
     );
-    kubectl(&cluster, &["apply", "-f", "-"], Some(&client));
-    wait_for("the client pod to end", Duration::from_secs(60), || {
-        let mut cmd = cluster.kubectl();
-        cmd.args([
-            "-n",
-            ns,
-            "get",
-            "pod",
-            "client",
-            "-o",
-            "jsonpath={.status.phase}",
-        ]);
-        run(cmd, None)
-            .ok()
-            .and_then(|o| o.ok("phase").ok())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed")
-    });
-    let out = kubectl(&cluster, &["-n", ns, "logs", "client"], None);
+    let out = run_to_end(&cluster, ns, "client", &get);
     assert!(
         out.contains("served-by-web"),
         "the Service {ip} did not answer through kube-proxy: {out}"
+    );
+
+    // From inside the node's namespace, as the controller's installing tests run it: the
+    // handle's kubeconfig reaches the API server through the relay on 127.0.0.1:6443 there, and a
+    // relay on any free port carries a round trip to a server of the test on the machine's
+    // loopback, from the node's address (as a process there and a pod see it) and from
+    // 127.0.0.1 there, until it is dropped.
+    let handle = cluster.handle();
+    let netns_name = handle.node_netns.as_deref().expect("the node's namespace");
+    let netns = NetnsHandle::open(netns_name).expect("open the node's namespace");
+    let mut inside = std::process::Command::new(&handle.kubectl);
+    inside
+        .env(
+            "KUBECONFIG",
+            handle.node_kubeconfig.as_ref().expect("kubeconfig"),
+        )
+        .args(["get", "--raw", "/readyz"]);
+    netns.enter_on_spawn(&mut inside);
+    let ready = run(inside, None)
+        .expect("kubectl")
+        .ok("kubectl get --raw /readyz in the node's namespace")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ready.trim(), "ok");
+    let upstream = echo_server();
+    let relay = Relay::open(&netns, "test-relay", 0, upstream).expect("relay");
+    let port = relay.port();
+    assert_ne!(port, 0);
+    for host in [NODE_IP, "127.0.0.1"] {
+        let addr: SocketAddr = format!("{host}:{port}").parse().expect("address");
+        let back = round_trip(&netns, addr, "from the node's namespace")
+            .unwrap_or_else(|e| panic!("a round trip through {addr}: {e}"));
+        assert_eq!(back, "relayed: from the node's namespace\n");
+    }
+    let send = format!("printf 'from a pod\\n' | nc -w 5 {NODE_IP} {port}");
+    let out = run_to_end(&cluster, ns, "relayed", &send);
+    assert_eq!(out.trim(), "relayed: from a pod", "a pod through the relay");
+    drop(relay);
+    let addr: SocketAddr = format!("{NODE_IP}:{port}").parse().expect("address");
+    assert!(
+        round_trip(&netns, addr, "after the drop").is_err(),
+        "the relay still listens after it was dropped"
     );
 
     let rss = node.rss_kib();

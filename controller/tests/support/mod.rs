@@ -1,13 +1,21 @@
 //! Shared by the controller's end-to-end tests and its benchmark: the controller as a process,
 //! and the fixture around it (the stand-in vCluster chart, named a stand-in because the real
 //! chart cannot be fetched here, and a second API server that stands for the vCluster's inside).
+//!
+//! A controller that installs (`--install-platform=true`) runs inside the real node's network
+//! namespace, where its install's clients are: it reaches the host API server on
+//! `https://127.0.0.1:6443` there ([`Shared::node_kubeconfig`]), each vCluster through a relay on
+//! the node's address ([`installing_fixture`]) and the npm registry through another
+//! ([`registry_in_node`]); its operations port is read from that namespace too.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use e2e::control_plane::{ADMIN_USER, free_port, plain_get};
+use e2e::node_net::{NODE_IP, NetnsHandle, Relay};
 use e2e::shared::Shared;
 use e2e::standin_vcluster::StandInSyncer;
 use e2e::{ControlPlane, Options};
@@ -19,6 +27,8 @@ pub struct Controller {
     pub child: Child,
     log: PathBuf,
     ops_port: u16,
+    /// The real node's network namespace it runs in (an installing controller).
+    netns: Option<NetnsHandle>,
 }
 
 impl Controller {
@@ -125,6 +135,10 @@ impl Controller {
             Some(namespace) if scoped => fixture.syncer.serve(namespace),
             _ => fixture.syncer.serve_all(),
         }
+        // The installer runs only in tests that ask for it (`--install-platform=true`); the
+        // others stop at Installing, as the provisioning path did before it.
+        let installs = extra.contains(&"--install-platform=true");
+        let netns = installs.then(|| node_netns(cluster, fixture));
         let ops_port = free_port().expect("port");
         let log = fixture.dir.join(format!("controller-{ops_port}.log"));
         let file = std::fs::File::create(&log).expect("log");
@@ -154,17 +168,24 @@ impl Controller {
         if !extra.contains(&"--passphrase-file") {
             cmd.arg("--passphrase-file").arg(&fixture.passphrase);
         }
-        // The installer runs only in tests that ask for it (`--install-platform=true`); the
-        // others stop at Installing, as the provisioning path did before it.
-        let installs = extra.contains(&"--install-platform=true");
-        if !installs {
-            cmd.arg("--install-platform=false");
-        } else if !extra.contains(&"--npm-registry") {
-            let registry = e2e::npm::shared().expect("npm registry");
-            cmd.args(["--npm-registry", registry.url()]);
-        }
+        let kubeconfig = match &netns {
+            None => {
+                cmd.arg("--install-platform=false");
+                cluster.kubeconfig.clone()
+            }
+            Some(netns) => {
+                if !extra.contains(&"--npm-registry") {
+                    cmd.args(["--npm-registry", &registry_in_node(cluster, netns)]);
+                }
+                netns.enter_on_spawn(&mut cmd);
+                cluster
+                    .node_kubeconfig
+                    .clone()
+                    .expect("the node's kubeconfig")
+            }
+        };
         cmd.envs(env.iter().copied())
-            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .args(["--metrics-bind-address", &format!("127.0.0.1:{ops_port}")])
             // Plain HTTP: the tests read /metrics directly (e2e/tests/chart_install.rs tests
             // the secure port).
@@ -207,15 +228,30 @@ impl Controller {
             child: cmd.spawn().expect("controller starts"),
             log,
             ops_port,
+            netns,
         }
+    }
+
+    /// A plain GET of `path` on its operations port (from the node's network namespace where it
+    /// runs there): the status code and the whole response text.
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        match &self.netns {
+            Some(netns) => netns.plain_get(self.ops_port, path).await,
+            None => plain_get(self.ops_port, path).await,
+        }
+    }
+
+    /// Its `/metrics` text (empty when it does not answer).
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics")
+            .await
+            .map(|(_, b)| b)
+            .unwrap_or_default()
     }
 
     /// The sum of every sample of metric `name` (all label sets).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = plain_get(self.ops_port, "/metrics")
-            .await
-            .map(|(_, b)| b)
-            .unwrap_or_default();
+        let text = self.metrics().await;
         text.lines()
             .filter(|l| l.starts_with(name))
             .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
@@ -226,10 +262,7 @@ impl Controller {
     /// `label` (such as `tool="npm"`).
     #[allow(dead_code)]
     pub async fn metric_with(&self, name: &str, label: &str) -> f64 {
-        let text = plain_get(self.ops_port, "/metrics")
-            .await
-            .map(|(_, b)| b)
-            .unwrap_or_default();
+        let text = self.metrics().await;
         text.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
             .filter(|l| l.contains(label))
@@ -249,7 +282,8 @@ impl Controller {
         }
     }
 
-    /// The operations port.
+    /// The operations port (in the node's network namespace for an installing controller: read
+    /// it with [`Controller::get`]).
     pub fn ops_port(&self) -> u16 {
         self.ops_port
     }
@@ -273,6 +307,49 @@ impl Drop for Controller {
     }
 }
 
+/// The real node's network namespace, where an installing controller runs.
+fn node_netns(cluster: &Shared, fixture: &Fixture) -> NetnsHandle {
+    let name = cluster.node_netns.as_deref().unwrap_or_else(|| {
+        panic!(
+            "an installing controller (--install-platform=true) runs in the real node's network \
+             namespace: start the cluster with a real node (e2e::shared_with_real_node(), \
+             Options::real_node_for_jobs())"
+        )
+    });
+    assert!(
+        fixture.inside_relay.is_some(),
+        "an installing controller reaches the vCluster through a relay into the node's network \
+         namespace: make the fixture with support::installing_fixture"
+    );
+    NetnsHandle::open(name).expect("the node's network namespace")
+}
+
+/// The relays of the shared npm registry into real nodes' network namespaces, by namespace name.
+static REGISTRY_RELAYS: Mutex<Vec<(String, Relay)>> = Mutex::new(Vec::new());
+
+/// The shared npm registry as the real node's namespace `netns` (that of `cluster`) reaches it:
+/// `http://10.254.0.2:<port>/`, a relay opened once per process and node (closed when the
+/// process exits; those into namespaces that are gone are closed at the next call).
+pub fn registry_in_node(cluster: &Shared, netns: &NetnsHandle) -> String {
+    let name = cluster.node_netns.clone().expect("the node's namespace");
+    let registry = e2e::npm::shared().expect("npm registry");
+    let mut relays = REGISTRY_RELAYS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    relays.retain(|(n, _)| Path::new("/run/netns").join(n).exists());
+    let port = match relays.iter().find(|(n, _)| *n == name) {
+        Some((_, relay)) => relay.port(),
+        None => {
+            let upstream = registry.port().expect("the registry's port");
+            let relay = Relay::open(netns, "npm-relay", 0, upstream).expect("relay the registry");
+            let port = relay.port();
+            relays.push((name, relay));
+            port
+        }
+    };
+    format!("http://{NODE_IP}:{port}/")
+}
+
 /// The stand-in chart, its digest, the inner API server and the stand-in syncer in front of it.
 pub struct Fixture {
     /// Scratch folder (state, storage, logs).
@@ -292,6 +369,9 @@ pub struct Fixture {
     pub syncer: StandInSyncer,
     /// The inner (vCluster) API server.
     pub inner: ControlPlane,
+    /// For an installing fixture ([`installing_fixture`]): the relay from the real node's address
+    /// to the inner API server, the server its exported kubeconfigs name.
+    pub inside_relay: Option<Relay>,
 }
 
 /// A packaged stand-in chart and its digest (`sha256:<hex>`).
@@ -306,13 +386,26 @@ pub fn chart(cluster: &Shared, dir: &std::path::Path, version: &str) -> (PathBuf
 }
 
 /// Packages the stand-in chart, starts the inner API server and the stand-in syncer in front of
-/// it, and writes the (empty) extra values.
+/// it, and writes the (empty) extra values. The exported kubeconfigs name the inner API server on
+/// the machine's loopback, where controllers that do not install run.
 pub async fn fixture(cluster: &Shared, name: &str) -> Fixture {
     fixture_for(cluster, name, e2e::standin_vcluster::SNI_SLOTS).await
 }
 
 /// As [`fixture`], for up to `instances` vClusters serving at once.
 pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixture {
+    make_fixture(cluster, name, instances, false).await
+}
+
+/// As [`fixture`], for a controller that installs: the inner API server is relayed into the
+/// real node's network namespace (`cluster` must have a real node), and the exported kubeconfigs
+/// name that relay, `https://10.254.0.2:<port>` with the same `tls-server-name`, which the
+/// controller there and the pods reach alike.
+pub async fn installing_fixture(cluster: &Shared, name: &str) -> Fixture {
+    make_fixture(cluster, name, e2e::standin_vcluster::SNI_SLOTS, true).await
+}
+
+async fn make_fixture(cluster: &Shared, name: &str, instances: usize, installs: bool) -> Fixture {
     let dir =
         e2e::control_plane::base_dir().join(format!("controller-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -324,7 +417,25 @@ pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixt
     )
     .await
     .expect("inner API server");
-    let syncer = StandInSyncer::start(&cluster.kubeconfig, &inner).expect("stand-in syncer");
+    let inside_relay = installs.then(|| {
+        let netns = cluster
+            .node_netns
+            .as_deref()
+            .unwrap_or_else(|| panic!("an installing fixture needs a cluster with a real node"));
+        let netns = NetnsHandle::open(netns).expect("the node's network namespace");
+        let port = inner
+            .server()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the inner API server's port");
+        Relay::open(&netns, "vcluster-relay", 0, port).expect("relay the inner API server")
+    });
+    let advertised = inside_relay
+        .as_ref()
+        .map(|r| format!("https://{NODE_IP}:{}", r.port()));
+    let syncer = StandInSyncer::start_advertising(&cluster.kubeconfig, &inner, advertised)
+        .expect("stand-in syncer");
     // Other tests' vClusters on the shared API server are not this fixture's: the syncer serves
     // the namespaces its controllers watch (added as each starts).
     syncer.serve_only(&[]);
@@ -350,6 +461,7 @@ pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixt
         operator_ns,
         syncer,
         inner,
+        inside_relay,
     }
 }
 
