@@ -139,6 +139,25 @@ impl Shared {
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
 static SHARED_WITH_REAL_NODE: OnceLock<Result<Shared, String>> = OnceLock::new();
 
+/// Starts a control plane with `options` on the calling thread and keeps its files; says where
+/// it is as `what`.
+fn start_kept(options: Options, what: &str) -> Result<ControlPlane, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut cp = runtime
+        .block_on(ControlPlane::start(options))
+        .map_err(|e| e.to_string())?;
+    cp.keep_files();
+    eprintln!(
+        "{what} at {} (files in {})",
+        cp.server(),
+        cp.dir().display()
+    );
+    Ok(cp)
+}
+
 /// The shared control plane, started on first call. Blocks while it starts.
 pub fn shared() -> Result<Shared, String> {
     SHARED
@@ -146,22 +165,7 @@ pub fn shared() -> Result<Shared, String> {
             crate::process::sweep_ended(&crate::control_plane::base_dir(), "shared-");
             crate::process::keep_for_process(
                 "control-plane-keeper",
-                || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| e.to_string())?;
-                    let mut cp = runtime
-                        .block_on(ControlPlane::start(Options::new("shared")))
-                        .map_err(|e| e.to_string())?;
-                    cp.keep_files();
-                    eprintln!(
-                        "shared control plane at {} (files in {})",
-                        cp.server(),
-                        cp.dir().display()
-                    );
-                    Ok(cp)
-                },
+                || start_kept(Options::new("shared"), "shared control plane"),
                 ControlPlane::handle,
             )
         })
@@ -184,22 +188,8 @@ pub fn shared_with_real_node() -> Result<Shared, String> {
             crate::process::keep_until_exit(
                 "control-plane-keeper",
                 || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .map_err(|e| e.to_string())?;
-                    let mut cp = runtime
-                        .block_on(ControlPlane::start(
-                            Options::new("shared-node").real_node_for_jobs(),
-                        ))
-                        .map_err(|e| e.to_string())?;
-                    cp.keep_files();
-                    eprintln!(
-                        "shared control plane with a real node at {} (files in {})",
-                        cp.server(),
-                        cp.dir().display()
-                    );
-                    Ok(cp)
+                    let options = Options::new("shared-node").real_node_for_jobs();
+                    start_kept(options, "shared control plane with a real node")
                 },
                 ControlPlane::handle,
             )
