@@ -6,7 +6,8 @@
 //! What this machine may lack is found before anything starts, worked around and reported
 //! ([`RealNode::notes`]): cgroup v1 (the kubelet runs with `failCgroupV1: false`), no
 //! `CAP_SYS_RESOURCE` (containerd's `restrict_oom_score_adj`, the kubelet's `oomScoreAdj: 0`), no
-//! dummy network devices (the node's address on a bridge without ports).
+//! dummy network devices (the node's address on a bridge without ports), an inotify instance limit
+//! too low for the parallel lanes' nodes (raised).
 //!
 //! containerd never pulls: its proxy is a dead port on the node's loopback, so an image that was
 //! not imported ([`crate::images`]) fails at once with a message naming it, and no registry host
@@ -117,6 +118,9 @@ impl Machine {
                     .to_string(),
             );
         }
+        if let Some(note) = inotify_instances()? {
+            notes.push(note);
+        }
         Ok(Machine {
             containerd,
             runc,
@@ -127,6 +131,53 @@ impl Machine {
             notes,
         })
     }
+}
+
+const INOTIFY_INSTANCES: &str = "/proc/sys/fs/inotify/max_user_instances";
+/// Enough inotify instances for the real nodes, vClusters and control planes of every test lane
+/// at once: containerd, the kubelet and kube-proxy each hold several, and kube-proxy exits with
+/// "too many open files" when it cannot get one. Debian's default is 128 per user.
+const INOTIFY_INSTANCES_NEEDED: u64 = 1024;
+
+/// Raises the machine's inotify instance limit to [`INOTIFY_INSTANCES_NEEDED`] when it is lower
+/// (a limit, so raising it takes nothing from anyone), and says so; a limit it cannot raise is
+/// an error naming the setting.
+fn inotify_instances() -> Result<Option<String>, HarnessError> {
+    let read = || -> Option<u64> {
+        std::fs::read_to_string(INOTIFY_INSTANCES)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let Some(current) = read() else {
+        return Ok(None);
+    };
+    if current >= INOTIFY_INSTANCES_NEEDED {
+        return Ok(None);
+    }
+    let _ = std::fs::write(INOTIFY_INSTANCES, INOTIFY_INSTANCES_NEEDED.to_string());
+    match read() {
+        Some(now) if now >= INOTIFY_INSTANCES_NEEDED => Ok(Some(format!(
+            "fs.inotify.max_user_instances raised from {current} to {now}: each real node's \
+             containerd, kubelet and kube-proxy hold inotify instances"
+        ))),
+        _ => Err(HarnessError::Node(format!(
+            "fs.inotify.max_user_instances is {current} and cannot be raised here; the real nodes \
+             of parallel tests need {INOTIFY_INSTANCES_NEEDED} (kube-proxy exits with \"too many \
+             open files\" otherwise): run `sysctl fs.inotify.max_user_instances=\
+             {INOTIFY_INSTANCES_NEEDED}` as root"
+        ))),
+    }
+}
+
+/// The last line of a Kubernetes component's log that reports an error (klog's `E` or `F`).
+fn last_error_line(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .rev()
+        .find(|l| l.starts_with('E') || l.starts_with('F'))
+        .map(str::to_string)
 }
 
 /// The cgroup v1 hierarchies mounted on this machine (every `cgroup` mount, named ones too).
@@ -739,14 +790,13 @@ oom_score = 0
             }
             for p in &mut self.processes {
                 if let Ok(Some(status)) = p.child.try_wait() {
+                    let log = self.dir.join("logs").join(format!("{}.log", p.name));
                     return Err(HarnessError::Exited {
                         name: p.name,
                         status: format!(
-                            "{status} (log: {})",
-                            self.dir
-                                .join("logs")
-                                .join(format!("{}.log", p.name))
-                                .display()
+                            "{status} (log: {}; its last error: {})",
+                            log.display(),
+                            last_error_line(&log).unwrap_or_else(|| "none".into())
                         ),
                     });
                 }
