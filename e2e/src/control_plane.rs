@@ -680,6 +680,15 @@ impl ControlPlane {
         &self.server
     }
 
+    /// The API server's port on the machine's loopback (that of [`ControlPlane::server`]).
+    pub fn port(&self) -> u16 {
+        self.server
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("the server this control plane was started with names its port")
+    }
+
     /// The folder of this control plane (data, certificates, `logs/`).
     pub fn dir(&self) -> &Path {
         &self.dir

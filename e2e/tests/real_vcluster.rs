@@ -798,13 +798,7 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
     }
     // The stand-in platform package from the local registry, relayed into the node's namespace.
     let registry = e2e::npm::shared().unwrap_or_else(|e| panic!("npm registry: {e}"));
-    let upstream: u16 = registry
-        .url()
-        .trim_end_matches('/')
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("the registry's port");
+    let upstream = registry.port().expect("the registry's port");
     cluster
         .real_node_mut()
         .expect("the real node")

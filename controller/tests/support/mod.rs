@@ -423,13 +423,7 @@ async fn make_fixture(cluster: &Shared, name: &str, instances: usize, installs: 
             .as_deref()
             .unwrap_or_else(|| panic!("an installing fixture needs a cluster with a real node"));
         let netns = NetnsHandle::open(netns).expect("the node's network namespace");
-        let port = inner
-            .server()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("the inner API server's port");
-        Relay::open(&netns, "vcluster-relay", 0, port).expect("relay the inner API server")
+        Relay::open(&netns, "vcluster-relay", 0, inner.port()).expect("relay the inner API server")
     });
     let advertised = inside_relay
         .as_ref()
