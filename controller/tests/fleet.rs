@@ -253,10 +253,12 @@ fn message(pi: &Value, type_: &str) -> String {
 /// the per-instance metrics show it while it exists, and not after.
 #[tokio::test]
 async fn the_history_keeps_each_run_newest_first_and_a_ready_instance_is_healthy() {
+    // --install-timeout is a liveness bound here: on a loaded CI run a first install (npm tree,
+    // Pulumi) took past 300 s, and the retry after a timeout is a second entry in the history.
     let (cluster, _fx, team, controller) = start(
         "history",
         "{}\n",
-        &["--install-platform=true", "--install-timeout", "300s"],
+        &["--install-platform=true", "--install-timeout", "1200s"],
     )
     .await;
     let history = |pi: &Value| {
@@ -381,7 +383,7 @@ async fn warn_reports_drift_without_repairing_it_until_the_mode_is_repair() {
         "{}\n",
         &[
             "--install-platform=true",
-            "--install-timeout=300s",
+            "--install-timeout=1200s",
             "--repair-interval=5s",
         ],
     )
@@ -483,7 +485,7 @@ async fn a_manual_upgrade_waits_for_its_approval_and_the_state_copy_rolls_it_bac
     let (cluster, fx, team, controller) = start(
         "approve",
         "{}\n",
-        &["--install-platform=true", "--install-timeout=300s"],
+        &["--install-platform=true", "--install-timeout=1200s"],
     )
     .await;
     let manual = "  upgrade: { approval: Manual }\n";
