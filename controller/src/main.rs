@@ -283,6 +283,7 @@ fn conflict(e: controller::marker::MarkerError) -> anyhow::Result<std::process::
 impl Args {
     /// Flags that only make sense together.
     fn check(&self) -> anyhow::Result<()> {
+        self.installer.check_pods()?;
         if let Some(namespace) = &self.watch_namespace {
             anyhow::ensure!(
                 common::names::is_dns_label(namespace),
@@ -617,6 +618,7 @@ async fn run_controller(args: Args) -> anyhow::Result<()> {
         client: client.clone(),
         installer: Installer {
             tool_seconds: Some(metrics.tool_seconds.clone()),
+            launcher: args.installer.launcher(&client, &args.namespace)?,
             ..args.installer.clone()
         },
         helm: args.helm.clone(),

@@ -1332,3 +1332,131 @@ async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on
         processes_under(&dir)
     );
 }
+
+/// Issue 32, in part: with `--install-image` the install runs in a Job of its own on the real
+/// node, from the operator image built from the Dockerfile: the pod holds no token, runs
+/// `restricted` on a read-only root and mounts only its instance's project and the shared trees;
+/// the controller runs no Pulumi (npm builds the tree in the controller still); the outcome the
+/// pod wrote names the instance's UID; the Job and its Secret are gone once the instance is Ready.
+#[tokio::test]
+async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
+    let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
+    cluster.install_crd().expect("CRD");
+    let fx = installing_fixture(&cluster, "installer-pod").await;
+    let image = cluster
+        .operator_image
+        .clone()
+        .expect("the operator image on the real node");
+    let account = "platform-operator-install";
+    cluster
+        .kubectl_ok(
+            &["-n", &fx.operator_ns, "create", "serviceaccount", account],
+            None,
+        )
+        .expect("the install pods' ServiceAccount");
+    let team = team_with_secret(&cluster, CLIENT_SECRET);
+    let controller = Controller::start(
+        &cluster,
+        &fx,
+        &[
+            "--leader-elect=false",
+            "--watch-namespace",
+            &team,
+            "--install-platform=true",
+            "--install-timeout=600s",
+            &format!("--install-image={image}"),
+            &format!("--install-node={}", e2e::real_node::NODE_NAME),
+        ],
+    );
+    apply(&cluster, &instance(&team, "one", "6.0.22", "Retain", ""));
+    let host_pulumi = e2e::tools::Tools::locate().expect("tools").bin("pulumi");
+    let host_pulumi = host_pulumi.display().to_string();
+    let (mut job, mut host_runs) = (None::<Value>, Vec::<String>::new());
+    let pi = wait_for(
+        "one Ready through an install pod",
+        FIRST_AT_A_VERSION,
+        &controller,
+        || {
+            for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                if cmdline.starts_with(&host_pulumi)
+                    && cmdline.contains(&fx.dir.display().to_string())
+                {
+                    host_runs.push(cmdline);
+                }
+            }
+            if job.is_none() {
+                let jobs = get(&cluster, &["-n", &fx.operator_ns, "get", "jobs"]);
+                let items = jobs.map(|j| j["items"].as_array().cloned().unwrap_or_default());
+                job = items.and_then(|i| i.into_iter().next());
+            }
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "one"])?;
+            is_ready(&pi, "6.0.22").then_some(pi)
+        },
+    )
+    .await;
+    assert!(
+        host_runs.is_empty(),
+        "Pulumi ran in the controller: {host_runs:?}"
+    );
+    let uid = pi["metadata"]["uid"].as_str().expect("uid").to_string();
+    let job = job.expect("an install Job was seen while the instance installed");
+    assert_eq!(job["metadata"]["name"], format!("pi-install-{uid}"));
+    assert_eq!(
+        job["metadata"]["labels"]["platform.di-framework.dev/instance-uid"],
+        uid.as_str()
+    );
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["serviceAccountName"], account);
+    assert_eq!(pod["nodeName"], e2e::real_node::NODE_NAME);
+    assert_eq!(pod["containers"][0]["image"], image.as_str());
+    assert_eq!(
+        pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
+        true
+    );
+    let subs: Vec<&str> = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .filter_map(|m| m["subPath"].as_str())
+        .collect();
+    assert_eq!(
+        subs,
+        [format!("{team}/one/platform").as_str(), ".cache/modules"]
+    );
+    // The pod's outcome (with the stack's outputs) is read and removed.
+    let project = instance_dir(&fx, &team, "one").join("platform");
+    assert!(!project.join("run-outcome.json").exists());
+    // What the program applied, through the vCluster's kubeconfig from inside the pod.
+    assert!(settings_configmap(&fx, &cluster).is_some());
+    // Nothing of the run is left.
+    let name = format!("pi-install-{uid}");
+    for kind in ["job", "secret"] {
+        wait_for(
+            "the install Job and Secret gone",
+            Duration::from_secs(60),
+            &controller,
+            || {
+                let out = cluster
+                    .kubectl_ok(
+                        &[
+                            "-n",
+                            &fx.operator_ns,
+                            "get",
+                            kind,
+                            &name,
+                            "--ignore-not-found",
+                            "-o",
+                            "name",
+                        ],
+                        None,
+                    )
+                    .ok()?;
+                out.trim().is_empty().then_some(())
+            },
+        )
+        .await;
+    }
+}

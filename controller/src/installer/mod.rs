@@ -6,6 +6,7 @@
 //! previews are tracked tasks bounded by `--install-timeout`; their tools die with them.
 
 pub(crate) mod config;
+pub mod launch;
 pub(crate) mod modules;
 pub(crate) mod npm;
 pub(crate) mod process;
@@ -132,9 +133,47 @@ pub struct Installer {
     #[arg(long, default_value = "pulumi")]
     pub pulumi_binary: String,
 
+    /// Run the platform program in a pod of its own for each install, repair preview and
+    /// upgrade preview, from this image (the operator image, by digest; docs/controller.md#install-pods);
+    /// unset, it runs in the controller's container.
+    #[arg(long)]
+    pub install_image: Option<String>,
+
+    /// The install pods' ServiceAccount (it needs no permissions; its token is never mounted).
+    #[arg(long, default_value = "platform-operator-install")]
+    pub install_service_account: String,
+
+    /// The claim of the state volume, which install pods mount (the chart sets it); unset, they
+    /// mount --state-dir from the node (--install-node), for a controller run on the node.
+    #[arg(long)]
+    pub install_state_claim: Option<String>,
+
+    /// The node install pods run on: the controller's own (the chart sets it from the pod's
+    /// `spec.nodeName`), so that they share its state volume.
+    #[arg(long, env = "NODE_NAME")]
+    pub install_node: Option<String>,
+
+    /// The install pods' resources (JSON, as a container's `resources`; a memory limit is
+    /// required).
+    #[arg(long, default_value = launch::DEFAULT_RESOURCES, value_parser = launch::parse_resources)]
+    pub install_pod_resources: k8s_openapi::api::core::v1::ResourceRequirements,
+
+    /// Starts the install pods (set from --install-image once the client exists).
+    #[arg(skip)]
+    pub launcher: Option<launch::Launcher>,
+
     /// Time spent inside npm and pulumi, by tool and result (the registered metric).
     #[arg(skip)]
     pub tool_seconds: Option<prometheus::HistogramVec>,
+}
+
+/// The instance a run is for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Target<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub version: &'a str,
 }
 
 fn volume_full(used: u64, capacity: u64, percent: u8) -> bool {
@@ -161,6 +200,17 @@ fn unreadable(e: record::Unreadable) -> TaskError {
 
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+impl Job {
+    fn target(&self) -> Target<'_> {
+        Target {
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: &self.uid,
+            version: &self.version,
+        }
+    }
 }
 
 /// The lock file (`flock`) in an instance's state directory that a run of Pulumi holds.
@@ -395,7 +445,10 @@ impl Installer {
         let step = run::Step::Install { interrupted };
         let run::Done {
             counts, outputs, ..
-        } = self.run(&stack, step, &job.config).await.result?;
+        } = (self
+            .run(&stack, step, &job.config, Some(job.target()))
+            .await)
+            .result?;
         let endpoints = endpoints(&outputs, &job.config.settings);
         let secrets = write_membership_secrets(client, job, &outputs, &rec.membership_secrets)
             .await
@@ -500,7 +553,16 @@ impl Installer {
         stack: &pulumi::Stack,
         step: run::Step,
         config: &ProgramConfig,
+        target: Option<Target<'_>>,
     ) -> run::Ran {
+        if let (Some(launcher), Some(target)) = (&self.launcher, target) {
+            let ran = self.run_in_pod(launcher, stack, step, config, target).await;
+            if let Some((seconds, ok)) = ran.up {
+                self.observe_tool("pulumi-up", ok, seconds);
+            }
+            self.observe_tool("pulumi", ran.result.is_ok(), ran.other_seconds);
+            return ran;
+        }
         // Without tenant auth, no client secret is left in the stack's config.
         let absent: Vec<&str> = match step {
             run::Step::Install { .. } => [config::CLIENT_SECRET_KEY]
@@ -516,6 +578,100 @@ impl Installer {
         }
         self.observe_tool("pulumi", ran.result.is_ok(), ran.other_seconds);
         ran
+    }
+
+    /// Runs `step` in an install pod ([`launch`]): the request and the instance's key (the
+    /// keyed stack's passphrase file) in the pod's Secret, its outcome from the project folder.
+    async fn run_in_pod(
+        &self,
+        launcher: &launch::Launcher,
+        stack: &pulumi::Stack,
+        step: run::Step,
+        config: &ProgramConfig,
+        target: Target<'_>,
+    ) -> run::Ran {
+        let failed = |e: TaskError| run::Ran {
+            result: Err(e),
+            up: None,
+            other_seconds: 0.0,
+        };
+        let key = match std::fs::read(&stack.passphrase_file) {
+            Ok(key) => key,
+            Err(e) => {
+                return failed(io("reading the instance's key", &stack.passphrase_file)(e).into());
+            }
+        };
+        let dir = self.instance_dir(target.namespace, target.name);
+        let projects = [dir.join("platform"), dir.join(UPGRADE_PREVIEW)];
+        if let Err(e) = launch::own_for_pod(&projects) {
+            return failed(e);
+        }
+        let run_key = launch::run_key(step, target.version, &config.hash);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let request = run::Request {
+            install_id: format!("{run_key}.{nanos:x}"),
+            uid: target.uid.to_string(),
+            namespace: target.namespace.to_string(),
+            name: target.name.to_string(),
+            step,
+            settings: config.settings.clone(),
+            secrets: config
+                .secrets
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.0.clone()))
+                .collect(),
+        };
+        let project = dir.join("platform");
+        (launcher.run(&request, &key, &run_key, self.install_timeout, &project)).await
+    }
+
+    /// The flags `controller install` runs with in an install pod.
+    pub(crate) fn pod_flags(&self) -> Vec<String> {
+        vec![
+            format!("--program-heap-limit={}", self.program_heap_limit),
+            format!("--pulumi-history-keep={}", self.pulumi_history_keep),
+        ]
+    }
+
+    /// Flags of the install pods that only make sense together.
+    pub fn check_pods(&self) -> anyhow::Result<()> {
+        let host_path = self.install_image.is_some() && self.install_state_claim.is_none();
+        anyhow::ensure!(
+            !host_path || self.install_node.is_some(),
+            "--install-image without --install-state-claim mounts --state-dir from the node: set --install-node (or NODE_NAME) to the node the controller runs on"
+        );
+        Ok(())
+    }
+
+    /// The launcher of `--install-image`'s pods in the controller's `namespace`, if it is set.
+    pub fn launcher(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+    ) -> anyhow::Result<Option<launch::Launcher>> {
+        let Some(image) = &self.install_image else {
+            return Ok(None);
+        };
+        let state = match &self.install_state_claim {
+            Some(claim) => launch::StateVolume::Claim(claim.clone()),
+            None => launch::StateVolume::HostPath,
+        };
+        self.check_pods()?;
+        Ok(Some(launch::Launcher {
+            client: client.clone(),
+            settings: launch::PodSettings {
+                namespace: namespace.to_string(),
+                image: image.clone(),
+                service_account: self.install_service_account.clone(),
+                state,
+                state_dir: self.state_dir.clone(),
+                node: self.install_node.clone(),
+                resources: self.install_pod_resources.clone(),
+                flags: self.pod_flags(),
+            },
+        }))
     }
 
     /// Runs one [`run::Request`] (`controller install --request <file>`): its step in the
@@ -550,16 +706,25 @@ impl Installer {
             secrets,
             hash: String::new(),
         };
+        // An install pod sees only the project folders of the instance (launch::writable): the
+        // tools' pid file, HOME and logs live in the installed project, Pulumi's home where
+        // PULUMI_HOME says (the pod's own), the outcome beside them.
         let dir = self.instance_dir(&request.namespace, &request.name);
+        let installed = dir.join("platform");
         let mut stack = self.stack(&dir);
         stack.passphrase_file = file.with_file_name("passphrase");
+        stack.state = installed.clone();
+        if let Some(home) = std::env::var_os("PULUMI_HOME") {
+            stack.home = home.into();
+        }
         if request.step == run::Step::PreviewUpgrade {
             stack.project = dir.join(UPGRADE_PREVIEW);
         }
-        let outcome = run::Outcome::of(&request, self.run(&stack, request.step, &config).await);
+        let ran = self.run(&stack, request.step, &config, None).await;
+        let outcome = run::Outcome::of(&request, ran);
         let bytes = serde_json::to_vec(&outcome)?;
-        record::write_durably(&dir, run::OUTCOME, &bytes)
-            .with_context(|| format!("writing {} in {}", run::OUTCOME, dir.display()))?;
+        record::write_durably(&installed, run::OUTCOME, &bytes)
+            .with_context(|| format!("writing {} in {}", run::OUTCOME, installed.display()))?;
         Ok(outcome)
     }
 
@@ -581,7 +746,16 @@ impl Installer {
             let (stack, _key) =
                 (self.keyed_stack(&dir, uid, &mut rec).await).map_err(|e| e.message)?;
             let none = ProgramConfig::default();
-            let done = self.run(&stack, run::Step::Preview, &none).await.result;
+            let target = Target {
+                namespace,
+                name,
+                uid,
+                version,
+            };
+            let done = (self
+                .run(&stack, run::Step::Preview, &none, Some(target))
+                .await)
+                .result;
             done.map(|d| (d.counts, d.resources))
                 .map_err(|e| e.to_string())
         };
@@ -656,8 +830,9 @@ impl Installer {
             let copied = std::fs::copy(installed.join(&config), stack.project.join(&config));
             copied.map_err(io("copying the stack config into", &stack.project))?;
             self.dependencies(&stack.project, &dir, &job).await?;
+            let step = run::Step::PreviewUpgrade;
             let done = (self
-                .run(&stack, run::Step::PreviewUpgrade, &job.config)
+                .run(&stack, step, &job.config, Some(job.target()))
                 .await)
                 .result;
             done.map(|d| (d.counts, d.resources))
@@ -1044,6 +1219,13 @@ mod tests {
             npm_heap_limit: 1024,
             pulumi_history_keep: 10,
             state_volume_full_percent: 95,
+            install_image: None,
+            install_service_account: "platform-operator-install".into(),
+            install_state_claim: None,
+            install_node: None,
+            install_pod_resources: launch::parse_resources(launch::DEFAULT_RESOURCES)
+                .expect("the default parses"),
+            launcher: None,
             tool_seconds: Some(tool_seconds),
         }
     }
@@ -1268,7 +1450,7 @@ mod tests {
         assert_eq!(failure, Failure::InstallFailed, "{message}");
         assert!(outcome.up.is_some_and(|(_, ok)| !ok));
         let written: run::Outcome = serde_json::from_slice(
-            &std::fs::read(instance.join(run::OUTCOME)).expect("outcome file"),
+            &std::fs::read(project.join(run::OUTCOME)).expect("outcome file"),
         )
         .expect("json");
         assert_eq!(

@@ -2,7 +2,7 @@
 //! controller prepared: the stack, its config values and the instance's own key, nothing else.
 //! It reads and writes no Kubernetes object and needs no credential but that key. The controller
 //! runs it in process ([`run`]); `controller install --request <file>` runs one [`Request`] and
-//! writes its [`Outcome`] into the instance's folder ([`OUTCOME`]), for a run in a pod of its own.
+//! writes its [`Outcome`] into the instance's project folder ([`OUTCOME`]), for a run in a pod of its own.
 
 use std::time::Instant;
 
@@ -12,7 +12,8 @@ use serde_json::Value;
 use super::pulumi::{ConfigValue, Counts, PulumiError, Stack};
 use crate::decide::model::{Failure, TaskError};
 
-/// The file in the instance's folder that a `controller install` run writes its outcome to.
+/// The file in the instance's project folder (`platform/`) that a `controller install` run writes
+/// its outcome to.
 pub const OUTCOME: &str = "run-outcome.json";
 
 /// One run, as `controller install` reads it (`request.json`; the instance's key is the file
@@ -58,10 +59,9 @@ impl Outcome {
         Self {
             install_id: request.install_id.clone(),
             uid: request.uid.clone(),
-            result: ran.result.map_err(|e| {
-                let e = TaskError::from(e);
-                (e.failure.unwrap_or(Failure::InstallFailed), e.message)
-            }),
+            result: ran
+                .result
+                .map_err(|e| (e.failure.unwrap_or(Failure::InstallFailed), e.message)),
             up: ran.up,
             other_seconds: ran.other_seconds,
         }
@@ -99,7 +99,7 @@ pub struct Done {
 #[derive(Debug)]
 pub struct Ran {
     /// What the run found.
-    pub result: Result<Done, PulumiError>,
+    pub result: Result<Done, TaskError>,
     /// The time inside `pulumi up` and whether it succeeded (installs that got that far).
     pub up: Option<(f64, bool)>,
     /// The time of the run's other Pulumi commands.
@@ -169,7 +169,7 @@ pub async fn run(
     .await;
     let up_seconds = up_ran.map_or(0.0, |(seconds, _)| seconds);
     Ran {
-        result,
+        result: result.map_err(|e: PulumiError| TaskError::from(e)),
         up: up_ran,
         other_seconds: (started.elapsed().as_secs_f64() - up_seconds).max(0.0),
     }
