@@ -1056,6 +1056,13 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
     );
     let events = std::fs::read_to_string(instance_dir(&fx, &team, "five").join("up-events.jsonl"))
         .expect("event log");
+    // Run in the controller's process, the program sees the operator's files (install pods,
+    // `with_an_install_image_the_install_runs_in_a_pod_of_its_own`, take them away): the probe
+    // itself works.
+    assert!(
+        events.contains("install record: read") && events.contains("other instances: listed ["),
+        "{events}"
+    );
     assert!(
         events.contains("stand-in host probe: the program's environment names no cluster"),
         "the program found a cluster to reach: {}",
@@ -1336,8 +1343,11 @@ async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on
 /// Issue 32, in part: with `--install-image` the install runs in a Job of its own on the real
 /// node, from the operator image built from the Dockerfile: the pod holds no token, runs
 /// `restricted` on a read-only root and mounts only its instance's project and the shared trees;
-/// the controller runs no Pulumi (npm builds the tree in the controller still); the outcome the
-/// pod wrote names the instance's UID; the Job and its Secret are gone once the instance is Ready.
+/// the controller runs no program (npm builds the tree and the Pulumi CLI checks the key in the
+/// controller still). A controller
+/// killed while the pod runs is followed by one that adopts that Job (never a second). A hostile
+/// version (6.0.25) reaches no token, install record, passphrase, other instance or shared tree.
+/// The Jobs, their Secrets and pods are gone once the runs end.
 #[tokio::test]
 async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
     let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
@@ -1355,53 +1365,78 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
         )
         .expect("the install pods' ServiceAccount");
     let team = team_with_secret(&cluster, CLIENT_SECRET);
-    let controller = Controller::start(
-        &cluster,
-        &fx,
-        &[
-            "--leader-elect=false",
-            "--watch-namespace",
-            &team,
-            "--install-platform=true",
-            "--install-timeout=600s",
-            &format!("--install-image={image}"),
-            &format!("--install-node={}", e2e::real_node::NODE_NAME),
-        ],
+    let (image_flag, node_flag) = (
+        format!("--install-image={image}"),
+        format!("--install-node={}", e2e::real_node::NODE_NAME),
     );
-    apply(&cluster, &instance(&team, "one", "6.0.22", "Retain", ""));
+    let args = [
+        "--leader-elect=false",
+        "--watch-namespace",
+        &team,
+        "--install-platform=true",
+        "--install-timeout=600s",
+        &image_flag,
+        &node_flag,
+    ];
+    let mut controller = Controller::start(&cluster, &fx, &args);
+    // The program run by the controller: `pulumi up` or `preview` from the tool cache's binary,
+    // working in the test's folder (an install pod's is the image's own `pulumi`). The key check
+    // after a restart still runs the CLI's `config set` there, which runs no program.
     let host_pulumi = e2e::tools::Tools::locate().expect("tools").bin("pulumi");
-    let host_pulumi = host_pulumi.display().to_string();
-    let (mut job, mut host_runs) = (None::<Value>, Vec::<String>::new());
+    let (host_pulumi, folder) = (host_pulumi.display().to_string(), fx.dir.clone());
+    let mut host_runs = Vec::<String>::new();
+    let mut look_for_host_pulumi = move || {
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
+            let program = [" up ", " preview ", " destroy "]
+                .iter()
+                .any(|c| cmdline.contains(c));
+            if cmdline.starts_with(&host_pulumi) && cwd.starts_with(&folder) && program {
+                host_runs.push(cmdline);
+            }
+        }
+        host_runs.clone()
+    };
+    let jobs = || {
+        let jobs = get(&cluster, &["-n", &fx.operator_ns, "get", "jobs"]);
+        jobs.and_then(|j| j["items"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    apply(&cluster, &instance(&team, "one", "6.0.22", "Retain", ""));
+
+    // Killed while the install pod runs: the next controller adopts that Job, never a second.
+    let job = wait_for("the install Job", FIRST_AT_A_VERSION, &controller, || {
+        look_for_host_pulumi();
+        jobs().into_iter().next()
+    })
+    .await;
+    controller.child.kill().expect("kill -9 the controller");
+    let _ = controller.child.wait();
+    drop(controller);
+    let controller = Controller::start(&cluster, &fx, &args);
+    let mut seen = std::collections::BTreeSet::new();
     let pi = wait_for(
-        "one Ready through an install pod",
-        FIRST_AT_A_VERSION,
+        "one Ready through the adopted install pod",
+        Duration::from_secs(600),
         &controller,
         || {
-            for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-                if cmdline.starts_with(&host_pulumi)
-                    && cmdline.contains(&fx.dir.display().to_string())
-                {
-                    host_runs.push(cmdline);
-                }
-            }
-            if job.is_none() {
-                let jobs = get(&cluster, &["-n", &fx.operator_ns, "get", "jobs"]);
-                let items = jobs.map(|j| j["items"].as_array().cloned().unwrap_or_default());
-                job = items.and_then(|i| i.into_iter().next());
-            }
+            look_for_host_pulumi();
+            seen.extend(jobs().iter().map(|j| j["metadata"]["uid"].to_string()));
             let pi = get(&cluster, &["-n", &team, "get", "pi", "one"])?;
             is_ready(&pi, "6.0.22").then_some(pi)
         },
     )
     .await;
     assert!(
-        host_runs.is_empty(),
-        "Pulumi ran in the controller: {host_runs:?}"
+        seen.iter()
+            .all(|u| u == &job["metadata"]["uid"].to_string()),
+        "a second install Job: {seen:?}, the first {}",
+        job["metadata"]["uid"]
     );
+    assert_eq!(pi["status"]["lastInstall"]["result"], "Succeeded");
     let uid = pi["metadata"]["uid"].as_str().expect("uid").to_string();
-    let job = job.expect("an install Job was seen while the instance installed");
     assert_eq!(job["metadata"]["name"], format!("pi-install-{uid}"));
     assert_eq!(
         job["metadata"]["labels"]["platform.di-framework.dev/instance-uid"],
@@ -1431,32 +1466,84 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
     assert!(!project.join("run-outcome.json").exists());
     // What the program applied, through the vCluster's kubeconfig from inside the pod.
     assert!(settings_configmap(&fx, &cluster).is_some());
-    // Nothing of the run is left.
-    let name = format!("pi-install-{uid}");
-    for kind in ["job", "secret"] {
-        wait_for(
-            "the install Job and Secret gone",
-            Duration::from_secs(60),
-            &controller,
-            || {
-                let out = cluster
-                    .kubectl_ok(
-                        &[
-                            "-n",
-                            &fx.operator_ns,
-                            "get",
-                            kind,
-                            &name,
-                            "--ignore-not-found",
-                            "-o",
-                            "name",
-                        ],
-                        None,
-                    )
-                    .ok()?;
-                out.trim().is_empty().then_some(())
-            },
-        )
-        .await;
+    // A hostile version (the stand-in's 6.0.25) in the namespace beside it reaches nothing: no
+    // token, no install record, no passphrase, no other instance, no write into the shared trees.
+    apply(&cluster, &instance(&team, "five", "6.0.25", "Retain", ""));
+    let five = wait_phase(
+        &cluster,
+        &controller,
+        &team,
+        "five",
+        "the host-probing program to fail in its pod",
+        FIRST_AT_A_VERSION,
+        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
+    )
+    .await;
+    let message = five["status"]["lastInstall"]["message"].to_string();
+    assert!(
+        message.contains("Default provider for 'kubernetes' disabled"),
+        "{message}"
+    );
+    let events = instance_dir(&fx, &team, "five").join("platform/up-events.jsonl");
+    let events = std::fs::read_to_string(events).expect("the pod's event log");
+    let probe = |prefix: &str| {
+        let line = events.lines().find(|l| l.contains(prefix));
+        line.unwrap_or_else(|| panic!("no {prefix:?} in {events}"))
+            .to_string()
+    };
+    let files = probe("stand-in file probe:");
+    for denied in [
+        "install record: ENOENT",
+        "operator passphrase: ENOENT",
+        "test passphrase: ENOENT",
+        "other instances: NONE",
+        "shared trees: EROFS",
+    ] {
+        assert!(files.contains(denied), "{denied:?} not in {files}");
     }
+    let host = probe("stand-in host probe:");
+    assert!(!host.contains("HTTP 201"), "{host}");
+    let reached = cluster.kubectl_ok(
+        &[
+            "-n",
+            "default",
+            "get",
+            "configmap",
+            "standin-reached-the-host",
+        ],
+        None,
+    );
+    assert!(reached.is_err(), "the program wrote into the host cluster");
+
+    // Nothing of the run is left.
+    let host_runs = look_for_host_pulumi();
+    assert!(
+        host_runs.is_empty(),
+        "Pulumi ran in the controller: {host_runs:?}"
+    );
+
+    // Nothing of either run is left: no Job, Secret or pod of the operator's installs.
+    wait_for(
+        "the install Jobs, Secrets and pods gone",
+        Duration::from_secs(60),
+        &controller,
+        || {
+            let selector = "app.kubernetes.io/managed-by=platform-operator";
+            let ns = fx.operator_ns.as_str();
+            let args = [
+                "-n",
+                ns,
+                "get",
+                "jobs,secrets,pods",
+                "-l",
+                selector,
+                "-o",
+                "name",
+            ];
+            let out = cluster.kubectl_ok(&args, None).ok()?;
+            let left: Vec<&str> = out.lines().filter(|l| l.contains("pi-install-")).collect();
+            left.is_empty().then_some(())
+        },
+    )
+    .await;
 }

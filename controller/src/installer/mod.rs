@@ -676,7 +676,7 @@ impl Installer {
 
     /// Runs one [`run::Request`] (`controller install --request <file>`): its step in the
     /// instance's project, with the instance's key from the file `passphrase` beside the
-    /// request, and writes its [`run::Outcome`] into the instance's folder ([`run::OUTCOME`]).
+    /// request, and writes its [`run::Outcome`] into the instance's project folder ([`run::OUTCOME`]).
     pub async fn run_request(&self, file: &Path) -> anyhow::Result<run::Outcome> {
         use anyhow::Context;
         let text = std::fs::read_to_string(file)

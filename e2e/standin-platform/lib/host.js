@@ -46,6 +46,40 @@ function ambientClusters() {
   return found;
 }
 
+/**
+ * What of the operator's files the program can reach from its project folder (the working
+ * directory Pulumi runs it in, `<state>/<namespace>/<name>/platform`): the instance's install
+ * record beside it, the operator's passphrase (the chart's path, and the tests' beside the state
+ * folder), the other instances of its namespace, and a write into the shared dependency trees.
+ * Each entry says what happened: `read`, `listed [...]`, `wrote` or the error's code.
+ */
+function probeFiles() {
+  const attempt = (what, action) => {
+    try {
+      return `${what}: ${action()}`;
+    } catch (e) {
+      return `${what}: ${e.code || e.message}`;
+    }
+  };
+  const own = path.basename(path.dirname(process.cwd()));
+  return [
+    attempt("install record", () => (fs.readFileSync("../install.json"), "read")),
+    attempt("operator passphrase", () => (fs.readFileSync("/etc/platform-operator/passphrase/passphrase"), "read")),
+    attempt("test passphrase", () => (fs.readFileSync("../../../../passphrase"), "read")),
+    attempt("other instances", () => {
+      const others = fs.readdirSync("../..").filter((n) => n !== own);
+      if (others.length === 0) throw Object.assign(new Error("none"), { code: "NONE" });
+      return `listed [${others.join(", ")}]`;
+    }),
+    attempt("shared trees", () => {
+      const file = "../../../.cache/modules/standin-wrote-here";
+      fs.writeFileSync(file, "x");
+      fs.unlinkSync(file);
+      return "wrote";
+    }),
+  ].join("; ");
+}
+
 /** What the "host" behaviour does instead of deploying; returns the outputs it reports. */
 function probeHost() {
   const clusters = ambientClusters();
@@ -67,12 +101,13 @@ function probeHost() {
   );
   // What the probe found is logged before the resource below is registered: the SDK sends a
   // registration only once its inputs have resolved, and this input resolves after the log.
+  const files = `stand-in file probe: ${probeFiles()}`;
   const report = pulumi.output(reached).apply((results) => {
     const text =
       results.length === 0
         ? "stand-in host probe: the program's environment names no cluster"
         : `stand-in host probe: tried ${results.join("; ")}`;
-    return pulumi.log.info(text).then(() => text);
+    return pulumi.log.info(files).then(() => pulumi.log.info(text)).then(() => text);
   });
   // A kubernetes resource with no explicit provider: only the default provider could serve it.
   new pulumi.CustomResource("kubernetes:core/v1:ConfigMap", "standin-reached-the-host", {
@@ -83,4 +118,4 @@ function probeHost() {
   return { httpEndpoint: undefined, routeUrlPattern: undefined, kubeconfigs: [] };
 }
 
-module.exports = { probeHost, ambientClusters };
+module.exports = { probeHost, ambientClusters, probeFiles };
