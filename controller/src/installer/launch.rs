@@ -400,6 +400,9 @@ impl Launcher {
                 job
             }
             None => {
+                // A pod of a run stopped a moment ago (a timeout, a cancel) may still be ending:
+                // never two on one state.
+                self.stop(&request.uid).await;
                 let _ = std::fs::remove_file(project.join(run::OUTCOME));
                 self.start(request, key, run_key, timeout).await?
             }
@@ -423,7 +426,7 @@ impl Launcher {
                     timeout.as_secs()
                 ),
                 _ => format!(
-                    "the install pod {name} was killed for running out of memory; raise installPod.resources.limits.memory (docs/operations.md#memory)"
+                    "the install pod {name} was killed for running out of memory; raise the memory limit in --install-pod-resources"
                 ),
             };
             return Err(TaskError::new(failure, message));
@@ -437,8 +440,8 @@ impl Launcher {
         ))
     }
 
-    /// The Job of the same run, when a controller that stopped left one with its Secret; any
-    /// other Job of this instance is stopped first. A Job of that name not ours is an error.
+    /// The Job of the same run, when a controller that stopped left one with its Secret (any
+    /// other is stopped before a new one starts). A Job of that name not ours is an error.
     async fn adopt(&self, name: &str, uid: &str, run_key: &str) -> Result<Option<Job>, TaskError> {
         let found = self.jobs().get_opt(name).await;
         let Some(job) = found.map_err(|e| api_error("reading the install Job", e))? else {
@@ -458,11 +461,7 @@ impl Launcher {
         let has_secret = secret
             .map_err(|e| api_error("reading the install Secret", e))?
             .is_some();
-        if same_run && has_secret {
-            return Ok(Some(job));
-        }
-        self.stop(uid).await;
-        Ok(None)
+        Ok((same_run && has_secret).then_some(job))
     }
 
     async fn start(
