@@ -1435,6 +1435,12 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
         "a second install Job: {seen:?}, the first {}",
         job["metadata"]["uid"]
     );
+    assert!(
+        controller
+            .log()
+            .contains("adopted the install pod a stopped controller left"),
+        "the Job the killed controller started was adopted"
+    );
     assert_eq!(pi["status"]["lastInstall"]["result"], "Succeeded");
     let uid = pi["metadata"]["uid"].as_str().expect("uid").to_string();
     assert_eq!(job["metadata"]["name"], format!("pi-install-{uid}"));

@@ -170,6 +170,11 @@ fn labels(uid: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// The label selector of instance `uid`'s install pods.
+fn pod_selector(uid: &str) -> String {
+    format!("{INSTANCE_UID_LABEL}={uid},{MANAGED_BY_LABEL}={MANAGED_BY}")
+}
+
 /// Whether `meta` is an install object of instance `uid`.
 fn ours(meta: &ObjectMeta, uid: &str) -> bool {
     let labels = meta.labels.as_ref();
@@ -394,25 +399,25 @@ impl Launcher {
     ) -> Result<run::Outcome, TaskError> {
         let name = job_name(&request.uid);
         let adopted = self.adopt(&name, &request.uid, run_key).await?;
-        let job = match adopted {
-            Some(job) => {
-                tracing::info!(job = %name, run = %run_key, "adopted the install pod a stopped controller left");
-                job
-            }
-            None => {
-                // A pod of a run stopped a moment ago (a timeout, a cancel) may still be ending:
-                // never two on one state.
-                self.stop(&request.uid).await;
-                let _ = std::fs::remove_file(project.join(run::OUTCOME));
-                self.start(request, key, run_key, timeout).await?
-            }
-        };
-        let finished = self.wait(&name, &job, timeout + GRACE).await?;
+        if adopted {
+            tracing::info!(job = %name, run = %run_key, "adopted the install pod a stopped controller left");
+        } else {
+            // A pod of a run stopped a moment ago (a timeout, a cancel) may still be ending:
+            // never two on one state.
+            self.stop(&request.uid).await;
+            let _ = std::fs::remove_file(project.join(run::OUTCOME));
+            self.start(request, key, run_key, timeout).await?;
+        }
+        let finished = self.wait(&name, &request.uid, timeout + GRACE).await?;
         let pod = self.pod(&request.uid).await;
-        // An adopted Job ran another install id: its outcome is believed by its own id.
-        let request = match adopted_request(&finished, request) {
-            Some(r) => r,
-            None => request.clone(),
+        // An adopted Job ran another install id: its outcome is believed by the Job's own.
+        let request = Request {
+            install_id: finished
+                .annotations()
+                .get(INSTALL_ID)
+                .cloned()
+                .unwrap_or_default(),
+            ..request.clone()
         };
         if let Some(outcome) = outcome(project, &request) {
             // It holds the stack's outputs (kubeconfigs among them): not left on the volume.
@@ -442,10 +447,10 @@ impl Launcher {
 
     /// The Job of the same run, when a controller that stopped left one with its Secret (any
     /// other is stopped before a new one starts). A Job of that name not ours is an error.
-    async fn adopt(&self, name: &str, uid: &str, run_key: &str) -> Result<Option<Job>, TaskError> {
+    async fn adopt(&self, name: &str, uid: &str, run_key: &str) -> Result<bool, TaskError> {
         let found = self.jobs().get_opt(name).await;
         let Some(job) = found.map_err(|e| api_error("reading the install Job", e))? else {
-            return Ok(None);
+            return Ok(false);
         };
         if !ours(job.meta(), uid) {
             return Err(TaskError::new(
@@ -461,7 +466,7 @@ impl Launcher {
         let has_secret = secret
             .map_err(|e| api_error("reading the install Secret", e))?
             .is_some();
-        Ok((same_run && has_secret).then_some(job))
+        Ok(same_run && has_secret)
     }
 
     async fn start(
@@ -470,7 +475,7 @@ impl Launcher {
         key: &[u8],
         run_key: &str,
         timeout: Duration,
-    ) -> Result<Job, TaskError> {
+    ) -> Result<(), TaskError> {
         let name = job_name(&request.uid);
         let job = self.settings.job(request, run_key, timeout);
         let created = self.jobs().create(&PostParams::default(), &job).await;
@@ -498,17 +503,12 @@ impl Launcher {
         };
         let made = self.secrets().create(&PostParams::default(), &secret).await;
         made.map_err(|e| api_error("creating the install Secret", e))?;
-        Ok(created)
+        Ok(())
     }
 
     /// Waits until Job `name` has ended (a `Complete` or `Failed` condition), its pod cannot
     /// start, or `limit` passes.
-    async fn wait(&self, name: &str, job: &Job, limit: Duration) -> Result<Job, TaskError> {
-        let uid = job
-            .labels()
-            .get(INSTANCE_UID_LABEL)
-            .cloned()
-            .unwrap_or_default();
+    async fn wait(&self, name: &str, uid: &str, limit: Duration) -> Result<Job, TaskError> {
         let done = |j: &Job| {
             let conditions = j.status.as_ref().and_then(|s| s.conditions.as_ref());
             conditions
@@ -531,7 +531,7 @@ impl Launcher {
                     ));
                 }
             }
-            if let Some(reason) = self.pod(&uid).await.as_ref().and_then(stuck) {
+            if let Some(reason) = self.pod(uid).await.as_ref().and_then(stuck) {
                 return Err(TaskError::new(
                     Failure::InstallFailed,
                     format!(
@@ -555,10 +555,9 @@ impl Launcher {
 
     /// The newest pod of instance `uid`'s install Job.
     async fn pod(&self, uid: &str) -> Option<Pod> {
-        let selector = format!("{INSTANCE_UID_LABEL}={uid},{MANAGED_BY_LABEL}={MANAGED_BY}");
         let pods = self
             .pods()
-            .list(&ListParams::default().labels(&selector))
+            .list(&ListParams::default().labels(&pod_selector(uid)))
             .await;
         let mut pods = pods.ok()?.items;
         pods.sort_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0));
@@ -593,13 +592,16 @@ impl Launcher {
         if let Err(e) = secret.await {
             tracing::warn!(secret = %name, error = %e, "deleting the install Secret failed");
         }
-        let selector = format!("{INSTANCE_UID_LABEL}={uid},{MANAGED_BY_LABEL}={MANAGED_BY}");
-        let params = ListParams::default().labels(&selector);
+        let params = ListParams::default().labels(&pod_selector(uid));
         for _ in 0..90 {
             match self.pods().list(&params).await {
                 Ok(list) if list.items.is_empty() => return,
                 Ok(list) => {
-                    for pod in list.items {
+                    let running = list
+                        .items
+                        .iter()
+                        .filter(|p| p.meta().deletion_timestamp.is_none());
+                    for pod in running {
                         let name = pod.name_any();
                         let gone = self.pods().delete(&name, &DeleteParams::default()).await;
                         if let Err(e) = gone
@@ -617,21 +619,11 @@ impl Launcher {
     }
 }
 
-/// The request an adopted Job ran (its own install id), from the outcome's owner check: the
-/// Job's run key matched, so only the install id may differ.
-fn adopted_request(job: &Job, request: &Request) -> Option<Request> {
-    let id = job.annotations().get(INSTALL_ID)?;
-    Some(Request {
-        install_id: id.clone(),
-        ..request.clone()
-    })
-}
-
 /// The annotation on an install Job naming the install id of its request.
 pub const INSTALL_ID: &str = "platform.di-framework.dev/install-id";
 
 /// Stops the run's pod when the run's future is dropped (cancellation, the install timeout, a
-/// controller shutting down), unless disarmed.
+/// controller shutting down); a run that ends stops it itself ([`StopGuard::stop`]).
 struct StopGuard {
     launcher: Launcher,
     uid: Option<String>,
