@@ -326,10 +326,11 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     let last = &pi["status"]["lastInstall"];
     assert_eq!(last["result"], "Succeeded");
     assert_eq!(last["version"], "6.0.21");
-    assert!(
-        last["summary"]["created"].as_i64().unwrap_or(0) > 0,
-        "{last}"
-    );
+    // Under load the first attempt can pass the 150 s --install-timeout after Pulumi created the
+    // objects; its retry then finds them all unchanged. Either way the summary counts them
+    // (fleet.rs checks `created` of a first install under a liveness-bound timeout).
+    let counted = |k: &str| last["summary"][k].as_i64().unwrap_or(0);
+    assert!(counted("created") + counted("unchanged") > 0, "{last}");
     assert!(
         last["summary"]["configHash"]
             .as_str()
