@@ -7,16 +7,23 @@
 //! and dependency trees):
 //!
 //! - **cold registry**: the registry this run started, serving its first requests;
-//! - **warm registry**: the same registry, which has just served the same packages.
+//! - **warm registry**: the same registry, which has just served the same packages;
+//! - **pods**: the warm registry, the controller with `--install-image` (the operator image the
+//!   real node imported): npm, the key check and every Pulumi run in install pods.
 //!
-//! In each round a first instance at a version, then a second at the same version; for each, the
+//! In each round a first instance at a version, then a second at the same version (in the warm
+//! and pods rounds then more, untimed, until `BENCH_INSTALLS` installs have run, default 10),
+//! while the resident memory of the controller and every process under it is sampled every
+//! 100 ms (what its container's memory limit counts; an install pod's is its own). For each, the
 //! time from `kubectl apply` to `Ready` and where it went: inside npm (and how many npm runs),
 //! inside `pulumi up` itself, inside the rest of the Pulumi step (the stack's config file, the
 //! stack's creation, pending operations, the outputs: any other Pulumi command and the work the
 //! operator does in their place), inside Helm for the vCluster, the **stand-in** vCluster's start
 //! (from the timeline: its Helm release `deployed` to its exported kubeconfig written; its pod on
-//! the real node and the stand-in syncer, where a real vCluster takes its own, longer, time), and
-//! the rest (the operator's own work and its queues). "Outside `pulumi up`" is time to Ready minus
+//! the real node and the stand-in syncer, where a real vCluster takes its own, longer, time), the
+//! install pods' starts (each from its first sight to its container running: the Job
+//! controller, the scheduler and the kubelet), and the rest (the operator's own work and its
+//! queues). "Outside `pulumi up`" is time to Ready minus
 //! `pulumi up`'s own seconds.
 //! Figures come from the controller's `platform_operator_controller_tool_duration_seconds` and
 //! `platform_operator_controller_helm_duration_seconds`; Ready is seen by a watch
@@ -34,7 +41,7 @@
 //! Run: `cargo bench -p controller --bench install` (env `BENCH_VERSION`, default 6.0.22;
 //! `BENCH_LOG_LEVEL`, default `info`, the controller's `--log-level`: `info,controller=debug`
 //! for the installer's steps in its log; `BENCH_BASELINE`, another build of the controller
-//! binary, such as main's, measured in a round of its own between the cold and the warm round).
+//! binary, such as main's, measured in a round of its own after the cold round; `BENCH_INSTALLS`).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -225,12 +232,18 @@ fn pod_summary(v: &Value) -> Option<String> {
     ))
 }
 
-/// Starts the watches of instance `ns/name` and what belongs to it, and waits until each has
-/// listed.
+fn install_pod_summary(v: &Value) -> Option<String> {
+    let running = v["status"]["containerStatuses"][0]["state"]["running"].is_object();
+    let phase = v["status"]["phase"].as_str().unwrap_or("created");
+    Some(if running { "running" } else { phase }.to_lowercase())
+}
+
+/// Starts the watches of instance `ns/name` and what belongs to it (and of the install pods in
+/// `operator_ns`), and waits until each has listed.
 async fn watch_instance(
     client: &kube::Client,
-    ns: &str,
-    name: &str,
+    (ns, name): (&str, &str),
+    operator_ns: &str,
     seen: &Seen,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let host = common::names::host_namespace(ns, name);
@@ -295,11 +308,19 @@ async fn watch_instance(
             tx.clone(),
         ),
         watch(
-            Api::<Secret>::namespaced(c, ns),
+            Api::<Secret>::namespaced(c.clone(), ns),
             watcher::Config::default()
                 .labels(&format!("platform.di-framework.dev/membership-of={name}")),
             "membership secret",
             exists,
+            seen.clone(),
+            tx.clone(),
+        ),
+        watch(
+            Api::<Pod>::namespaced(c, operator_ns),
+            watcher::Config::default().labels(common::names::MANAGED_BY_SELECTOR),
+            "install pod",
+            install_pod_summary,
             seen.clone(),
             tx,
         ),
@@ -338,7 +359,30 @@ impl Figures {
         Some((exported - deployed).max(0.0))
     }
 
-    /// The rest: time to Ready minus npm, Pulumi, Helm and the stand-in vCluster's start.
+    /// The install pods' starts, from the timeline: for each install pod, from its first sight
+    /// to its container running (the Job controller, the scheduler and the kubelet: Kubernetes'
+    /// time, not the operator's). 0 without install pods.
+    fn pod_start(&self) -> f64 {
+        let mut created: BTreeMap<&str, f64> = BTreeMap::new();
+        let mut started = 0.0;
+        for (at, line) in &self.timeline {
+            let Some(rest) = line.strip_prefix("install pod ") else {
+                continue;
+            };
+            let name = rest.split(':').next().unwrap_or_default();
+            match created.get(name) {
+                None => {
+                    created.insert(name, *at);
+                }
+                Some(first) if rest.ends_with(": running") => started += at - first,
+                Some(_) => {}
+            }
+        }
+        started
+    }
+
+    /// The rest: time to Ready minus npm, Pulumi, Helm, the stand-in vCluster's start and the
+    /// install pods' starts.
     fn operator(&self) -> f64 {
         self.ready
             - self.spent.npm
@@ -346,18 +390,19 @@ impl Figures {
             - self.spent.pulumi_other
             - self.spent.helm
             - self.vcluster_start().unwrap_or(0.0)
+            - self.pod_start()
     }
 }
 
 async fn one(
     cluster: &e2e::shared::Shared,
-    controller: &Controller,
+    (controller, operator_ns): (&Controller, &str),
     registry: &e2e::npm::RegistryHandle,
     (ns, version, label): (&str, &str, &str),
 ) -> Figures {
     let client = cluster.client().await.expect("client");
     let seen = Seen::default();
-    let watches = watch_instance(&client, ns, label, &seen).await;
+    let watches = watch_instance(&client, (ns, label), operator_ns, &seen).await;
     let before = counters(controller).await;
     let downloads_before = registry.tarball_downloads(e2e::npm::STANDIN_PACKAGE, version);
     let manifest = format!(
@@ -408,31 +453,118 @@ async fn one(
     }
 }
 
+/// How a round's controller runs the platform program.
+#[derive(Clone, Copy, PartialEq)]
+enum Runs {
+    /// In its own process (no `--install-image`).
+    InProcess,
+    /// In install pods on the real node (`--install-image`, the operator image it imported).
+    InPods,
+}
+
+/// A round's figures: the first and the second instance, and the controller's peak memory.
+struct Round {
+    first: Figures,
+    second: Figures,
+    /// Installs the round ran (the first and second, then more untimed ones).
+    installs: usize,
+    /// The most resident memory of the controller and every process under it at once, MiB
+    /// (sampled every 100 ms: what its container's memory limit would count).
+    peak_rss_mib: f64,
+}
+
+/// The resident memory of process `pid` and its descendants, in MiB.
+fn tree_rss_mib(pid: u32) -> f64 {
+    let mut parents: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        parents.insert(p, (field("PPid:") as u32, field("VmRSS:")));
+    }
+    let mut kib = 0;
+    for (&p, &(_, rss)) in &parents {
+        let mut at = p;
+        while at != 0 && at != pid {
+            at = parents.get(&at).map_or(0, |(parent, _)| *parent);
+        }
+        if at == pid {
+            kib += rss;
+        }
+    }
+    kib as f64 / 1024.0
+}
+
 /// One round: a controller (`binary`, or this workspace's) on a fresh state volume, a first and a
-/// second instance at `version`.
+/// second instance at `version`, then more instances until `installs` have run.
 async fn round(
     cluster: &e2e::shared::Shared,
     registry: &e2e::npm::RegistryHandle,
-    version: &str,
-    (name, binary): (&str, Option<&std::path::Path>),
-) -> (Figures, Figures) {
+    (version, installs): (&str, usize),
+    (name, binary, runs): (&str, Option<&std::path::Path>, Runs),
+) -> Round {
     let fx = installing_fixture(cluster, &format!("bench-install-{name}")).await;
     let ns = cluster.create_namespace("bench", &[]).expect("namespace");
     let log_level = std::env::var("BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into());
-    let args = [
-        "--leader-elect=false",
-        "--watch-namespace",
-        &ns,
-        "--install-platform=true",
-        "--log-level",
-        &log_level,
+    let mut args = vec![
+        "--leader-elect=false".to_string(),
+        "--watch-namespace".into(),
+        ns.clone(),
+        "--install-platform=true".into(),
+        "--log-level".into(),
+        log_level,
     ];
+    if runs == Runs::InPods {
+        let image = cluster.operator_image.clone().expect("the operator image");
+        let account = ["-n", &fx.operator_ns, "create", "serviceaccount"];
+        let account = [&account[..], &["platform-operator-install"]].concat();
+        cluster
+            .kubectl_ok(&account, None)
+            .expect("the install pods' account");
+        args.push(format!("--install-image={image}"));
+        args.push(format!("--install-node={}", e2e::real_node::NODE_NAME));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let controller = match binary {
         Some(binary) => Controller::start_binary(binary, cluster, &fx, &args),
         None => Controller::start(cluster, &fx, &args),
     };
-    let first = one(cluster, &controller, registry, (&ns, version, "first")).await;
-    let second = one(cluster, &controller, registry, (&ns, version, "second")).await;
+    let pid = controller.child.id();
+    let peak = Arc::new(Mutex::new(0.0_f64));
+    let (sampling, into) = (
+        Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        peak.clone(),
+    );
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                let rss = tree_rss_mib(pid);
+                if let Ok(mut peak) = into.lock() {
+                    *peak = peak.max(rss);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let at = (&controller, fx.operator_ns.as_str());
+    let first = one(cluster, at, registry, (&ns, version, "first")).await;
+    let second = one(cluster, at, registry, (&ns, version, "second")).await;
+    for n in 3..=installs {
+        one(cluster, at, registry, (&ns, version, &format!("i{n}"))).await;
+    }
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = sampler.join();
     // Kept past the run: the timeline's wall-clock times find their lines in it.
     let log = fx.dir.join(format!("controller-{name}.log"));
     match std::fs::write(&log, controller.log()) {
@@ -442,7 +574,13 @@ async fn round(
             log.display()
         ),
     }
-    (first, second)
+    let peak_rss_mib = *peak.lock().expect("peak");
+    Round {
+        first,
+        second,
+        installs: installs.max(2),
+        peak_rss_mib,
+    }
 }
 
 fn print_timeline(name: &str, f: &Figures) {
@@ -457,7 +595,7 @@ fn print_timeline(name: &str, f: &Figures) {
 
 fn row(name: &str, f: &Figures) {
     println!(
-        "{name:<15} {:>7.2} {:>6.2} {:>4} {:>9.2} {:>7.2} {:>5.2} {:>8} {:>8.2} {:>10.2} {:>9.2} {:>9}",
+        "{name:<15} {:>7.2} {:>6.2} {:>4} {:>9.2} {:>7.2} {:>5.2} {:>8} {:>9.2} {:>8.2} {:>10.2} {:>9}",
         f.ready,
         f.spent.npm,
         f.spent.npm_runs,
@@ -466,9 +604,9 @@ fn row(name: &str, f: &Figures) {
         f.spent.helm,
         f.vcluster_start()
             .map_or_else(|| "-".to_string(), |s| format!("{s:.2}")),
+        f.pod_start(),
         f.operator(),
         f.outside_up(),
-        f.outside_up() - f.vcluster_start().unwrap_or(0.0),
         f.downloads
     );
 }
@@ -476,36 +614,54 @@ fn row(name: &str, f: &Figures) {
 #[tokio::main]
 async fn main() {
     let version = std::env::var("BENCH_VERSION").unwrap_or_else(|_| "6.0.22".into());
+    let installs: usize = std::env::var("BENCH_INSTALLS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10);
     let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
     let registry = e2e::npm::shared().expect("npm registry");
     let baseline_binary = std::env::var_os("BENCH_BASELINE").map(std::path::PathBuf::from);
-    let cold = round(&cluster, &registry, &version, ("cold", None)).await;
-    // The baseline between the two rounds of this build, with a warm registry as the second.
-    let baseline = match &baseline_binary {
-        Some(binary) => Some(
-            round(
-                &cluster,
-                &registry,
-                &version,
-                ("baseline", Some(binary.as_path())),
-            )
-            .await,
-        ),
-        None => None,
-    };
-    let warm = round(&cluster, &registry, &version, ("warm", None)).await;
+    let reg = &registry;
+    let mut rounds = vec![(
+        "cold",
+        round(
+            &cluster,
+            reg,
+            (&version, 2),
+            ("cold", None, Runs::InProcess),
+        )
+        .await,
+    )];
+    // The baseline between the cold round and the warm ones, with a warm registry.
+    if let Some(binary) = &baseline_binary {
+        let at = ("baseline", Some(binary.as_path()), Runs::InProcess);
+        rounds.push(("baseline", round(&cluster, reg, (&version, 2), at).await));
+    }
+    let warm = ("warm", None, Runs::InProcess);
+    rounds.push((
+        "warm",
+        round(&cluster, reg, (&version, installs), warm).await,
+    ));
+    let pods = ("pods", None, Runs::InPods);
+    rounds.push((
+        "pods",
+        round(&cluster, reg, (&version, installs), pods).await,
+    ));
     println!(
         "installer benchmark: {version} of the stand-in @di-framework/platform, real Pulumi CLI, one run; seconds"
     );
     if let Some(binary) = &baseline_binary {
         println!(
-            "baseline: the controller binary {} (BENCH_BASELINE), a round of its own between the cold and the warm round, warm registry",
+            "baseline: the controller binary {} (BENCH_BASELINE), a round of its own after the cold round, warm registry",
             binary.display()
         );
     }
     println!(
-        "{:<15} {:>7} {:>6} {:>4} {:>9} {:>7} {:>5} {:>8} {:>8} {:>10} {:>9} {:>9}",
+        "rounds: cold (a registry serving its first requests), warm (the same, warm), pods (warm, --install-image: npm and Pulumi in install pods on the real node)"
+    );
+    println!(
+        "{:<15} {:>7} {:>6} {:>4} {:>9} {:>7} {:>5} {:>8} {:>9} {:>8} {:>10} {:>9}",
         "instance",
         "ready",
         "npm",
@@ -514,31 +670,23 @@ async fn main() {
         "pulumi",
         "helm",
         "vc start",
+        "pod start",
         "operator",
         "outside up",
-        "w/o start",
         "downloads"
     );
     println!(
-        "vc start: the stand-in vCluster's start (Helm release deployed -> exported kubeconfig written); operator: the rest; w/o start: outside up minus vc start"
+        "vc start: the stand-in vCluster's start (Helm release deployed -> exported kubeconfig written); pod start: install pods first seen -> running; operator: the rest"
     );
-    row("cold: first", &cold.0);
-    row("cold: second", &cold.1);
-    if let Some(b) = &baseline {
-        row("base: first", &b.0);
-        row("base: second", &b.1);
+    for (name, r) in &rounds {
+        row(&format!("{name}: first"), &r.first);
+        row(&format!("{name}: second"), &r.second);
     }
-    row("warm: first", &warm.0);
-    row("warm: second", &warm.1);
-    print_timeline("cold: second", &cold.1);
-    if let Some(b) = &baseline {
-        print_timeline("baseline: second", &b.1);
+    for (name, r) in &rounds {
+        print_timeline(&format!("{name}: second"), &r.second);
     }
-    print_timeline("warm: second", &warm.1);
-    let mut rounds = vec![("cold", &cold)];
-    rounds.extend(baseline.as_ref().map(|b| ("baseline", b)));
-    rounds.push(("warm", &warm));
-    for (name, (first, second)) in rounds {
+    for (name, r) in &rounds {
+        let (first, second) = (&r.first, &r.second);
         println!(
             "{name}: ratio first/second time to Ready {:.2}; second: {} npm runs, {:.2} s outside pulumi up ({:.2} s without helm; {:.2} s without the stand-in vCluster's start)",
             first.ready / second.ready,
@@ -547,9 +695,13 @@ async fn main() {
             second.outside_up() - second.spent.helm,
             second.outside_up() - second.vcluster_start().unwrap_or(0.0)
         );
+        println!(
+            "{name}: the controller's peak memory (its process and every process under it) over {} installs: {:.1} MiB",
+            r.installs, r.peak_rss_mib
+        );
     }
-    for (name, (_, second)) in [("cold", &cold), ("warm", &warm)] {
-        let share = 100.0 * second.operator() / second.ready;
+    for (name, r) in &rounds {
+        let share = 100.0 * r.second.operator() / r.second.ready;
         support::gate(&format!("operator-share-second-{name}"), share, 10.0, " %");
     }
 }

@@ -193,6 +193,20 @@ fn opens(fx: &Fixture, project: &Path, key: &Path) -> bool {
     export.success && config.success
 }
 
+/// Puts the state of the instance in `dir` (under the instance's `key`) under the operator's
+/// passphrase, as a release before per-instance keys left it: with the CLI, under the state lock
+/// every run holds.
+fn under_operator_passphrase(fx: &Fixture, dir: &Path, key: &Path) {
+    let project = dir.join("platform");
+    let lock = std::fs::File::open(dir.join("install.lock")).expect("state lock");
+    lock.lock().expect("the state lock");
+    let operator = std::fs::read_to_string(&fx.passphrase).expect("passphrase");
+    let args = ["stack", "change-secrets-provider", "passphrase"];
+    let out = pulumi(fx, &project, key, &args, &format!("{operator}\n"));
+    assert!(out.success, "{}", out.stderr);
+    assert!(opens(fx, &project, &fx.passphrase) && !opens(fx, &project, key));
+}
+
 fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
     fx.dir.join("state").join(ns).join(name)
 }
@@ -492,16 +506,7 @@ async fn installs_upgrades_fails_times_out_and_repairs_drift() {
     );
     // State an earlier release left under the operator's passphrase (put back by the CLI, under
     // the state lock every run holds) moves to the instance's own key at its next run.
-    {
-        let lock = std::fs::File::open(instance_dir(&fx, &team, "one").join("install.lock"))
-            .expect("state lock");
-        lock.lock().expect("the state lock");
-        let operator = std::fs::read_to_string(&fx.passphrase).expect("passphrase");
-        let args = ["stack", "change-secrets-provider", "passphrase"];
-        let out = pulumi(&fx, &project, &key, &args, &format!("{operator}\n"));
-        assert!(out.success, "{}", out.stderr);
-    }
-    assert!(opens(&fx, &project, &fx.passphrase) && !opens(&fx, &project, &key));
+    under_operator_passphrase(&fx, &instance_dir(&fx, &team, "one"), &key);
 
     // Upgrade 6.0.21 → 6.0.22: Upgrading shows both versions, then Ready at 6.0.22.
     set_version(&cluster, &team, "one", "6.0.22");
@@ -1376,13 +1381,15 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
         &team,
         "--install-platform=true",
         "--install-timeout=600s",
+        // The repair preview that finds the state under the operator's passphrase, below.
+        "--repair-interval=30s",
         &image_flag,
         &node_flag,
     ];
     let mut controller = Controller::start(&cluster, &fx, &args);
-    // The program run by the controller: `pulumi up` or `preview` from the tool cache's binary,
-    // working in the test's folder (an install pod's is the image's own `pulumi`). The key check
-    // after a restart still runs the CLI's `config set` there, which runs no program.
+    // Any Pulumi or npm command the controller runs: a process outside the node's pods working
+    // in the test's folder; the key check, the re-encryption and the dependency tree's npm run
+    // in pods too.
     let host_pulumi = e2e::tools::Tools::locate().expect("tools").bin("pulumi");
     let (host_pulumi, folder) = (host_pulumi.display().to_string(), fx.dir.clone());
     let mut host_runs = Vec::<String>::new();
@@ -1391,19 +1398,30 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
-            let program = [" up ", " preview ", " destroy "]
+            let cgroup = std::fs::read_to_string(entry.path().join("cgroup")).unwrap_or_default();
+            let words: Vec<&str> = cmdline.split(' ').take(2).collect();
+            let npm = words
                 .iter()
-                .any(|c| cmdline.contains(c));
-            if cmdline.starts_with(&host_pulumi) && cwd.starts_with(&folder) && program {
+                .any(|w| w.ends_with("/npm") || *w == "npm" || w.ends_with("npm-cli.js"));
+            let tool = cmdline.starts_with(&host_pulumi) || npm;
+            if tool && cwd.starts_with(&folder) && !cgroup.contains("kubepods") {
                 host_runs.push(cmdline);
             }
         }
         host_runs.clone()
     };
+    // The install Jobs (`pulumi up`; before it, a Job of npm builds the dependency tree).
     let jobs = || {
         let jobs = get(&cluster, &["-n", &fx.operator_ns, "get", "jobs"]);
-        jobs.and_then(|j| j["items"].as_array().cloned())
-            .unwrap_or_default()
+        let jobs = jobs.and_then(|j| j["items"].as_array().cloned());
+        let run = |j: &Value| {
+            let run = &j["metadata"]["annotations"]["platform.di-framework.dev/install-run"];
+            run.as_str().unwrap_or_default().starts_with("install-")
+        };
+        jobs.unwrap_or_default()
+            .into_iter()
+            .filter(run)
+            .collect::<Vec<_>>()
     };
     apply(&cluster, &instance(&team, "one", "6.0.22", "Retain", ""));
 
@@ -1473,6 +1491,27 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
     assert!(!project.join("run-outcome.json").exists());
     // What the program applied, through the vCluster's kubeconfig from inside the pod.
     assert!(settings_configmap(&fx, &cluster).is_some());
+    // State under the operator's passphrase (a backup of an earlier release put back, under the
+    // state lock every run holds): the next repair preview's pod finds it under another key, a
+    // rekey pod (the Pulumi CLI only) moves it to the instance's own, and the preview runs again.
+    let key = state_key_file(&fx, &uid);
+    under_operator_passphrase(&fx, &instance_dir(&fx, &team, "one"), &key);
+    wait_for(
+        "a rekey pod to move the state to the instance's own key",
+        Duration::from_secs(300),
+        &controller,
+        || {
+            look_for_host_pulumi();
+            let log = controller.log();
+            let moved = log.contains(
+                "re-encrypted the Pulumi state under the instance's own key in a rekey pod",
+            ) && !project.join("state-key-migration").exists()
+                && opens(&fx, &project, &key);
+            moved.then_some(())
+        },
+    )
+    .await;
+    assert!(!opens(&fx, &project, &fx.passphrase));
     // A hostile version (the stand-in's 6.0.25) in the namespace beside it reaches nothing: no
     // token, no install record, no passphrase, no other instance, no write into the shared trees.
     apply(&cluster, &instance(&team, "five", "6.0.25", "Retain", ""));
@@ -1526,7 +1565,7 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
     let host_runs = look_for_host_pulumi();
     assert!(
         host_runs.is_empty(),
-        "Pulumi ran in the controller: {host_runs:?}"
+        "Pulumi or npm ran in the controller: {host_runs:?}"
     );
 
     // Nothing of either run is left: no Job, Secret or pod of the operator's installs.

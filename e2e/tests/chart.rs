@@ -116,15 +116,41 @@ fn the_defaults_reach_their_flags() {
             "--npm-allow-scripts=false",
             "--pulumi-sdk-version=3.248.0",
             "--pod-security-standard=baseline",
+            "--install-image=ghcr.io/di-framework/platform-operator@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            "--install-state-claim=platform-operator-state",
+            r#"--install-pod-resources={"limits":{"ephemeral-storage":"6Gi","memory":"2Gi"},"requests":{"cpu":"100m","ephemeral-storage":"1Gi","memory":"256Mi"}}"#,
             "--state-dir=/var/lib/platform-operator/state",
             "--passphrase-file=/etc/platform-operator/passphrase/passphrase",
             "--metrics-bind-address=0.0.0.0:8080",
             "--metrics-secure=true",
             "--metrics-auth-cache-ttl=30s",
         ],
-        "no --cleanup-namespace or --npm-registry-file unless set; the cleanup Jobs run the operator's own image"
+        "no --cleanup-namespace or --npm-registry-file unless set; the cleanup Jobs and the install pods run the operator's own image, the install pods on the state claim"
     );
     let controller = r.container("platform-operator-controller");
+    // Install pods run on the controller's node (the claim is ReadWriteOnce), under an account
+    // with no permissions whose token is never mounted.
+    assert_eq!(
+        env(controller, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    let account = r.get("ServiceAccount", "platform-operator-install");
+    assert_eq!(account["automountServiceAccountToken"], false);
+    let bound: Vec<_> = r
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "RoleBinding" || o["kind"] == "ClusterRoleBinding")
+        .filter(|o| {
+            o["subjects"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s["name"] == "platform-operator-install"))
+        })
+        .map(|o| o["metadata"]["name"].clone())
+        .collect();
+    assert!(
+        bound.is_empty(),
+        "the install pods' account is bound: {bound:?}"
+    );
     assert!(
         controller["volumeMounts"]
             .as_array()
@@ -232,6 +258,8 @@ fn every_value_reaches_its_flag() {
         "pulumiSdkVersion=3.250.0",
         "podSecurityStandard=restricted",
         "extraArgs={--log-level=debug,--program-heap-limit=1536}",
+        "installPod.resources.requests.cpu=50m",
+        "installPod.resources.limits.memory=3Gi",
         &format!("cleanupImage=mirror.example/operator@{TEST_DIGEST}"),
         "extraEnv[0].name=HTTPS_PROXY",
         "extraEnv[0].value=http://proxy.internal:3128",
@@ -267,6 +295,9 @@ fn every_value_reaches_its_flag() {
             "--npm-allow-scripts=true",
             "--pulumi-sdk-version=3.250.0",
             "--pod-security-standard=restricted",
+            &format!("--install-image=registry.example/team/operator@{TEST_DIGEST}"),
+            "--install-state-claim=platform-operator-state",
+            r#"--install-pod-resources={"limits":{"ephemeral-storage":"6Gi","memory":"3Gi"},"requests":{"cpu":"50m","ephemeral-storage":"1Gi","memory":"256Mi"}}"#,
             "--state-dir=/var/lib/platform-operator/state",
             "--passphrase-file=/etc/platform-operator/passphrase/passphrase",
             "--metrics-bind-address=0.0.0.0:8080",
@@ -339,6 +370,23 @@ fn every_value_reaches_its_flag() {
     assert_eq!(
         mutating["webhooks"][0]["failurePolicy"], "Ignore",
         "the mutating webhook is always Ignore"
+    );
+    // installPod.enabled=false: no install pod flag, account or Job rule.
+    let r = render(&["installPod.enabled=false", "rbac.clusterAdmin=false"]);
+    let args = r.args("platform-operator-controller");
+    assert!(
+        args.iter()
+            .all(|a| !a.starts_with("--install-") || a.starts_with("--install-timeout")),
+        "{args:?}"
+    );
+    assert!(
+        r.find("ServiceAccount", "platform-operator-install")
+            .is_none()
+    );
+    let rules = &r.get("Role", "platform-operator")["rules"];
+    assert!(
+        !rules.to_string().contains("jobs"),
+        "no Job rule without install pods: {rules}"
     );
     // The cleanup Jobs' Role follows cleanupNamespace.
     let r = render(&[
@@ -508,6 +556,11 @@ fn rbac_binds_cluster_admin_or_the_platform_operator_cluster_role() {
     let lease = r.get("Role", "platform-operator");
     assert_eq!(lease["metadata"]["namespace"], NS);
     assert_eq!(lease["rules"][0]["resources"], json!(["leases"]));
+    assert_eq!(
+        lease["rules"][1],
+        json!({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]}),
+        "the install Jobs, in the release namespace only"
+    );
     let cleanup = r.get("Role", "platform-operator-cleanup");
     assert_eq!(
         cleanup["metadata"]["namespace"], NS,
@@ -837,6 +890,14 @@ fn the_schema_rejects_wrong_types_and_shapes() {
             "headlamp.enabled=1",
             "at '/headlamp/enabled': got number, want boolean",
         ),
+        (
+            "installPod.enabled=yes",
+            "at '/installPod/enabled': got string, want boolean",
+        ),
+        (
+            "installPod.resources.limits.memory=null",
+            "at '/installPod/resources/limits': missing property 'memory'",
+        ),
         ("replicas=2", "additional properties 'replicas' not allowed"),
         (
             "controller.replicas=2",
@@ -879,6 +940,14 @@ fn rules_across_values_fail_with_a_one_line_reason() {
         (
             &["extraArgs={--cleanup-image=busybox:1.37}"],
             "extraArgs sets --cleanup-image, which the chart sets itself",
+        ),
+        (
+            &["extraArgs={--install-image=busybox:1.37}"],
+            "extraArgs sets --install-image, which the chart sets itself",
+        ),
+        (
+            &["extraEnv[0].name=NODE_NAME", "extraEnv[0].value=elsewhere"],
+            "extraEnv sets NODE_NAME, which the chart sets itself",
         ),
         (
             &["extraEnv[0].name=HOME", "extraEnv[0].value=/elsewhere"],

@@ -1011,6 +1011,9 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
         &ns,
         &[
             "rbac.clusterAdmin=false",
+            // The controller runs here as a process beside the node with the stand-in vCluster,
+            // its installs in process; install pods under these accounts run in real_vcluster.rs.
+            "installPod.enabled=false",
             "targetPoll=1s",
             "webhook.certLifetime=60s",
             "installTimeout=5m",

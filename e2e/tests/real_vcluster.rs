@@ -10,7 +10,8 @@
 //! starts the virtual control plane (kine, kube-apiserver, controller-manager) and exports its
 //! kubeconfig Secret, the controller copies it to `<name>-kubeconfig` and runs the platform program
 //! (the STAND-IN `@di-framework/platform`, from a local npm registry relayed into the node's
-//! namespace) from its own pod through the in-cluster address that kubeconfig names. The test
+//! namespace) in an install pod of its own (the chart's `installPod.enabled`), through the
+//! in-cluster address that kubeconfig names; `pulumi` never runs in a controller's container. The test
 //! then asks the vCluster's API itself (from the node's namespace, through `service/vcluster`)
 //! for the objects the program applied. Prints the seconds from apply to `VClusterReady` and to
 //! `Ready`, and the vCluster pod's memory as the kubelet reads it from its cgroups.
@@ -720,6 +721,159 @@ impl Drop for Versions {
     }
 }
 
+/// Pod UID → (a program run seen, the other Pulumi commands and `npm` seen).
+type ToolsIn = BTreeMap<String, (bool, BTreeSet<String>)>;
+
+/// The Pulumi commands that run the platform program.
+const PROGRAM_RUNS: [&str; 4] = ["up", "preview", "destroy", "refresh"];
+
+/// Where the platform program ran: every install pod in the operator's namespace (a watch on
+/// the operator's pods there, by the label it puts on its install pods) and, for each pod in
+/// whose cgroup a `pulumi` or `npm` process was seen (`/proc`, every 200 ms), whether one of
+/// them ran the program ([`PROGRAM_RUNS`]) and what else they were.
+struct ProgramRuns {
+    install_pods: Arc<Mutex<BTreeMap<String, Pod>>>,
+    /// Pod UID → (a program run seen, the other Pulumi commands and `npm` seen).
+    pulumi_in: Arc<Mutex<ToolsIn>>,
+    task: tokio::task::JoinHandle<()>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The pod UID of a process's cgroup path on the node whose kubelet's cgroup root is `root`
+/// (the cgroupfs layout: `/<root>/kubepods/<class>/pod<uid>/<container>`); processes of
+/// other nodes (another test's) are not this node's.
+fn pod_of(pid: &str, root: &str) -> Option<String> {
+    let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let root = format!("/{root}/");
+    groups
+        .lines()
+        .filter(|l| l.contains(&root))
+        .find_map(|line| {
+            line.split('/')
+                .find_map(|part| part.strip_prefix("pod").filter(|uid| uid.len() == 36))
+                .map(str::to_string)
+        })
+}
+
+impl ProgramRuns {
+    /// Watches the pods of the node whose kubelet's cgroup root is `cgroup_root`.
+    fn start(client: kube::Client, cgroup_root: String) -> Self {
+        let install_pods: Arc<Mutex<BTreeMap<String, Pod>>> = Arc::default();
+        let into = install_pods.clone();
+        let api: Api<Pod> = Api::namespaced(client, NS);
+        let config = watcher::Config::default().labels(common::names::MANAGED_BY_SELECTOR);
+        let task = tokio::spawn(async move {
+            let mut stream = watcher(api, config).applied_objects().boxed();
+            while let Some(p) = stream.next().await {
+                let p = p.expect("watching the install pods");
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                into.lock().expect("lock").insert(uid, p);
+            }
+        });
+        let pulumi_in: Arc<Mutex<ToolsIn>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (into, stopped) = (pulumi_in.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let entries = std::fs::read_dir("/proc").expect("/proc");
+                for pid in entries.filter_map(Result::ok).map(|e| e.file_name()) {
+                    let pid = pid.to_string_lossy();
+                    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    let args: Vec<String> = cmdline
+                        .split(|b| *b == 0)
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                        .collect();
+                    let name = args[0].rsplit('/').next().unwrap_or_default();
+                    let npm = args
+                        .iter()
+                        .take(2)
+                        .any(|a| a == "npm" || a.ends_with("/npm") || a.ends_with("npm-cli.js"));
+                    if npm && let Some(pod) = pod_of(&pid, &cgroup_root) {
+                        let mut seen = into.lock().expect("lock");
+                        seen.entry(pod).or_default().1.insert("npm".into());
+                    }
+                    if name == "pulumi"
+                        && let Some(pod) = pod_of(&pid, &cgroup_root)
+                    {
+                        let words: Vec<&str> = args[1..]
+                            .iter()
+                            .map(String::as_str)
+                            .filter(|a| !a.starts_with('-') && !a.contains(['/', '=', '.']))
+                            .take(2)
+                            .collect();
+                        let mut seen = into.lock().expect("lock");
+                        let entry = seen.entry(pod).or_default();
+                        if args.iter().any(|a| PROGRAM_RUNS.contains(&a.as_str())) {
+                            entry.0 = true;
+                        } else {
+                            entry.1.insert(words.join(" "));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        ProgramRuns {
+            install_pods,
+            pulumi_in,
+            task,
+            stop,
+        }
+    }
+
+    /// The program ran, only in install pods (none of `controllers`), each made as it ships
+    /// with `image`; returns how many install pods there were, and the other Pulumi commands
+    /// and `npm` seen outside them.
+    fn check(&self, controllers: &BTreeSet<String>, image: &str) -> (usize, BTreeSet<String>) {
+        let pods = self.install_pods.lock().expect("lock").clone();
+        let pulumi_in = self.pulumi_in.lock().expect("lock").clone();
+        let ran: BTreeSet<&String> = pulumi_in
+            .iter()
+            .filter(|(_, s)| s.0)
+            .map(|(p, _)| p)
+            .collect();
+        assert!(
+            !ran.is_empty(),
+            "no run of the program was seen on the node: {pulumi_in:?}"
+        );
+        let stray: Vec<_> = ran.iter().filter(|p| !pods.contains_key(**p)).collect();
+        assert!(
+            stray.is_empty(),
+            "the program ran in pods that are no install pod: {stray:?} (controllers: {controllers:?})"
+        );
+        let outside = pulumi_in
+            .iter()
+            .filter(|(p, _)| !pods.contains_key(*p))
+            .flat_map(|(_, s)| s.1.iter().cloned())
+            .collect();
+        for pod in pods.values() {
+            let spec = serde_json::to_value(pod.spec.clone()).expect("spec");
+            assert_eq!(
+                spec["serviceAccountName"], "platform-operator-install",
+                "{spec}"
+            );
+            assert_eq!(spec["automountServiceAccountToken"], false, "{spec}");
+            assert_eq!(spec["nodeName"], e2e::real_node::NODE_NAME, "{spec}");
+            assert_eq!(spec["containers"][0]["image"], image, "{spec}");
+            let claims: Vec<_> = spec["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+                .collect();
+            assert_eq!(claims, ["platform-operator-state"], "{spec}");
+        }
+        (pods.len(), outside)
+    }
+}
+
+impl Drop for ProgramRuns {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_and_deletion() {
     // The real chart, checked against SHA256SUMS, and the images, built first (no cluster
@@ -854,6 +1008,14 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
         let out = operator_helm.run(&args).expect("helm runs");
         assert!(out.success, "helm {verb}: {}", out.stderr);
     };
+    // Where the platform program runs, from before the operator starts.
+    let node = cluster.real_node().expect("the real node");
+    let cgroup_root = node
+        .netns()
+        .expect("the node's namespace")
+        .name()
+        .to_string();
+    let runs = ProgramRuns::start(cluster.client().await.expect("client"), cgroup_root);
     operator_release("install", &[]);
     wait_for(
         "the controller and webhook pods Ready",
@@ -893,6 +1055,25 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
     );
     let vcluster_ready = vcluster_ready.expect("VClusterReady came before Ready");
     let all_ready = all_ready.expect("Ready");
+    // The platform program ran in an install pod of its own (the chart's default), never in a
+    // controller's container, and the pod and its request Secret are gone with the run.
+    let controllers = uids(&operator_pods(&cluster, "controller"));
+    let (installs, _) = runs.check(&controllers, &operator.by_digest());
+    println!("install pods of the first install: {installs}");
+    for kind in ["jobs", "secrets", "pods"] {
+        let left = json(
+            &cluster,
+            &[
+                "-n",
+                NS,
+                "get",
+                kind,
+                "-l",
+                common::names::MANAGED_BY_SELECTOR,
+            ],
+        );
+        assert_eq!(left["items"], serde_json::json!([]), "{kind} left: {left}");
+    }
     assert_eq!(
         reason(&one.get(&cluster), "VClusterReady").as_deref(),
         Some("VClusterServing"),
@@ -1641,6 +1822,17 @@ async fn instances_live_on_the_real_vcluster_through_operator_restarts_upgrades_
          inside before, same UID)",
         refused_in.as_secs_f64(),
         ready_in.as_secs_f64()
+    );
+
+    // Through restarts, upgrades, repairs and deletions: the program ran in install pods only.
+    let (installs, outside) = runs.check(
+        &uids(&operator_pods(&cluster, "controller")),
+        &operator.by_digest(),
+    );
+    println!("install pods in all: {installs}");
+    assert!(
+        outside.is_empty(),
+        "Pulumi or npm ran outside install pods (the key check and npm run in them): {outside:?}"
     );
 
     let node = cluster.real_node().expect("the real node");

@@ -6,6 +6,7 @@ cluster, and the binaries' defaults and the seed's documentation name these obje
 
 {{/* The controller's ServiceAccount; the operator's user is system:serviceaccount:<ns>:platform-operator. */}}
 {{- define "platform-operator.controllerServiceAccount" -}}platform-operator{{- end -}}
+{{- define "platform-operator.installServiceAccount" -}}platform-operator-install{{- end -}}
 {{- define "platform-operator.webhookServiceAccount" -}}platform-operator-webhook{{- end -}}
 {{/* The webhook's Service; the webhook's --service-name default. */}}
 {{- define "platform-operator.webhookService" -}}platform-operator-webhook{{- end -}}
@@ -181,12 +182,12 @@ Refuses extraArgs that repeat a flag the chart sets from a value; call with
 {{- fail "metrics.certSecret is set but metrics.secure is false: the certificate would not be used; set metrics.secure=true or leave metrics.certSecret empty" -}}
 {{- end -}}
 {{- range .Values.extraEnv -}}
-{{- if has .name (list "POD_NAMESPACE" "POD_NAME" "HOME" "TMPDIR") -}}
+{{- if has .name (list "POD_NAMESPACE" "POD_NAME" "NODE_NAME" "HOME" "TMPDIR") -}}
 {{- fail (printf "extraEnv sets %s, which the chart sets itself; leave it out" .name) -}}
 {{- end -}}
 {{- end -}}
 {{- $metricsFlags := list "--metrics-bind-address" "--metrics-secure" "--metrics-auth-cache-ttl" "--metrics-cert-dir" -}}
-{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.extraArgs "key" "extraArgs" "reserved" (concat (list "--leader-elect" "--storage-root-base" "--install-timeout" "--repair-interval" "--target-poll" "--max-concurrent-installs" "--max-retries" "--default-instance-resources" "--cleanup-namespace" "--cleanup-image" "--npm-registry" "--npm-registry-file" "--npm-allow-scripts" "--pulumi-sdk-version" "--pod-security-standard" "--state-dir" "--passphrase-file" "--namespace") $metricsFlags)) -}}
+{{- include "platform-operator.checkExtraArgs" (dict "args" .Values.extraArgs "key" "extraArgs" "reserved" (concat (list "--leader-elect" "--storage-root-base" "--install-timeout" "--repair-interval" "--target-poll" "--max-concurrent-installs" "--max-retries" "--default-instance-resources" "--cleanup-namespace" "--cleanup-image" "--npm-registry" "--npm-registry-file" "--npm-allow-scripts" "--pulumi-sdk-version" "--pod-security-standard" "--install-image" "--install-state-claim" "--install-pod-resources" "--install-node" "--install-service-account" "--state-dir" "--passphrase-file" "--namespace") $metricsFlags)) -}}
 {{- include "platform-operator.checkExtraArgs" (dict "args" .Values.webhook.extraArgs "key" "webhook.extraArgs" "reserved" (concat (list "--cert-lifetime" "--namespace" "--service-name" "--admission-bind-address" "--mutating-webhook-configuration" "--validating-webhook-configuration" "--tls-secret-name") $metricsFlags)) -}}
 {{- end -}}
 

@@ -24,6 +24,17 @@ use crate::api::{delete_if, not_found};
 use crate::decide::model::{Failure, TaskError};
 use common::names::{INSTANCE_UID_LABEL, MANAGED_BY, MANAGED_BY_LABEL};
 
+/// The files of a run's Secret beside `request.json`: `passphrase` (the instance's own key;
+/// none for a [`Step::Dependencies`]), for a [`Step::Rekey`] the previous keys that may open
+/// its state (`previous-<n>`, in order), for a [`Step::Dependencies`] the npm registry's URL
+/// ([`REGISTRY`]).
+pub type Files = Vec<(String, Vec<u8>)>;
+
+/// The name prefix of the previous keys in a run's Secret.
+pub const PREVIOUS: &str = "previous-";
+/// The npm registry's URL in a run's Secret.
+pub const REGISTRY: &str = "registry";
+
 /// The annotation on an install Job naming its run ([`run_key`]).
 pub const RUN_KEY: &str = "platform.di-framework.dev/install-run";
 /// Where the request Secret is mounted in the pod.
@@ -143,6 +154,8 @@ pub fn run_key(step: Step, version: &str, config_hash: &str) -> String {
         Step::Install { .. } => "install",
         Step::Preview => "preview",
         Step::PreviewUpgrade => "preview-upgrade",
+        Step::Rekey => "rekey",
+        Step::Dependencies => "dependencies",
     };
     let hash: String = config_hash
         .trim_start_matches("sha256:")
@@ -153,13 +166,27 @@ pub fn run_key(step: Step, version: &str, config_hash: &str) -> String {
     format!("{step}-{version}-{hash}")
 }
 
-/// The folders of instance `namespace/name` a run of `step` writes: its project, and the upgrade
-/// preview's project beside it.
-pub fn writable(namespace: &str, name: &str, step: Step) -> Vec<String> {
-    let mut folders = vec![format!("{namespace}/{name}/platform")];
-    if step == Step::PreviewUpgrade {
-        folders.push(format!("{namespace}/{name}/{}", super::UPGRADE_PREVIEW));
+/// The folders of the state volume a run of `request` mounts, and whether read-only: its
+/// instance's project (and the upgrade preview's beside it) and the shared dependency trees
+/// read-only; a [`Step::Dependencies`] instead the tree it builds and npm's cache, read-write.
+pub fn mounts(request: &Request) -> Vec<(String, bool)> {
+    let (namespace, name) = (&request.namespace, &request.name);
+    let mut folders = vec![(format!("{namespace}/{name}/platform"), false)];
+    match (request.step, &request.build) {
+        (Step::PreviewUpgrade, _) => {
+            folders.push((
+                format!("{namespace}/{name}/{}", super::UPGRADE_PREVIEW),
+                false,
+            ));
+        }
+        (Step::Dependencies, Some(build)) => {
+            folders.push((format!(".cache/modules/{}", build.folder), false));
+            folders.push((".cache/npm".to_string(), false));
+            return folders;
+        }
+        _ => {}
     }
+    folders.push((".cache/modules".to_string(), true));
     folders
 }
 
@@ -191,14 +218,13 @@ impl PodSettings {
             StateVolume::Claim(claim) => json!({"persistentVolumeClaim": {"claimName": claim}}),
             StateVolume::HostPath => json!({"hostPath": {"path": state_dir, "type": "Directory"}}),
         };
-        let mut mounts: Vec<_> = writable(&request.namespace, &request.name, request.step)
+        let mut mounts: Vec<_> = mounts(request)
             .into_iter()
-            .map(|sub| json!({"name": "state", "subPath": sub, "mountPath": format!("{state_dir}/{sub}")}))
+            .map(|(sub, ro)| {
+                json!({"name": "state", "subPath": sub, "readOnly": ro,
+                "mountPath": format!("{state_dir}/{sub}")})
+            })
             .collect();
-        mounts.push(
-            json!({"name": "state", "subPath": ".cache/modules", "readOnly": true,
-            "mountPath": format!("{state_dir}/.cache/modules")}),
-        );
         for (volume, path) in [
             ("request", REQUEST_DIR),
             ("home", "/home/platform-operator"),
@@ -354,13 +380,14 @@ impl Launcher {
         Api::namespaced(self.client.clone(), &self.settings.namespace)
     }
 
-    /// Runs `request` in a pod with the instance's `key`, within `timeout`: adopts the Job of the
-    /// same run left by a controller that stopped, else starts one; waits for it; returns its
-    /// outcome. The Job and its Secret are deleted when it ends or when this future is dropped.
+    /// Runs `request` in a pod with the instance's `key` (and, for a [`Step::Rekey`], the
+    /// `previous` keys), within `timeout`: adopts the Job of the same run left by a controller
+    /// that stopped, else starts one; waits for it; returns its outcome. The Job and its Secret
+    /// are deleted when it ends or when this future is dropped.
     pub async fn run(
         &self,
         request: &Request,
-        key: &[u8],
+        files: &Files,
         run_key: &str,
         timeout: Duration,
         project: &Path,
@@ -370,7 +397,7 @@ impl Launcher {
             uid: Some(request.uid.clone()),
         };
         let result = self
-            .run_to_end(request, key, run_key, timeout, project)
+            .run_to_end(request, files, run_key, timeout, project)
             .await;
         guard.stop().await;
         match result {
@@ -392,7 +419,7 @@ impl Launcher {
     async fn run_to_end(
         &self,
         request: &Request,
-        key: &[u8],
+        files: &Files,
         run_key: &str,
         timeout: Duration,
         project: &Path,
@@ -406,7 +433,7 @@ impl Launcher {
             // never two on one state.
             self.stop(&request.uid).await;
             let _ = std::fs::remove_file(project.join(run::OUTCOME));
-            self.start(request, key, run_key, timeout).await?;
+            self.start(request, files, run_key, timeout).await?;
         }
         let finished = self.wait(&name, &request.uid, timeout + GRACE).await?;
         let pod = self.pod(&request.uid).await;
@@ -472,7 +499,7 @@ impl Launcher {
     async fn start(
         &self,
         request: &Request,
-        key: &[u8],
+        files: &Files,
         run_key: &str,
         timeout: Duration,
     ) -> Result<(), TaskError> {
@@ -495,10 +522,12 @@ impl Launcher {
                 }]),
                 ..ObjectMeta::default()
             },
-            data: Some(BTreeMap::from([
-                ("request.json".to_string(), ByteString(body)),
-                ("passphrase".to_string(), ByteString(key.to_vec())),
-            ])),
+            data: Some(
+                std::iter::once(("request.json".to_string(), body))
+                    .chain(files.iter().cloned())
+                    .map(|(name, bytes)| (name, ByteString(bytes)))
+                    .collect(),
+            ),
             ..Secret::default()
         };
         let made = self.secrets().create(&PostParams::default(), &secret).await;
@@ -506,50 +535,49 @@ impl Launcher {
         Ok(())
     }
 
-    /// Waits until Job `name` has ended (a `Complete` or `Failed` condition), its pod cannot
-    /// start, or `limit` passes.
+    /// Waits until Job `name` has ended (a `Complete` or `Failed` condition, seen by a watch),
+    /// its pod cannot start, or `limit` passes.
     async fn wait(&self, name: &str, uid: &str, limit: Duration) -> Result<Job, TaskError> {
-        let done = |j: &Job| {
-            let conditions = j.status.as_ref().and_then(|s| s.conditions.as_ref());
-            conditions
-                .into_iter()
-                .flatten()
-                .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
+        let ended = |j: Option<&Job>| {
+            let conditions = j.and_then(|j| j.status.as_ref()?.conditions.as_ref());
+            j.is_none()
+                || conditions.into_iter().flatten().any(|c| {
+                    matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True"
+                })
         };
-        let started = tokio::time::Instant::now();
+        let watch = kube::runtime::wait::await_condition(self.jobs(), name, ended);
+        let mut watch = std::pin::pin!(tokio::time::timeout(limit, watch));
         loop {
-            let current = self.jobs().get_opt(name).await;
-            match current.map_err(|e| api_error("reading the install Job", e))? {
-                Some(j) if done(&j) => return Ok(j),
-                Some(_) => {}
-                None => {
-                    return Err(TaskError::new(
-                        Failure::InstallFailed,
-                        format!(
-                            "the install Job {name} was deleted while it ran; the install retries with backoff"
-                        ),
-                    ));
+            tokio::select! {
+                ended = &mut watch => {
+                    return match ended {
+                        Ok(Ok(Some(job))) => Ok(job),
+                        Ok(Ok(None)) => Err(TaskError::new(
+                            Failure::InstallFailed,
+                            format!("the install Job {name} was deleted while it ran; the install retries with backoff"),
+                        )),
+                        Ok(Err(e)) => Err(TaskError::new(
+                            Failure::InstallFailed,
+                            format!("watching the install Job {name} failed: {e}; the install retries with backoff"),
+                        )),
+                        Err(_) => Err(TaskError::new(
+                            Failure::InstallTimedOut,
+                            format!("the install Job {name} did not end within {}s; it is stopped and retried with backoff", limit.as_secs()),
+                        )),
+                    };
+                }
+                () = tokio::time::sleep(Duration::from_secs(2)) => {
+                    if let Some(reason) = self.pod(uid).await.as_ref().and_then(stuck) {
+                        return Err(TaskError::new(
+                            Failure::InstallFailed,
+                            format!(
+                                "the install pod of {name} cannot start ({reason}); check --install-image ({}) and the pod's volumes",
+                                self.settings.image
+                            ),
+                        ));
+                    }
                 }
             }
-            if let Some(reason) = self.pod(uid).await.as_ref().and_then(stuck) {
-                return Err(TaskError::new(
-                    Failure::InstallFailed,
-                    format!(
-                        "the install pod of {name} cannot start ({reason}); check --install-image ({}) and the pod's volumes",
-                        self.settings.image
-                    ),
-                ));
-            }
-            if started.elapsed() > limit {
-                return Err(TaskError::new(
-                    Failure::InstallTimedOut,
-                    format!(
-                        "the install Job {name} did not end within {}s; it is stopped and retried with backoff",
-                        limit.as_secs()
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
 
@@ -662,6 +690,7 @@ mod tests {
             step,
             settings: json!({}),
             secrets: BTreeMap::new(),
+            build: None,
         }
     }
 
@@ -795,6 +824,47 @@ mod tests {
                 ".cache/modules"
             ]
         );
+    }
+
+    #[test]
+    fn a_dependency_build_writes_only_its_tree_and_npms_cache() {
+        let s = settings(StateVolume::Claim("state".into()), None);
+        let build = Request {
+            build: Some(run::Build {
+                folder: ".build-0123abcd-1".into(),
+                version: "6.0.22".into(),
+            }),
+            ..request(Step::Dependencies)
+        };
+        let job = s.job(&build, "k", Duration::from_secs(60));
+        let mounts: Vec<(String, bool)> = spec(&job)["containers"][0]["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .filter_map(|m| Some((m["subPath"].as_str()?.to_string(), m["readOnly"] == true)))
+            .collect();
+        let expected = [
+            ("team-a/one/platform", false),
+            (".cache/modules/.build-0123abcd-1", false),
+            (".cache/npm", false),
+        ];
+        assert_eq!(mounts, expected.map(|(p, ro)| (p.to_string(), ro)));
+        // Every other run sees the trees read-only and npm's cache not at all.
+        let install = s.job(
+            &request(Step::Install { interrupted: false }),
+            "k",
+            Duration::from_secs(60),
+        );
+        let mounts = spec(&install)["containers"][0]["volumeMounts"].clone();
+        assert!(
+            mounts
+                .as_array()
+                .expect("mounts")
+                .iter()
+                .any(|m| m["subPath"] == ".cache/modules" && m["readOnly"] == true),
+            "{mounts}"
+        );
+        assert!(!mounts.to_string().contains(".cache/npm"), "{mounts}");
     }
 
     #[test]

@@ -167,6 +167,18 @@ pub struct Installer {
     pub tool_seconds: Option<prometheus::HistogramVec>,
 }
 
+/// The failure an npm error is.
+fn npm_failure(e: npm::NpmError) -> TaskError {
+    let failure = match e {
+        npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
+        npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
+        npm::NpmError::Spawn { .. } => Failure::ToolMissing,
+        npm::NpmError::OutOfMemory { .. } => Failure::PackageInstallOutOfMemory,
+        npm::NpmError::Failed { .. } | npm::NpmError::Contract(_) => Failure::PackageInstallFailed,
+    };
+    TaskError::new(failure, e.to_string())
+}
+
 /// The instance a run is for.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Target<'a> {
@@ -325,15 +337,34 @@ impl Installer {
     /// The stack of the instance `uid` in `dir` under the instance's own key, its state
     /// re-encrypted first when another key opens it ([`state_key::instance_key`]); `rec` (the
     /// record as loaded) notes whose key it is. The key file lives as long as the returned one.
+    ///
+    /// With install pods the controller runs no Pulumi command: the install pod checks that its
+    /// key opens the state, and a rekey pod re-encrypts it when the record names another UID's
+    /// key or the install pod found it under another ([`Self::run_in_pod`]).
     async fn keyed_stack(
         &self,
         dir: &Path,
-        uid: &str,
+        target: Target<'_>,
         rec: &mut Record,
     ) -> Result<(pulumi::Stack, state_key::KeyFile), TaskError> {
-        let stack = self.stack(dir);
+        let (stack, uid) = (self.stack(dir), target.uid);
         let recorded = rec.state_key_uid.as_deref();
-        let key = state_key::instance_key(&stack, dir, uid, recorded).await?;
+        let key = match &self.launcher {
+            None => state_key::instance_key(&stack, dir, uid, recorded).await?,
+            Some(launcher) => {
+                // What a re-encryption the controller ran itself, before install pods, left.
+                state_key::put_back_interrupted(&stack, dir)?;
+                let file = &stack.passphrase_file;
+                let operator =
+                    std::fs::read(file).map_err(io("reading the passphrase file", file))?;
+                let own = state_key::derive(&operator, uid);
+                if recorded.is_some_and(|r| r != uid) {
+                    let previous = state_key::previous(&operator, uid, recorded);
+                    (self.rekey_in_pod(launcher, own.as_bytes(), previous, target)).await?;
+                }
+                state_key::KeyFile::new(own)?
+            }
+        };
         if rec.state_key_uid.as_deref() != Some(uid) {
             rec.state_key_uid = Some(uid.to_string());
             record::store(dir, rec).map_err(io("writing the install record in", dir))?;
@@ -434,7 +465,7 @@ impl Installer {
         process::reap(dir);
         self.passphrase_readable()?;
         self.check_state_volume()?;
-        let (stack, _key) = self.keyed_stack(dir, &job.uid, rec).await?;
+        let (stack, _key) = self.keyed_stack(dir, job.target(), rec).await?;
         write_project(
             &stack.project,
             &stack.backend,
@@ -464,7 +495,10 @@ impl Installer {
         let lock = trees.lock(&key).await?;
         let build = |build_dir: PathBuf| async move {
             write_files(&build_dir, &files)?;
-            self.npm_install(&build_dir, dir, &job.version).await
+            match &self.launcher {
+                Some(launcher) => self.npm_in_pod(launcher, &build_dir, job.target()).await,
+                None => self.npm_install(&build_dir, dir, &job.version).await,
+            }
         };
         let outcome = trees.ensure(&key, &lock, build).await?;
         let version = &job.version;
@@ -509,28 +543,24 @@ impl Installer {
         let registry = self
             .registry()
             .map_err(|e| TaskError::new(Failure::RegistryUnreachable, e))?;
-        let npm = npm::Npm {
+        let started = Instant::now();
+        let installed = self
+            .npm(registry)
+            .install(folder, PACKAGE, version, dir)
+            .await;
+        self.observe_tool("npm", installed.is_ok(), started.elapsed().as_secs_f64());
+        installed.map_err(npm_failure)
+    }
+
+    /// npm with this installer's settings and `registry`.
+    fn npm(&self, registry: String) -> npm::Npm {
+        npm::Npm {
             binary: self.npm_binary.clone(),
             registry,
             cache: self.state_dir.join(".cache").join("npm"),
             allow_scripts: self.npm_allow_scripts,
             heap_limit_mib: self.npm_heap_limit,
-        };
-        let started = Instant::now();
-        let installed = npm.install(folder, PACKAGE, version, dir).await;
-        self.observe_tool("npm", installed.is_ok(), started.elapsed().as_secs_f64());
-        installed.map_err(|e| {
-            let failure = match e {
-                npm::NpmError::VersionNotFound { .. } => Failure::VersionNotFound,
-                npm::NpmError::Unreachable { .. } => Failure::RegistryUnreachable,
-                npm::NpmError::Spawn { .. } => Failure::ToolMissing,
-                npm::NpmError::OutOfMemory { .. } => Failure::PackageInstallOutOfMemory,
-                npm::NpmError::Failed { .. } | npm::NpmError::Contract(_) => {
-                    Failure::PackageInstallFailed
-                }
-            };
-            TaskError::new(failure, e.to_string())
-        })
+        }
     }
 
     async fn collect_trees(&self) {
@@ -582,6 +612,8 @@ impl Installer {
 
     /// Runs `step` in an install pod ([`launch`]): the request and the instance's key (the
     /// keyed stack's passphrase file) in the pod's Secret, its outcome from the project folder.
+    /// A pod that finds the state under another key (a backup of an earlier release put back)
+    /// is followed by a rekey pod with the operator's passphrase, and runs once more.
     async fn run_in_pod(
         &self,
         launcher: &launch::Launcher,
@@ -601,15 +633,111 @@ impl Installer {
                 return failed(io("reading the instance's key", &stack.passphrase_file)(e).into());
             }
         };
+        let files = || vec![("passphrase".to_string(), key.clone())];
+        let ran = (self.pod_run(launcher, step, config, target, files(), None)).await;
+        let mismatch = |ran: &run::Ran| {
+            ran.result
+                .as_ref()
+                .is_err_and(|e| e.failure == Some(Failure::PassphraseMismatch))
+        };
+        if !mismatch(&ran) {
+            return ran;
+        }
+        let operator = match std::fs::read(&self.passphrase_file) {
+            Ok(operator) => operator,
+            Err(e) => {
+                return failed(io("reading the passphrase file", &self.passphrase_file)(e).into());
+            }
+        };
+        let previous = state_key::previous(&operator, target.uid, None);
+        match self.rekey_in_pod(launcher, &key, previous, target).await {
+            Ok(()) => (self.pod_run(launcher, step, config, target, files(), None)).await,
+            Err(e) => failed(e),
+        }
+    }
+
+    /// Re-encrypts instance `target`'s state under its own `key` in a rekey pod, with the first
+    /// of `previous` that opens it ([`state_key::settle`]).
+    async fn rekey_in_pod(
+        &self,
+        launcher: &launch::Launcher,
+        key: &[u8],
+        previous: Vec<Vec<u8>>,
+        target: Target<'_>,
+    ) -> Result<(), TaskError> {
+        let mut files = vec![("passphrase".to_string(), key.to_vec())];
+        let previous = previous.into_iter().enumerate();
+        files.extend(previous.map(|(n, k)| (format!("{}{n}", launch::PREVIOUS), k)));
+        let none = ProgramConfig::default();
+        let step = run::Step::Rekey;
+        let ran = (self.pod_run(launcher, step, &none, target, files, None)).await;
+        ran.result?;
+        let (namespace, name) = (target.namespace, target.name);
+        tracing::info!(%namespace, %name, "re-encrypted the Pulumi state under the instance's own key in a rekey pod");
+        Ok(())
+    }
+
+    /// Builds a shared dependency tree in `folder` (its `package.json` and `.npmrc` written) with
+    /// npm in an install pod that mounts only that folder, npm's cache and the instance's project.
+    async fn npm_in_pod(
+        &self,
+        launcher: &launch::Launcher,
+        folder: &Path,
+        target: Target<'_>,
+    ) -> Result<(), TaskError> {
+        let registry = self
+            .registry()
+            .map_err(|e| TaskError::new(Failure::RegistryUnreachable, e))?;
+        let cache = self.state_dir.join(".cache").join("npm");
+        std::fs::create_dir_all(&cache).map_err(io("creating", &cache))?;
+        launch::own_for_pod(&[folder.to_path_buf(), cache])?;
+        let build = run::Build {
+            folder: folder
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            version: target.version.to_string(),
+        };
+        let files = vec![(launch::REGISTRY.to_string(), registry.into_bytes())];
+        let none = ProgramConfig::default();
+        let step = run::Step::Dependencies;
+        let started = Instant::now();
+        let ran = (self.pod_run(launcher, step, &none, target, files, Some(build))).await;
+        let seconds = started.elapsed().as_secs_f64();
+        self.observe_tool("npm", ran.result.is_ok(), seconds);
+        ran.result.map(|_| ())
+    }
+
+    /// One run of `step` in an install pod, its Secret holding `files` beside the request.
+    async fn pod_run(
+        &self,
+        launcher: &launch::Launcher,
+        step: run::Step,
+        config: &ProgramConfig,
+        target: Target<'_>,
+        files: launch::Files,
+        build: Option<run::Build>,
+    ) -> run::Ran {
+        let failed = |e: TaskError| run::Ran {
+            result: Err(e),
+            up: None,
+            other_seconds: 0.0,
+        };
         let dir = self.instance_dir(target.namespace, target.name);
         let projects = [dir.join("platform"), dir.join(UPGRADE_PREVIEW)];
         if let Err(e) = launch::own_for_pod(&projects) {
             return failed(e);
         }
-        let run_key = launch::run_key(step, target.version, &config.hash);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
+        // A tree's build is never adopted: a controller that starts over removes what a stopped
+        // build left and builds in a folder of its own, so its run is named by when it started.
+        let hash = match build {
+            Some(_) => format!("{nanos:x}"),
+            None => config.hash.clone(),
+        };
+        let run_key = launch::run_key(step, target.version, &hash);
         let request = run::Request {
             install_id: format!("{run_key}.{nanos:x}"),
             uid: target.uid.to_string(),
@@ -622,9 +750,10 @@ impl Installer {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.0.clone()))
                 .collect(),
+            build,
         };
         let project = dir.join("platform");
-        (launcher.run(&request, &key, &run_key, self.install_timeout, &project)).await
+        (launcher.run(&request, &files, &run_key, self.install_timeout, &project)).await
     }
 
     /// The flags `controller install` runs with in an install pod.
@@ -632,6 +761,8 @@ impl Installer {
         vec![
             format!("--program-heap-limit={}", self.program_heap_limit),
             format!("--pulumi-history-keep={}", self.pulumi_history_keep),
+            format!("--npm-heap-limit={}", self.npm_heap_limit),
+            format!("--npm-allow-scripts={}", self.npm_allow_scripts),
         ]
     }
 
@@ -706,7 +837,7 @@ impl Installer {
             secrets,
             hash: String::new(),
         };
-        // An install pod sees only the project folders of the instance (launch::writable): the
+        // An install pod sees only the project folders of the instance (launch::mounts): the
         // tools' pid file, HOME and logs live in the installed project, Pulumi's home where
         // PULUMI_HOME says (the pod's own), the outcome beside them.
         let dir = self.instance_dir(&request.namespace, &request.name);
@@ -717,15 +848,69 @@ impl Installer {
         if let Some(home) = std::env::var_os("PULUMI_HOME") {
             stack.home = home.into();
         }
-        if request.step == run::Step::PreviewUpgrade {
-            stack.project = dir.join(UPGRADE_PREVIEW);
-        }
-        let ran = self.run(&stack, request.step, &config, None).await;
+        let ran = match (request.step, &request.build) {
+            (run::Step::Dependencies, Some(build)) => {
+                anyhow::ensure!(
+                    build.folder.starts_with(".build-") && !build.folder.contains('/'),
+                    "the request {} names the build folder {:?}, which is no dependency tree being built",
+                    file.display(),
+                    build.folder
+                );
+                let registry = std::fs::read_to_string(file.with_file_name(launch::REGISTRY))
+                    .with_context(|| format!("reading the registry beside {}", file.display()))?;
+                let folder = self.trees().root.join(&build.folder);
+                let npm = self.npm(registry.trim().to_string());
+                let built = npm
+                    .install(&folder, PACKAGE, &build.version, &installed)
+                    .await;
+                run::Ran {
+                    result: built.map(|()| run::Done::default()).map_err(npm_failure),
+                    up: None,
+                    other_seconds: 0.0,
+                }
+            }
+            _ => self.settled_run(file, &request, &config, stack).await,
+        };
         let outcome = run::Outcome::of(&request, ran);
         let bytes = serde_json::to_vec(&outcome)?;
         record::write_durably(&installed, run::OUTCOME, &bytes)
             .with_context(|| format!("writing {} in {}", run::OUTCOME, installed.display()))?;
         Ok(outcome)
+    }
+
+    /// A pod's run of `request` after its key check: a rekey pod re-encrypts the state with the
+    /// previous keys beside the request `file`; any other run first checks that its key opens
+    /// the state (the controller follows a refusal with a rekey pod).
+    async fn settled_run(
+        &self,
+        file: &Path,
+        request: &run::Request,
+        config: &ProgramConfig,
+        mut stack: pulumi::Stack,
+    ) -> run::Ran {
+        let mut previous = Vec::new();
+        let previous_key = |n: usize| file.with_file_name(format!("{}{n}", launch::PREVIOUS));
+        while let Ok(key) = std::fs::read(previous_key(previous.len())) {
+            previous.push(key);
+        }
+        let installed = stack.state.clone();
+        let settled = state_key::settle(&stack, &installed, &previous, &self.passphrase_file);
+        let nothing = |result| run::Ran {
+            result,
+            up: None,
+            other_seconds: 0.0,
+        };
+        match (settled.await, request.step) {
+            (Err(e), _) => nothing(Err(e)),
+            (Ok(()), run::Step::Rekey) => nothing(Ok(run::Done::default())),
+            (Ok(()), step) => {
+                if step == run::Step::PreviewUpgrade {
+                    let dir = self.instance_dir(&request.namespace, &request.name);
+                    stack.project = dir.join(UPGRADE_PREVIEW);
+                }
+                self.run(&stack, step, config, None).await
+            }
+        }
     }
 
     /// Runs a refreshing preview of the installed config and records what it found.
@@ -743,15 +928,15 @@ impl Installer {
             process::reap(&dir);
             self.passphrase_readable().map_err(|e| e.message)?;
             let mut rec = record::load(&dir).map_err(|e| e.to_string())?;
-            let (stack, _key) =
-                (self.keyed_stack(&dir, uid, &mut rec).await).map_err(|e| e.message)?;
-            let none = ProgramConfig::default();
             let target = Target {
                 namespace,
                 name,
                 uid,
                 version,
             };
+            let (stack, _key) =
+                (self.keyed_stack(&dir, target, &mut rec).await).map_err(|e| e.message)?;
+            let none = ProgramConfig::default();
             let done = (self
                 .run(&stack, run::Step::Preview, &none, Some(target))
                 .await)
@@ -818,7 +1003,7 @@ impl Installer {
             process::reap(&dir);
             self.passphrase_readable()?;
             let mut rec = record::load(&dir).map_err(unreadable)?;
-            let (keyed, file) = self.keyed_stack(&dir, &job.uid, &mut rec).await?;
+            let (keyed, file) = self.keyed_stack(&dir, job.target(), &mut rec).await?;
             stack.passphrase_file = keyed.passphrase_file;
             key = Some(file);
             let _ = std::fs::remove_dir_all(&stack.project);
@@ -1435,6 +1620,7 @@ mod tests {
                 "apiVersion: v1".to_string(),
             )]
             .into(),
+            build: None,
         };
         let file = requests.join("request.json");
         std::fs::write(&file, serde_json::to_vec(&request).expect("json")).expect("write");

@@ -35,6 +35,20 @@ pub struct Request {
     pub settings: Value,
     /// The secret config values by key (`platform:kubeconfig`, `platform:tenantAuthClientSecret`).
     pub secrets: std::collections::BTreeMap<String, String>,
+    /// The dependency tree a [`Step::Dependencies`] builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<Build>,
+}
+
+/// A dependency tree being built: npm installs the platform package at `version` into the folder
+/// `folder` of the shared trees (`<--state-dir>/.cache/modules/`), which holds the tree's
+/// `package.json` and `.npmrc`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Build {
+    /// The folder's name.
+    pub folder: String,
+    /// The platform package's version.
+    pub version: String,
 }
 
 /// What a `controller install` run found, for the run its ids name.
@@ -82,6 +96,14 @@ pub enum Step {
     Preview,
     /// Configure the upgrade's project (a copy of the installed stack config) and preview it.
     PreviewUpgrade,
+    /// Re-encrypt the state under the instance's own key with the first of the previous keys
+    /// (the Secret's `previous-<n>`) that opens it ([`super::state_key::settle`]); the Pulumi CLI
+    /// only, no program.
+    Rekey,
+    /// Build a shared dependency tree ([`Request::build`]) with npm (the registry URL is the
+    /// Secret's `registry`); npm only, no program, and install scripts only with
+    /// `--npm-allow-scripts`.
+    Dependencies,
 }
 
 /// What a run found.
@@ -141,6 +163,10 @@ pub async fn run(
                 });
             }
             Step::Install { interrupted } => interrupted,
+            Step::Rekey | Step::Dependencies => {
+                let wrong = format!("{step:?} is no run of the program");
+                return Err(PulumiError::Rekey(wrong));
+            }
         };
         stack.select_or_create().await?;
         stack.configure(values, absent).await?;

@@ -47,7 +47,7 @@ pub struct KeyFile {
 
 impl KeyFile {
     /// Writes `passphrase` into a new such file.
-    pub fn new(passphrase: &str) -> Result<Self, StateError> {
+    pub fn new(passphrase: impl AsRef<[u8]>) -> Result<Self, StateError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join("platform-operator-keys");
         std::fs::DirBuilder::new()
@@ -63,7 +63,7 @@ impl KeyFile {
             .mode(0o600)
             .open(&path)
             .map_err(io("creating", &path))?;
-        file.write_all(passphrase.as_bytes())
+        file.write_all(passphrase.as_ref())
             .map_err(io("writing", &path))?;
         Ok(Self { path })
     }
@@ -87,38 +87,55 @@ pub async fn instance_key(
 ) -> Result<KeyFile, TaskError> {
     let file = &stack.passphrase_file;
     let operator = std::fs::read(file).map_err(io("reading the passphrase file", file))?;
-    let own = KeyFile::new(&derive(&operator, uid))?;
-    put_back_interrupted(stack, dir)?;
-    if !stack.project.join(config_file()).exists() {
-        return Ok(own);
-    }
-    let with = |key: &Path| Stack {
-        passphrase_file: key.to_path_buf(),
+    let own = KeyFile::new(derive(&operator, uid))?;
+    let with_own = Stack {
+        passphrase_file: own.path.clone(),
         ..stack.clone()
     };
-    if with(&own.path).opens().await? {
-        return Ok(own);
+    settle(&with_own, dir, &previous(&operator, uid, recorded), file).await?;
+    Ok(own)
+}
+
+/// The keys other than instance `uid`'s own that may open its state, most likely first: the key
+/// of the UID the record names (an instance created again over retained state), then the
+/// operator's passphrase (state of an earlier release).
+pub fn previous(operator: &[u8], uid: &str, recorded: Option<&str>) -> Vec<Vec<u8>> {
+    let earlier = recorded.filter(|r| *r != uid);
+    let earlier = earlier.map(|r| derive(operator, r).into_bytes());
+    earlier.into_iter().chain([operator.to_vec()]).collect()
+}
+
+/// Makes sure `stack`'s state opens with its `passphrase_file` (the instance's own key): puts
+/// back what an interrupted re-encryption left, and re-encrypts the state under that key when
+/// one of `previous` opens it instead. Runs the Pulumi CLI only, never the program. `dir` holds
+/// the migration copy; `operator` is the passphrase file an error names.
+pub async fn settle(
+    stack: &Stack,
+    dir: &Path,
+    previous: &[Vec<u8>],
+    operator: &Path,
+) -> Result<(), TaskError> {
+    put_back_interrupted(stack, dir)?;
+    if !stack.project.join(config_file()).exists() || stack.opens().await? {
+        return Ok(());
     }
-    let earlier = match recorded.filter(|r| *r != uid) {
-        Some(r) => Some(KeyFile::new(&derive(&operator, r))?),
-        None => None,
-    };
-    let candidates = earlier
-        .iter()
-        .map(|k| k.path.as_path())
-        .chain([file.as_path()]);
-    for key in candidates {
-        if with(key).opens().await? {
-            migrate(&with(key), &with(&own.path), dir).await?;
+    for key in previous {
+        let key = KeyFile::new(key)?;
+        let from = Stack {
+            passphrase_file: key.path.clone(),
+            ..stack.clone()
+        };
+        if from.opens().await? {
+            migrate(&from, stack, dir).await?;
             tracing::info!(project = %stack.project.display(), "re-encrypted the Pulumi state under the instance's own key");
-            return Ok(own);
+            return Ok(());
         }
     }
     Err(TaskError::new(
         Failure::PassphraseMismatch,
         PulumiError::IncorrectPassphrase {
             action: "config set",
-            path: file.clone(),
+            path: operator.to_path_buf(),
         }
         .to_string(),
     ))
@@ -173,7 +190,7 @@ async fn migrate(from: &Stack, to: &Stack, dir: &Path) -> Result<(), TaskError> 
 
 /// Puts back a whole copy that an interrupted [`migrate`] left (a copy that is not whole is
 /// dropped: the state was not touched yet).
-fn put_back_interrupted(stack: &Stack, dir: &Path) -> Result<(), StateError> {
+pub fn put_back_interrupted(stack: &Stack, dir: &Path) -> Result<(), StateError> {
     let copy = dir.join(MIGRATION);
     if copy.join(WHOLE).exists() {
         tracing::warn!(copy = %copy.display(), "putting back the Pulumi state copied before an interrupted re-encryption");
@@ -211,6 +228,22 @@ mod tests {
             derive(b"operator passphrase", "uid-a"),
             "a5643402ba791d8706bd8ec2d7cd0d278feeebd7d17df7ddaf9c643d47d9f3b1"
         );
+    }
+
+    #[test]
+    fn the_previous_keys_are_the_recorded_uids_then_the_operators() {
+        let operator = b"operator passphrase\n";
+        let recorded = derive(operator, "uid-old").into_bytes();
+        assert_eq!(
+            previous(operator, "uid-new", Some("uid-old")),
+            [recorded, operator.to_vec()]
+        );
+        // The instance's own key is never among them.
+        assert_eq!(
+            previous(operator, "uid-a", Some("uid-a")),
+            [operator.to_vec()]
+        );
+        assert_eq!(previous(operator, "uid-a", None), [operator.to_vec()]);
     }
 
     #[test]
