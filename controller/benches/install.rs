@@ -458,7 +458,8 @@ async fn one(
 enum Runs {
     /// In its own process (no `--install-image`).
     InProcess,
-    /// In install pods on the real node (`--install-image`, the operator image it imported).
+    /// In install pods on the real node (`--install-image`, the operator image it imported:
+    /// what `Controller::start` gives an installing controller).
     InPods,
 }
 
@@ -516,28 +517,18 @@ async fn round(
     let fx = installing_fixture(cluster, &format!("bench-install-{name}")).await;
     let ns = cluster.create_namespace("bench", &[]).expect("namespace");
     let log_level = std::env::var("BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into());
-    let mut args = vec![
-        "--leader-elect=false".to_string(),
-        "--watch-namespace".into(),
-        ns.clone(),
-        "--install-platform=true".into(),
-        "--log-level".into(),
-        log_level,
+    let args = [
+        "--leader-elect=false",
+        "--watch-namespace",
+        &ns,
+        "--install-platform=true",
+        "--log-level",
+        &log_level,
     ];
-    if runs == Runs::InPods {
-        let image = cluster.operator_image.clone().expect("the operator image");
-        let account = ["-n", &fx.operator_ns, "create", "serviceaccount"];
-        let account = [&account[..], &["platform-operator-install"]].concat();
-        cluster
-            .kubectl_ok(&account, None)
-            .expect("the install pods' account");
-        args.push(format!("--install-image={image}"));
-        args.push(format!("--install-node={}", e2e::real_node::NODE_NAME));
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let controller = match binary {
-        Some(binary) => Controller::start_binary(binary, cluster, &fx, &args),
-        None => Controller::start(cluster, &fx, &args),
+    let controller = match (binary, runs) {
+        (Some(binary), _) => Controller::start_binary(binary, cluster, &fx, &args),
+        (None, Runs::InProcess) => Controller::start_in_process(cluster, &fx, &args),
+        (None, Runs::InPods) => Controller::start(cluster, &fx, &args),
     };
     let pid = controller.child.id();
     let peak = Arc::new(Mutex::new(0.0_f64));

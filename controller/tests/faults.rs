@@ -315,7 +315,8 @@ async fn a_killed_install_leaves_no_zombie_and_host_namespaces_carry_pod_securit
         ),
     );
     let npm = npm.display().to_string();
-    let controller = Controller::start(
+    // In process: the reaper of the controller's own children is what this test is about.
+    let controller = Controller::start_in_process(
         &cluster,
         &fx,
         &[

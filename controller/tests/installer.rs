@@ -207,6 +207,17 @@ fn under_operator_passphrase(fx: &Fixture, dir: &Path, key: &Path) {
     assert!(opens(fx, &project, &fx.passphrase) && !opens(fx, &project, key));
 }
 
+/// The event log of `pulumi up` in instance folder `dir`: in its project when an install pod ran
+/// it (the only folder of the instance it writes), beside it when the controller did.
+fn up_events(dir: &Path) -> PathBuf {
+    let in_pod = dir.join("platform/up-events.jsonl");
+    if in_pod.exists() {
+        in_pod
+    } else {
+        dir.join("up-events.jsonl")
+    }
+}
+
 fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
     fx.dir.join("state").join(ns).join(name)
 }
@@ -815,7 +826,7 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
         "pulumi up to start",
         FIRST_AT_A_VERSION,
         &controller,
-        || dir.join("up-events.jsonl").exists().then_some(()),
+        || up_events(&dir).exists().then_some(()),
     )
     .await;
     let record: Value =
@@ -1311,7 +1322,7 @@ async fn a_runaway_program_stops_at_its_heap_limit_and_the_controller_carries_on
     assert_eq!(pi["status"]["lastInstall"]["result"], "Failed");
     // It really ran away: the program started allocating before node stopped it.
     let dir = instance_dir(&fx, &team, "runaway");
-    let events = std::fs::read_to_string(dir.join("up-events.jsonl")).expect("event log");
+    let events = std::fs::read_to_string(up_events(&dir)).expect("event log");
     assert!(
         events.contains("stand-in runaway: deploy() allocates memory without bound"),
         "the runaway program did not run"

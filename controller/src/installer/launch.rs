@@ -253,6 +253,9 @@ impl PodSettings {
                     "metadata": {"labels": labels(&request.uid)},
                     "spec": {
                         "restartPolicy": "Never",
+                        // A stopped run is killed as one run in the controller is (a timeout, a
+                        // cancel): its tools hold nothing a grace period would let them finish.
+                        "terminationGracePeriodSeconds": 5,
                         "serviceAccountName": self.service_account,
                         "automountServiceAccountToken": false,
                         "enableServiceLinks": false,

@@ -426,7 +426,9 @@ impl Installer {
             ),
             Ok(Err(e)) => (InstallResult::Failed, Err(e)),
             Err(_) => {
-                // The steps' future is gone with every tool's process group: clear its lock now.
+                // The steps' future is gone with every tool's process group (or its install pod,
+                // stopped and waited for here): clear its lock now.
+                self.pod_stopped(&job.uid).await;
                 let _ = self.stack(&dir).clear_locks();
                 let message = format!(
                     "{mode} of {PACKAGE}@{version} ran longer than --install-timeout ({}s) and was stopped with its processes; it retries with backoff (raise installTimeout if the program needs longer)",
@@ -756,6 +758,14 @@ impl Installer {
         (launcher.run(&request, &files, &run_key, self.install_timeout, &project)).await
     }
 
+    /// Stops instance `uid`'s install pod, if one runs, and waits until it has (a run whose
+    /// future was dropped, as at the install timeout, stops it only in the background).
+    async fn pod_stopped(&self, uid: &str) {
+        if let Some(launcher) = &self.launcher {
+            launcher.stop(uid).await;
+        }
+    }
+
     /// The flags `controller install` runs with in an install pod.
     pub(crate) fn pod_flags(&self) -> Vec<String> {
         vec![
@@ -947,6 +957,7 @@ impl Installer {
         let outcome = match tokio::time::timeout(self.install_timeout, run).await {
             Ok(outcome) => outcome,
             Err(_) => {
+                self.pod_stopped(uid).await;
                 let _ = stack.clear_locks();
                 Err(format!(
                     "the repair preview ran longer than --install-timeout ({}s) and was stopped",
@@ -1024,6 +1035,9 @@ impl Installer {
                 .map_err(|e| TaskError::new(Failure::PreviewFailed, e.to_string()))
         };
         let outcome = tokio::time::timeout(self.install_timeout, run).await;
+        if outcome.is_err() {
+            self.pod_stopped(&job.uid).await;
+        }
         let _ = stack.clear_locks();
         let _ = std::fs::remove_dir_all(&stack.project);
         let (counts, resources, error) = match outcome {

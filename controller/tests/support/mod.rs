@@ -32,7 +32,10 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Starts the controller binary against `cluster` with the fixture's chart and values.
+    /// Starts the controller binary against `cluster` with the fixture's chart and values. An
+    /// installing controller (`--install-platform=true`) on a cluster with a real node runs the
+    /// platform program in install pods there, as the chart ships it (`--install-image`, the
+    /// operator image the node imported; the state a hostPath of the test's folder).
     pub fn start(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
         Self::spawn(
             cluster,
@@ -40,7 +43,7 @@ impl Controller {
             (&fixture.chart, &fixture.digest),
             extra,
             &[],
-            true,
+            (true, true),
         )
     }
 
@@ -63,10 +66,12 @@ impl Controller {
             extra,
             &[],
             false,
+            true,
         )
     }
 
-    /// As [`Controller::start`], with more variables in the controller's environment.
+    /// As [`Controller::start_in_process`], with more variables in the controller's environment
+    /// (what a program run in its process then sees).
     pub fn start_with_env(
         cluster: &Shared,
         fixture: &Fixture,
@@ -79,12 +84,12 @@ impl Controller {
             (&fixture.chart, &fixture.digest),
             extra,
             env,
-            true,
+            (true, false),
         )
     }
 
-    /// As [`Controller::start`], running `binary` (another build of the controller, such as a
-    /// benchmark's baseline) instead of this workspace's.
+    /// As [`Controller::start_in_process`], running `binary` (another build of the controller,
+    /// such as a benchmark's baseline) instead of this workspace's.
     pub fn start_binary(
         binary: &std::path::Path,
         cluster: &Shared,
@@ -92,7 +97,17 @@ impl Controller {
         extra: &[&str],
     ) -> Self {
         let chart = (fixture.chart.as_path(), fixture.digest.as_str());
-        Self::spawn_binary(binary, cluster, fixture, chart, extra, &[], true)
+        Self::spawn_binary(binary, cluster, fixture, chart, extra, &[], true, false)
+    }
+
+    /// As [`Controller::start`], running the platform program in its own process even on a
+    /// real node (no `--install-image`): for what only an in-process run has (the reaper of its
+    /// tools' processes, the host files a program there can reach).
+    #[allow(dead_code)]
+    pub fn start_in_process(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
+        let chart = (fixture.chart.as_path(), fixture.digest.as_str());
+        Self::spawn_binary(binary, cluster, fixture, chart, extra, &[], true, false)
     }
 
     /// Starts this workspace's controller; `scoped`: it must watch one namespace
@@ -103,14 +118,16 @@ impl Controller {
         chart: (&std::path::Path, &str),
         extra: &[&str],
         env: &[(&str, &str)],
-        scoped: bool,
+        (scoped, pods): (bool, bool),
     ) -> Self {
         let binary = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
-        Self::spawn_binary(binary, cluster, fixture, chart, extra, env, scoped)
+        Self::spawn_binary(binary, cluster, fixture, chart, extra, env, scoped, pods)
     }
 
     /// Starts the controller `binary`; `scoped`: it must watch one namespace
-    /// (`--watch-namespace`).
+    /// (`--watch-namespace`); `pods`: an installing controller on a cluster with a real node
+    /// runs the platform program in install pods, as the chart ships it.
+    #[allow(clippy::too_many_arguments)]
     fn spawn_binary(
         binary: &std::path::Path,
         cluster: &Shared,
@@ -119,6 +136,7 @@ impl Controller {
         extra: &[&str],
         env: &[(&str, &str)],
         scoped: bool,
+        pods: bool,
     ) -> Self {
         // Tests share one API server: a controller that watched every namespace would reconcile
         // the instances of the tests running beside it (with other flags), and each test would
@@ -176,6 +194,14 @@ impl Controller {
             Some(netns) => {
                 if !extra.contains(&"--npm-registry") {
                     cmd.args(["--npm-registry", &registry_in_node(cluster, netns)]);
+                }
+                // Install pods on the real node, their state the test's folder (a hostPath).
+                let image = cluster.operator_image.as_deref();
+                let chosen = extra.iter().any(|a| a.starts_with("--install-image"));
+                if let Some(image) = image.filter(|_| pods && !chosen) {
+                    install_account(cluster, &fixture.operator_ns);
+                    cmd.arg(format!("--install-image={image}"));
+                    cmd.arg(format!("--install-node={}", e2e::real_node::NODE_NAME));
                 }
                 netns.enter_on_spawn(&mut cmd);
                 cluster
@@ -322,6 +348,16 @@ fn node_netns(cluster: &Shared, fixture: &Fixture) -> NetnsHandle {
          namespace: make the fixture with support::installing_fixture"
     );
     NetnsHandle::open(name).expect("the node's network namespace")
+}
+
+/// The install pods' ServiceAccount `platform-operator-install` in `namespace` (no permissions),
+/// as the chart creates it.
+pub fn install_account(cluster: &Shared, namespace: &str) {
+    let account = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: platform-operator-install}\nautomountServiceAccountToken: false\n";
+    let apply = ["-n", namespace, "apply", "--server-side", "-f", "-"];
+    cluster
+        .kubectl_ok(&apply, Some(account))
+        .expect("the install pods' ServiceAccount");
 }
 
 /// The relays of the shared npm registry into real nodes' network namespaces, by namespace name.
