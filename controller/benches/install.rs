@@ -57,7 +57,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
-use support::{Controller, installing_fixture};
+use support::{Controller, installing_fixture_for};
 
 const TOOL: &str = "platform_operator_controller_tool_duration_seconds";
 const HELM: &str = "platform_operator_controller_helm_duration_seconds";
@@ -514,7 +514,8 @@ async fn round(
     (version, installs): (&str, usize),
     (name, binary, runs): (&str, Option<&std::path::Path>, Runs),
 ) -> Round {
-    let fx = installing_fixture(cluster, &format!("bench-install-{name}")).await;
+    let fx =
+        installing_fixture_for(cluster, &format!("bench-install-{name}"), installs.max(2)).await;
     let ns = cluster.create_namespace("bench", &[]).expect("namespace");
     let log_level = std::env::var("BENCH_LOG_LEVEL").unwrap_or_else(|_| "info".into());
     let args = [

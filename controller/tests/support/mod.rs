@@ -438,7 +438,13 @@ pub async fn fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixt
 /// name that relay, `https://10.254.0.2:<port>` with the same `tls-server-name`, which the
 /// controller there and the pods reach alike.
 pub async fn installing_fixture(cluster: &Shared, name: &str) -> Fixture {
-    make_fixture(cluster, name, e2e::standin_vcluster::SNI_SLOTS, true).await
+    installing_fixture_for(cluster, name, e2e::standin_vcluster::SNI_SLOTS).await
+}
+
+/// As [`installing_fixture`], for up to `instances` vClusters serving at once.
+#[allow(dead_code)]
+pub async fn installing_fixture_for(cluster: &Shared, name: &str, instances: usize) -> Fixture {
+    make_fixture(cluster, name, instances, true).await
 }
 
 async fn make_fixture(cluster: &Shared, name: &str, instances: usize, installs: bool) -> Fixture {
