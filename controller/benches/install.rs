@@ -343,8 +343,8 @@ impl Figures {
         self.ready - self.spent.up
     }
 
-    /// The **stand-in** vCluster's start, from the timeline: from its Helm release's `deployed`
-    /// to the exported kubeconfig written (KWOK's pod start, the stand-in syncer's serving
+    /// The **stand-in** vCluster's start, from the timeline: from its Helm release's last
+    /// `deployed` to the exported kubeconfig written (KWOK's pod start, the stand-in syncer's serving
     /// certificate and export). Neither npm, Helm nor the operator: a real vCluster takes its own
     /// (longer) time there. `None` when either moment is missing from the timeline.
     fn vcluster_start(&self) -> Option<f64> {
@@ -354,8 +354,15 @@ impl Figures {
                 .find(|(_, line)| line.starts_with(what) && line.ends_with(line_ends))
                 .map(|(at, _)| *at)
         };
-        let deployed = first("helm release ", ": status deployed")?;
         let exported = first("exported kubeconfig ", ": written")?;
+        // The last Helm run before it (the first install is followed by an upgrade that pins
+        // the control plane to its storage node: Helm's time, not the vCluster's).
+        let deployed = self.timeline.iter().rev().find(|(at, line)| {
+            *at <= exported
+                && line.starts_with("helm release ")
+                && line.ends_with(": status deployed")
+        });
+        let deployed = deployed.map(|(at, _)| *at)?;
         Some((exported - deployed).max(0.0))
     }
 

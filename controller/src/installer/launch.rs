@@ -624,9 +624,27 @@ impl Launcher {
             tracing::warn!(secret = %name, error = %e, "deleting the install Secret failed");
         }
         let params = ListParams::default().labels(&pod_selector(uid));
+        // A pod whose containers have all ended (Succeeded, Failed) runs nothing: it is deleted
+        // without waiting for its object to go.
+        let ended = |p: &Pod| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            matches!(phase, Some("Succeeded" | "Failed"))
+        };
         for _ in 0..90 {
             match self.pods().list(&params).await {
-                Ok(list) if list.items.is_empty() => return,
+                Ok(list) if list.items.iter().all(ended) => {
+                    for pod in list
+                        .items
+                        .iter()
+                        .filter(|p| p.meta().deletion_timestamp.is_none())
+                    {
+                        let _ = self
+                            .pods()
+                            .delete(&pod.name_any(), &DeleteParams::default())
+                            .await;
+                    }
+                    return;
+                }
                 Ok(list) => {
                     let running = list
                         .items
