@@ -383,10 +383,10 @@ impl Launcher {
         Api::namespaced(self.client.clone(), &self.settings.namespace)
     }
 
-    /// Runs `request` in a pod with the instance's `key` (and, for a [`Step::Rekey`], the
-    /// `previous` keys), within `timeout`: adopts the Job of the same run left by a controller
-    /// that stopped, else starts one; waits for it; returns its outcome. The Job and its Secret
-    /// are deleted when it ends or when this future is dropped.
+    /// Runs `request` in a pod, its Secret holding `files` beside it, within `timeout`: adopts
+    /// the Job of the same run left by a controller that stopped, else starts one; waits for it;
+    /// returns its outcome. The Job and its Secret are deleted when it ends or when this future
+    /// is dropped.
     pub async fn run(
         &self,
         request: &Request,
