@@ -207,6 +207,36 @@ fn under_operator_passphrase(fx: &Fixture, dir: &Path, key: &Path) {
     assert!(opens(fx, &project, &fx.passphrase) && !opens(fx, &project, key));
 }
 
+/// Installs the stand-in's hostile 6.0.25 as `five` in `team`, waits for it to fail as the
+/// program's probes end (its kubernetes resource has no provider) and returns its event log, in
+/// which the probes report what they reached.
+async fn hostile_version_fails(
+    cluster: &Shared,
+    controller: &Controller,
+    fx: &Fixture,
+    team: &str,
+) -> String {
+    apply(cluster, &instance(team, "five", "6.0.25", "Retain", ""));
+    let pi = wait_phase(
+        cluster,
+        controller,
+        team,
+        "five",
+        "the host-probing program to fail",
+        // 6.0.25's first install on this state volume: npm builds its shared tree first.
+        FIRST_AT_A_VERSION,
+        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
+    )
+    .await;
+    let message = pi["status"]["lastInstall"]["message"].to_string();
+    assert!(
+        message.contains("Default provider for 'kubernetes' disabled"),
+        "{message}"
+    );
+    let events = up_events(&instance_dir(fx, team, "five"));
+    std::fs::read_to_string(events).expect("the program's event log")
+}
+
 /// The event log of `pulumi up` in instance folder `dir`: in its project when an install pod ran
 /// it (the only folder of the instance it writes), beside it when the controller did.
 fn up_events(dir: &Path) -> PathBuf {
@@ -1054,25 +1084,7 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
             ("KUBERNETES_SERVICE_PORT", port),
         ],
     );
-    apply(&cluster, &instance(&team, "five", "6.0.25", "Retain", ""));
-    let pi = wait_phase(
-        &cluster,
-        &controller,
-        &team,
-        "five",
-        "the host-probing program to fail",
-        // 6.0.25's first install on this state volume: npm builds its shared tree first.
-        FIRST_AT_A_VERSION,
-        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
-    )
-    .await;
-    let message = pi["status"]["lastInstall"]["message"].to_string();
-    assert!(
-        message.contains("Default provider for 'kubernetes' disabled"),
-        "{message}"
-    );
-    let events = std::fs::read_to_string(instance_dir(&fx, &team, "five").join("up-events.jsonl"))
-        .expect("event log");
+    let events = hostile_version_fails(&cluster, &controller, &fx, &team).await;
     // Run in the controller's process, the program sees the operator's files (install pods,
     // `with_an_install_image_the_install_runs_in_a_pod_of_its_own`, take them away): the probe
     // itself works.
@@ -1525,24 +1537,7 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
     assert!(!opens(&fx, &project, &fx.passphrase));
     // A hostile version (the stand-in's 6.0.25) in the namespace beside it reaches nothing: no
     // token, no install record, no passphrase, no other instance, no write into the shared trees.
-    apply(&cluster, &instance(&team, "five", "6.0.25", "Retain", ""));
-    let five = wait_phase(
-        &cluster,
-        &controller,
-        &team,
-        "five",
-        "the host-probing program to fail in its pod",
-        FIRST_AT_A_VERSION,
-        |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "InstallFailed"),
-    )
-    .await;
-    let message = five["status"]["lastInstall"]["message"].to_string();
-    assert!(
-        message.contains("Default provider for 'kubernetes' disabled"),
-        "{message}"
-    );
-    let events = instance_dir(&fx, &team, "five").join("platform/up-events.jsonl");
-    let events = std::fs::read_to_string(events).expect("the pod's event log");
+    let events = hostile_version_fails(&cluster, &controller, &fx, &team).await;
     let probe = |prefix: &str| {
         let line = events.lines().find(|l| l.contains(prefix));
         line.unwrap_or_else(|| panic!("no {prefix:?} in {events}"))
