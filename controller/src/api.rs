@@ -22,14 +22,6 @@ pub fn gone_is_done<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error
     }
 }
 
-/// Deletes `name`; an object already gone is not an error.
-pub async fn delete_ignoring_404<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
-where
-    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    gone_is_done(api.delete(name, &DeleteParams::default()).await)
-}
-
 /// Deletes `name` with `params` if `delete` says so of it, checked at the moment of the delete
 /// and not only when the reconcile observed it: the object is read, and deleted with its own UID
 /// as a precondition, so an object created again in between (by someone else) is never the one

@@ -1567,6 +1567,94 @@ async fn with_an_install_image_the_install_runs_in_a_pod_of_its_own() {
     );
     assert!(reached.is_err(), "the program wrote into the host cluster");
 
+    // An install pod killed in the middle of `pulumi up` (6.0.24's create of the settings
+    // ConfigMap never settles, so the state holds a pending create): the run ends without an
+    // outcome, and the next install drops that pending create before its `up`; the state is whole.
+    apply(&cluster, &instance(&team, "two", "6.0.24", "Retain", ""));
+    let two = get(&cluster, &["-n", &team, "get", "pi", "two"]).expect("two");
+    let two_uid = two["metadata"]["uid"].as_str().expect("uid").to_string();
+    let two_key = state_key_file(&fx, &two_uid);
+    let two_project = instance_dir(&fx, &team, "two").join("platform");
+    let pending = |project: &Path| {
+        // Not before the controller has made the project and its stack.
+        project.join("Pulumi.yaml").exists().then_some(())?;
+        let out = pulumi(&fx, project, &two_key, &["stack", "export"], "");
+        let export: Value = serde_json::from_str(&out.stdout).ok()?;
+        let ops = export["deployment"]["pending_operations"]
+            .as_array()
+            .cloned();
+        Some((ops.unwrap_or_default(), export))
+    };
+    let op = wait_for(
+        "two's pulumi up to hang in the create of its settings",
+        FIRST_AT_A_VERSION,
+        &controller,
+        || {
+            look_for_host_pulumi();
+            let (ops, _) = pending(&two_project)?;
+            ops.into_iter().find(|op| {
+                op["type"] == "creating"
+                    && op["resource"]["urn"]
+                        .as_str()
+                        .is_some_and(|u| u.contains("settings"))
+            })
+        },
+    )
+    .await;
+    set_version(&cluster, &team, "two", "6.0.22");
+    let selector = format!("platform.di-framework.dev/instance-uid={two_uid}");
+    let args = [
+        "-n",
+        &fx.operator_ns,
+        "delete",
+        "pods",
+        "-l",
+        &selector,
+        "--wait=false",
+    ];
+    let deleted = cluster
+        .kubectl_ok(&args, None)
+        .expect("deleting two's install pod");
+    assert!(
+        deleted.contains("deleted"),
+        "no install pod of two: {deleted}"
+    );
+    let pi = wait_for(
+        "two Ready at 6.0.22 after its killed install pod",
+        Duration::from_secs(300),
+        &controller,
+        || {
+            look_for_host_pulumi();
+            let pi = get(&cluster, &["-n", &team, "get", "pi", "two"])?;
+            is_ready(&pi, "6.0.22").then_some(pi)
+        },
+    )
+    .await;
+    assert_eq!(pi["status"]["lastInstall"]["result"], "Succeeded");
+    let killed = pi["status"]["history"]
+        .as_array()
+        .and_then(|h| h.iter().find(|r| r["version"] == "6.0.24"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(killed["result"], "Failed", "{pi}");
+    let (ops, export) = pending(&two_project).expect("two's state exports");
+    assert!(
+        ops.is_empty(),
+        "pending operations left: {:?} (before: {})",
+        ops.iter()
+            .map(|o| o["resource"]["urn"].to_string())
+            .collect::<Vec<_>>(),
+        op["resource"]["urn"]
+    );
+    assert!(
+        controller
+            .log()
+            .contains("the last install stopped part-way: this one drops the pending creates"),
+        "the killed pod's run was told apart"
+    );
+    let resources = export["deployment"]["resources"].to_string();
+    assert!(resources.contains("platform-settings"), "{resources}");
+
     // Nothing of the run is left.
     let host_runs = look_for_host_pulumi();
     assert!(

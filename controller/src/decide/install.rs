@@ -380,10 +380,12 @@ fn run(x: &Ctx, reason: Reason, message: String, plan: &mut PlanBuilder) -> Outc
     // How the last install failed, when it concerns the version wanted now.
     if let InstallOutcome::Failed {
         version,
-        error: TaskError {
-            failure: Some(failure),
-            message,
-        },
+        error:
+            TaskError {
+                failure: Some(failure),
+                message,
+                ..
+            },
         backoff,
         ..
     } = &x.i.outcome

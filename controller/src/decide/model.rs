@@ -117,6 +117,11 @@ pub struct Record {
     /// The UID of the instance whose key (`installer::state_key`) encrypts the Pulumi state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_key_uid: Option<String>,
+    /// A `pulumi up` stopped part-way since the last install that succeeded (a timeout, or an
+    /// install pod that ended without an outcome): the next install first drops the pending
+    /// creates it may have left.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 impl Record {
@@ -161,6 +166,9 @@ pub struct TaskError {
     pub failure: Option<Failure>,
     /// What it said, for status and logs.
     pub message: String,
+    /// The run stopped part-way without an outcome of its own (its install pod killed, gone or
+    /// past its deadline): a `pulumi up` in it may have left pending creates.
+    pub interrupted: bool,
 }
 
 impl TaskError {
@@ -169,6 +177,15 @@ impl TaskError {
         Self {
             failure: Some(failure),
             message: message.into(),
+            interrupted: false,
+        }
+    }
+
+    /// This error, of a run that stopped part-way.
+    pub fn interrupted(self) -> Self {
+        Self {
+            interrupted: true,
+            ..self
         }
     }
 }
@@ -178,6 +195,7 @@ impl From<String> for TaskError {
         Self {
             failure: None,
             message,
+            interrupted: false,
         }
     }
 }
@@ -428,6 +446,7 @@ impl InstallOutcome {
                         error: TaskError {
                             failure: record.failure,
                             message,
+                            interrupted: false,
                         },
                         timed_out: l.result == InstallResult::TimedOut,
                         backoff: false,
@@ -899,6 +918,7 @@ mod tests {
                     error: TaskError {
                         failure,
                         message: format!("recorded {result:?}"),
+                        interrupted: false,
                     },
                     timed_out,
                     backoff: false,

@@ -464,15 +464,13 @@ impl Launcher {
                     "the install pod {name} was killed for running out of memory; raise the memory limit in --install-pod-resources"
                 ),
             };
-            return Err(TaskError::new(failure, message));
+            return Err(TaskError::new(failure, message).interrupted());
         }
         let tail = self.log_tail(pod.as_ref()).await;
-        Err(TaskError::new(
-            Failure::InstallFailed,
-            format!(
-                "the install pod {name} ended without an outcome of this run; its log ends: {tail}"
-            ),
-        ))
+        let message = format!(
+            "the install pod {name} ended without an outcome of this run (killed, evicted or deleted?); the install retries with backoff; its log ends: {tail}"
+        );
+        Err(TaskError::new(Failure::InstallFailed, message).interrupted())
     }
 
     /// The Job of the same run, when a controller that stopped left one with its Secret (any
@@ -558,7 +556,7 @@ impl Launcher {
                         Ok(Ok(None)) => Err(TaskError::new(
                             Failure::InstallFailed,
                             format!("the install Job {name} was deleted while it ran; the install retries with backoff"),
-                        )),
+                        ).interrupted()),
                         Ok(Err(e)) => Err(TaskError::new(
                             Failure::InstallFailed,
                             format!("watching the install Job {name} failed: {e}; the install retries with backoff"),
@@ -566,7 +564,7 @@ impl Launcher {
                         Err(_) => Err(TaskError::new(
                             Failure::InstallTimedOut,
                             format!("the install Job {name} did not end within {}s; it is stopped and retried with backoff", limit.as_secs()),
-                        )),
+                        ).interrupted()),
                     };
                 }
                 () = tokio::time::sleep(Duration::from_secs(2)) => {

@@ -25,11 +25,11 @@ use common::crd::{
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta};
+use kube::Resource;
+use kube::api::{Api, DeleteParams, ObjectMeta};
 use serde_json::{Value, json};
 
-use crate::api::{apply, delete_ignoring_404};
+use crate::api::{apply, delete_if};
 use crate::decide::model::PREVIEW_NAMES;
 use crate::decide::model::{Mode, TaskError};
 use common::names::membership_kubeconfig_secret as membership_secret_name;
@@ -401,12 +401,17 @@ impl Installer {
                 TaskError::new(Failure::StateUnavailable, message)
             })?;
         }
-        // A run stopped by a timeout or a controller that died may have left pending creates.
-        let interrupted = rec
-            .last_install
-            .as_ref()
-            .is_some_and(|l| matches!(l.result, InstallResult::Running | InstallResult::TimedOut));
+        // A run stopped by a timeout, a controller that died or an install pod that ended
+        // without an outcome may have left pending creates.
+        let interrupted = rec.interrupted
+            || rec.last_install.as_ref().is_some_and(|l| {
+                matches!(l.result, InstallResult::Running | InstallResult::TimedOut)
+            });
         let (mode, version): (&str, _) = (job.mode.into(), &job.version);
+        if interrupted {
+            let (namespace, name) = (&job.namespace, &job.name);
+            tracing::info!(%namespace, %name, "the last install stopped part-way: this one drops the pending creates it may have left before its pulumi up");
+        }
         rec.last_install = Some(LastInstall {
             version: version.clone(),
             started_at: now(),
@@ -447,6 +452,10 @@ impl Installer {
             });
         }
         rec.failure = outcome.as_ref().err().and_then(|e| e.failure);
+        // Until an install succeeds: one that failed before its `pulumi up` cleared nothing.
+        rec.interrupted = outcome
+            .as_ref()
+            .is_err_and(|e| interrupted || e.interrupted || result == InstallResult::TimedOut);
         rec.remember(job.mode.into());
         // Before the record, which is read as the task's end.
         self.collect_trees().await;
@@ -597,7 +606,7 @@ impl Installer {
         }
         // Without tenant auth, no client secret is left in the stack's config.
         let absent: Vec<&str> = match step {
-            run::Step::Install { .. } => [config::CLIENT_SECRET_KEY]
+            run::Step::Install { .. } | run::Step::PreviewUpgrade => [config::CLIENT_SECRET_KEY]
                 .into_iter()
                 .filter(|key| config.secrets.iter().all(|(k, _)| k != key))
                 .collect(),
@@ -1076,7 +1085,7 @@ pub(crate) fn named(resources: &[String], total: i64) -> String {
 }
 
 /// The folder, beside the installed project, where an upgrade waiting for approval is previewed.
-const UPGRADE_PREVIEW: &str = "upgrade-preview";
+pub(crate) const UPGRADE_PREVIEW: &str = "upgrade-preview";
 /// The folder of the state copies taken before upgrades.
 pub const STATE_BACKUPS: &str = "state-backups";
 
@@ -1238,23 +1247,18 @@ fn write_project(
     write_files(project, &project_files(backend, version, sdk_version))
 }
 
-/// Whether Secret `name` is free or the job's instance's membership kubeconfig (by its labels
-/// or, from an earlier release, an owner reference); another's is never changed or deleted.
-async fn owned_by(secrets: &Api<Secret>, name: &str, job: &Job) -> Result<bool, String> {
-    let existing = secrets
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("reading the Secret {name} failed: {e}"))?;
+/// Whether a Secret is the job's instance's membership kubeconfig (by its labels or, from an
+/// earlier release, an owner reference); another's is never changed or deleted.
+fn membership_of(meta: &ObjectMeta, job: &Job) -> bool {
     let uid = job.owner.as_ref().map(|o| o.uid.as_str());
-    Ok(existing.is_none_or(|s| {
-        let label = |key| s.labels().get(key).map(String::as_str);
-        let owner = |o: &OwnerReference| Some(o.uid.as_str()) == uid;
-        label(MEMBERSHIP_LABEL) == Some(job.name.as_str())
-            && match label(INSTANCE_UID_LABEL) {
-                Some(marked) => Some(marked) == uid,
-                None => s.owner_references().iter().any(owner),
-            }
-    }))
+    let labels = meta.labels.as_ref();
+    let label = |key| labels.and_then(|l| l.get(key)).map(String::as_str);
+    let owner = |o: &OwnerReference| Some(o.uid.as_str()) == uid;
+    label(MEMBERSHIP_LABEL) == Some(job.name.as_str())
+        && match label(INSTANCE_UID_LABEL) {
+            Some(marked) => Some(marked) == uid,
+            None => meta.owner_references.iter().flatten().any(owner),
+        }
 }
 
 /// The kubeconfig Secret of one membership (`tenant`, `user`, `role`) of the job's instance.
@@ -1311,7 +1315,11 @@ async fn write_membership_secrets(
                 "the program's kubeconfigs output names the membership {tenant}/{user} twice; the platform version may not match this operator"
             ));
         }
-        if !owned_by(&secrets, &name, job).await? {
+        let existing = secrets
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("reading the Secret {name} failed: {e}"))?;
+        if existing.is_some_and(|s| !membership_of(s.meta(), job)) {
             return Err(format!(
                 "the Secret {name} exists and is not a membership kubeconfig of {}; rename it, or the tenant or user",
                 job.name
@@ -1324,11 +1332,10 @@ async fn write_membership_secrets(
         written.push(name);
     }
     for stale in previous.iter().filter(|p| !written.contains(p)) {
-        if owned_by(&secrets, stale, job).await? {
-            delete_ignoring_404(&secrets, stale)
-                .await
-                .map_err(|e| format!("deleting the stale membership Secret {stale} failed: {e}"))?;
-        }
+        let ours = |meta: &ObjectMeta| membership_of(meta, job);
+        delete_if(&secrets, stale, DeleteParams::default(), ours)
+            .await
+            .map_err(|e| format!("deleting the stale membership Secret {stale} failed: {e}"))?;
     }
     Ok(written)
 }

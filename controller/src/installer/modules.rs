@@ -471,14 +471,17 @@ impl Trees {
         fs::write(&to, text).map_err(io("writing", &to))
     }
 
-    /// The keys instances under `state_dir` (`<namespace>/<name>/platform/node_modules`) link to.
+    /// The keys instances under `state_dir` link to: their installed project's and the upgrade
+    /// being previewed (`<namespace>/<name>/{platform,upgrade-preview}/node_modules`).
     pub fn linked_keys(&self, state_dir: &Path) -> std::collections::BTreeSet<String> {
         entries(state_dir)
             .filter(|ns| !ns.file_name().to_string_lossy().starts_with('.'))
             .flat_map(|ns| entries(&ns.path()))
-            .filter_map(|instance| {
-                fs::read_link(instance.path().join("platform").join(MODULES)).ok()
+            .flat_map(|instance| {
+                let projects = ["platform", super::UPGRADE_PREVIEW];
+                projects.map(|p| fs::read_link(instance.path().join(p).join(MODULES)).ok())
             })
+            .flatten()
             .filter_map(|target| Some(target.parent()?.file_name()?.to_string_lossy().into_owned()))
             .filter(|key| is_key(key))
             .collect()
@@ -820,12 +823,19 @@ mod tests {
             [KEY]
         );
 
-        // Another tree no one links to is removed; a locked one waits; the linked one stays.
+        // Another tree no one links to is removed; a locked one waits; the linked one stays, and
+        // so does one an upgrade preview runs on (its lock released before its Pulumi runs).
         let other = "ffffffffffffffffffffffffffffffff";
         fs::create_dir_all(trees.tree(other).join("node_modules")).expect("dir");
         let held = trees.lock(other).await.expect("lock");
         assert!(trees.collect(&state).is_empty(), "a tree in use is kept");
         drop(held);
+        let preview = state.join("team/two").join(super::super::UPGRADE_PREVIEW);
+        fs::create_dir_all(&preview).expect("dir");
+        let target = format!("../../../.cache/modules/{other}/node_modules");
+        std::os::unix::fs::symlink(target, preview.join(MODULES)).expect("link");
+        assert!(trees.collect(&state).is_empty(), "a previewed tree is kept");
+        fs::remove_dir_all(state.join("team/two")).expect("remove");
         assert_eq!(trees.collect(&state), [other]);
         assert!(!trees.tree(other).exists());
         assert!(trees.tree(KEY).exists(), "a linked tree is kept");

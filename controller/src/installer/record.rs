@@ -90,6 +90,7 @@ mod tests {
             pending_upgrade: None,
             state_backups: Vec::new(),
             state_key_uid: Some("u-1".into()),
+            interrupted: true,
         };
         store(&dir, &record).expect("store");
         assert_eq!(load(&dir).expect("load"), record);
