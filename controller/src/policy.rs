@@ -9,15 +9,10 @@ use std::time::Duration;
 
 use common::names::{HOST_NAMESPACE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, VCLUSTER};
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
-    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
-    ValidatingAdmissionPolicySpec, Validation,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use kube::api::Api;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::api::{apply, not_found};
 use crate::decide::model::Protection;
@@ -34,16 +29,8 @@ pub const SYSTEM_USERS: [&str; 3] = [
     "system:serviceaccount:kube-system:generic-garbage-collector",
 ];
 
-fn metadata() -> ObjectMeta {
-    ObjectMeta {
-        name: Some(NAME.to_string()),
-        labels: Some([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())].into()),
-        ..ObjectMeta::default()
-    }
-}
-
-fn strings<const N: usize>(items: [&str; N]) -> Option<Vec<String>> {
-    Some(items.map(String::from).to_vec())
+fn metadata() -> Value {
+    json!({"name": NAME, "labels": {MANAGED_BY_LABEL: MANAGED_BY}})
 }
 
 /// The ServiceAccount the vCluster syncer runs as (and writes `service/vcluster` as, at its first
@@ -61,59 +48,47 @@ pub fn syncer_account(extra: Option<&Value>) -> String {
 /// `syncer` of each host namespace.
 pub fn policy(operator_user: &str, syncer: &str) -> ValidatingAdmissionPolicy {
     let system = SYSTEM_USERS.map(|u| format!("'{u}'")).join(", ");
-    let condition = |name: &str, expression: String| MatchCondition {
-        name: name.to_string(),
-        expression,
-    };
-    let constraints = MatchResources {
-        resource_rules: Some(vec![NamedRuleWithOperations {
-            api_groups: strings([""]),
-            api_versions: strings(["v1"]),
-            operations: strings(["UPDATE", "DELETE"]),
-            resources: strings(["services"]),
-            ..NamedRuleWithOperations::default()
-        }]),
-        namespace_selector: Some(LabelSelector {
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: HOST_NAMESPACE_LABEL.to_string(),
-                operator: "Exists".to_string(),
-                values: None,
-            }]),
-            match_labels: None,
-        }),
-        ..MatchResources::default()
-    };
-    ValidatingAdmissionPolicy {
-        metadata: metadata(),
-        spec: Some(ValidatingAdmissionPolicySpec {
-            failure_policy: Some("Fail".to_string()),
-            match_constraints: Some(constraints),
-            match_conditions: Some(vec![
-                condition("is-vcluster-service", format!("(request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name) == '{VCLUSTER}'")),
-                condition("not-namespace-controller-or-gc", format!("!(request.userInfo.username in [{system}])")),
-            ]),
-            validations: Some(vec![Validation {
-                expression: format!("request.userInfo.username == '{operator_user}' || request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':{syncer}'"),
-                message: Some("service/vcluster of a PlatformInstance host namespace is managed by the platform operator; change the PlatformInstance instead".to_string()),
-                reason: Some("Forbidden".to_string()),
-                message_expression: None,
-            }]),
-            ..ValidatingAdmissionPolicySpec::default()
-        }),
-        status: None,
-    }
+    let name = "(request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name)";
+    let syncer = format!("'system:serviceaccount:' + request.namespace + ':{syncer}'");
+    let policy = json!({
+        "metadata": metadata(),
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE", "DELETE"],
+                    "resources": ["services"],
+                }],
+                "namespaceSelector": {
+                    "matchExpressions": [{"key": HOST_NAMESPACE_LABEL, "operator": "Exists"}],
+                },
+            },
+            "matchConditions": [
+                {"name": "is-vcluster-service", "expression": format!("{name} == '{VCLUSTER}'")},
+                {
+                    "name": "not-namespace-controller-or-gc",
+                    "expression": format!("!(request.userInfo.username in [{system}])"),
+                },
+            ],
+            "validations": [{
+                "expression": format!("request.userInfo.username == '{operator_user}' || request.userInfo.username == {syncer}"),
+                "message": "service/vcluster of a PlatformInstance host namespace is managed by the platform operator; change the PlatformInstance instead",
+                "reason": "Forbidden",
+            }],
+        },
+    });
+    serde_json::from_value(policy).expect("a ValidatingAdmissionPolicy")
 }
 
 /// The binding that turns the policy on (deny) in every host namespace.
 pub fn binding() -> ValidatingAdmissionPolicyBinding {
-    ValidatingAdmissionPolicyBinding {
-        metadata: metadata(),
-        spec: Some(ValidatingAdmissionPolicyBindingSpec {
-            policy_name: Some(NAME.to_string()),
-            validation_actions: strings(["Deny"]),
-            ..ValidatingAdmissionPolicyBindingSpec::default()
-        }),
-    }
+    let binding = json!({
+        "metadata": metadata(),
+        "spec": {"policyName": NAME, "validationActions": ["Deny"]},
+    });
+    serde_json::from_value(binding).expect("a ValidatingAdmissionPolicyBinding")
 }
 
 /// Keeps the policy and its binding applied, every `interval` (`--policy-interval`), and records

@@ -295,22 +295,8 @@ impl PodSettings {
                 },
             },
         });
-        serde_json::from_value(strip_nulls(job)).expect("an install Job is a Job")
-    }
-}
-
-/// `value` without its null fields (the volume source that is not used, an unset node).
-fn strip_nulls(value: serde_json::Value) -> serde_json::Value {
-    use serde_json::Value;
-    match value {
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k, strip_nulls(v)))
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(items.into_iter().map(strip_nulls).collect()),
-        other => other,
+        // A null field (the volume source not used, an unset node) reads as unset.
+        serde_json::from_value(job).expect("an install Job is a Job")
     }
 }
 
@@ -630,25 +616,10 @@ impl Launcher {
         };
         for _ in 0..90 {
             match self.pods().list(&params).await {
-                Ok(list) if list.items.iter().all(ended) => {
-                    for pod in list
-                        .items
-                        .iter()
-                        .filter(|p| p.meta().deletion_timestamp.is_none())
-                    {
-                        let _ = self
-                            .pods()
-                            .delete(&pod.name_any(), &DeleteParams::default())
-                            .await;
-                    }
-                    return;
-                }
                 Ok(list) => {
-                    let running = list
-                        .items
-                        .iter()
-                        .filter(|p| p.meta().deletion_timestamp.is_none());
-                    for pod in running {
+                    let running = !list.items.iter().all(ended);
+                    let deleting = |p: &&Pod| p.meta().deletion_timestamp.is_some();
+                    for pod in list.items.iter().filter(|p| !deleting(p)) {
                         let name = pod.name_any();
                         let gone = self.pods().delete(&name, &DeleteParams::default()).await;
                         if let Err(e) = gone
@@ -656,6 +627,9 @@ impl Launcher {
                         {
                             tracing::warn!(pod = %name, error = %e, "deleting the install pod failed");
                         }
+                    }
+                    if !running {
+                        return;
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "listing the install pods failed"),

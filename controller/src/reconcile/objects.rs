@@ -8,17 +8,10 @@ use common::names::{
     MANAGED_BY_LABEL, VCLUSTER_APP, VCLUSTER_NETWORK_POLICY, kubeconfig_secret,
 };
 use k8s_openapi::ByteString;
-use k8s_openapi::api::batch::v1::{
-    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
-};
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, HostPathVolumeSource, Namespace, PodSpec, PodTemplateSpec,
-    SeccompProfile, Secret, SecurityContext, Service, Volume, VolumeMount,
-};
-use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde_json::json;
 
 use super::Settings;
@@ -55,39 +48,23 @@ pub fn namespace(instance: &str, uid: &str, host_ns: &str, pod_security: Level) 
 /// The NetworkPolicy `vcluster-api`: the vCluster's pods take traffic from the operator's
 /// namespace and their own only.
 pub fn network_policy(host_ns: &str, uid: &str, operator_ns: &str) -> NetworkPolicy {
-    let from = |peer: NetworkPolicyPeer| NetworkPolicyIngressRule {
-        from: Some(vec![peer]),
-        ports: None,
-    };
-    NetworkPolicy {
-        metadata: ObjectMeta {
-            name: Some(VCLUSTER_NETWORK_POLICY.to_string()),
-            namespace: Some(host_ns.to_string()),
-            labels: Some(labels([(INSTANCE_UID_LABEL, uid)])),
-            ..ObjectMeta::default()
+    let operator = json!({"kubernetes.io/metadata.name": operator_ns});
+    let policy = json!({
+        "metadata": {
+            "name": VCLUSTER_NETWORK_POLICY,
+            "namespace": host_ns,
+            "labels": labels([(INSTANCE_UID_LABEL, uid)]),
         },
-        spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(one("app", VCLUSTER_APP)),
-                match_expressions: None,
-            }),
-            policy_types: Some(vec!["Ingress".to_string()]),
-            ingress: Some(vec![
-                from(NetworkPolicyPeer {
-                    namespace_selector: Some(LabelSelector {
-                        match_labels: Some(one("kubernetes.io/metadata.name", operator_ns)),
-                        match_expressions: None,
-                    }),
-                    ..NetworkPolicyPeer::default()
-                }),
-                from(NetworkPolicyPeer {
-                    pod_selector: Some(LabelSelector::default()),
-                    ..NetworkPolicyPeer::default()
-                }),
-            ]),
-            egress: None,
-        }),
-    }
+        "spec": {
+            "podSelector": {"matchLabels": {"app": VCLUSTER_APP}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"namespaceSelector": {"matchLabels": operator}}]},
+                {"from": [{"podSelector": {}}]},
+            ],
+        },
+    });
+    serde_json::from_value(policy).expect("a NetworkPolicy")
 }
 
 /// The hash of the namespace and NetworkPolicy, annotated so that an idle reconcile writes nothing.
@@ -138,95 +115,60 @@ pub fn cleanup_job(
     uid: &str,
     node: &str,
 ) -> Job {
-    let container = Container {
-        name: "cleanup".to_string(),
-        image: Some(settings.cleanup_image.clone()),
-        command: Some(
-            [
-                IMAGE_CONTROLLER,
-                "cleanup",
-                "--root",
-                CLEANUP_MOUNT,
-                "--dir",
-                storage_dir,
-                "--uid",
-                uid,
-            ]
-            .map(String::from)
-            .to_vec(),
-        ),
-        security_context: Some(SecurityContext {
-            privileged: Some(false),
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_user: Some(0),
-            run_as_non_root: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                add: Some(vec!["DAC_OVERRIDE".to_string(), "FOWNER".to_string()]),
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_string(),
-                localhost_profile: None,
-            }),
-            ..SecurityContext::default()
-        }),
-        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "storage".to_string(),
-            mount_path: CLEANUP_MOUNT.to_string(),
-            ..VolumeMount::default()
-        }]),
-        ..Container::default()
-    };
-    let volume = Volume {
-        name: "storage".to_string(),
-        host_path: Some(HostPathVolumeSource {
-            path: settings.storage_root_base.clone(),
-            type_: Some("DirectoryOrCreate".to_string()),
-        }),
-        ..Volume::default()
-    };
-    Job {
-        metadata: ObjectMeta {
-            name: Some(host_ns.to_string()),
-            namespace: Some(settings.cleanup_namespace.clone()),
-            labels: Some(labels([(INSTANCE_UID_LABEL, uid)])),
-            annotations: Some(one(INSTANCE_ANNOTATION, instance)),
-            ..ObjectMeta::default()
+    let command = [IMAGE_CONTROLLER, "cleanup", "--root", CLEANUP_MOUNT];
+    let command = command
+        .into_iter()
+        .chain(["--dir", storage_dir, "--uid", uid]);
+    let container = json!({
+        "name": "cleanup",
+        "image": settings.cleanup_image,
+        "command": command.collect::<Vec<_>>(),
+        "securityContext": {
+            "privileged": false,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsUser": 0,
+            "runAsNonRoot": false,
+            "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "FOWNER"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
-        spec: Some(JobSpec {
-            active_deadline_seconds: Some(settings.cleanup_deadline.as_secs().max(1) as i64),
-            backoff_limit: Some(settings.cleanup_backoff_limit),
-            pod_failure_policy: Some(PodFailurePolicy {
-                rules: vec![PodFailurePolicyRule {
-                    action: "FailJob".to_string(),
-                    on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                        container_name: Some("cleanup".to_string()),
-                        operator: "In".to_string(),
-                        values: vec![i32::from(crate::marker::CONFLICT_EXIT)],
-                    }),
-                    on_pod_conditions: None,
-                }],
-            }),
-            ttl_seconds_after_finished: Some(
-                settings.cleanup_ttl.as_secs().min(i32::MAX as u64) as i32
-            ),
-            template: PodTemplateSpec {
-                metadata: None,
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".to_string()),
-                    node_name: Some(node.to_string()),
-                    automount_service_account_token: Some(false),
-                    containers: vec![container],
-                    volumes: Some(vec![volume]),
-                    ..PodSpec::default()
-                }),
-            },
-            ..JobSpec::default()
-        }),
-        status: None,
-    }
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "storage", "mountPath": CLEANUP_MOUNT}],
+    });
+    let volume = json!({
+        "name": "storage",
+        "hostPath": {"path": settings.storage_root_base, "type": "DirectoryOrCreate"},
+    });
+    let conflict = json!({
+        "action": "FailJob",
+        "onExitCodes": {
+            "containerName": "cleanup",
+            "operator": "In",
+            "values": [crate::marker::CONFLICT_EXIT],
+        },
+    });
+    let job = json!({
+        "metadata": {
+            "name": host_ns,
+            "namespace": settings.cleanup_namespace,
+            "labels": labels([(INSTANCE_UID_LABEL, uid)]),
+            "annotations": one(INSTANCE_ANNOTATION, instance),
+        },
+        "spec": {
+            "activeDeadlineSeconds": settings.cleanup_deadline.as_secs().max(1),
+            "backoffLimit": settings.cleanup_backoff_limit,
+            "podFailurePolicy": {"rules": [conflict]},
+            "ttlSecondsAfterFinished": settings.cleanup_ttl.as_secs().min(i32::MAX as u64),
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "nodeName": node,
+                "automountServiceAccountToken": false,
+                "containers": [container],
+                "volumes": [volume],
+            }},
+        },
+    });
+    serde_json::from_value(job).expect("a cleanup Job is a Job")
 }
 
 /// The control plane's affinity to `node`, which holds its hostPath storage: the node by name
