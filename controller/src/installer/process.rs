@@ -187,7 +187,13 @@ pub async fn run(mut cmd: Command, stdin: Option<&[u8]>, dir: &Path) -> std::io:
         pid_file,
     };
     if let (Some(data), Some(mut pipe)) = (stdin, input) {
-        pipe.write_all(data).await?;
+        // A tool that ends without reading its input says why in its exit and its stderr.
+        let written = pipe.write_all(data).await;
+        if let Err(e) = written
+            && e.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            return Err(e);
+        }
         drop(pipe);
     }
     let waited = running.child.wait();
@@ -268,6 +274,16 @@ mod tests {
         cmd.arg("-c").arg("echo $KUBECONFIG");
         let out = run(cmd, None, &d).await.expect("run");
         assert_eq!(out.stdout.trim(), "set-by-the-caller");
+    }
+
+    #[tokio::test]
+    async fn a_tool_that_ends_without_reading_its_input_is_its_own_failure() {
+        let d = dir("unread");
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "exec 0<&-; echo refused >&2; exit 4"]);
+        let out = (run(cmd, Some(&[b'x'; 1 << 20]), &d).await).expect("no spawn error");
+        assert_eq!(out.code, Some(4));
+        assert_eq!(out.last_error_line(), "refused");
     }
 
     #[tokio::test]

@@ -145,16 +145,10 @@ pub async fn run(
             tracing::info!(project = %stack.project.display(), cleared, "cleared a stale state lock");
         }
         let interrupted = match step {
-            Step::Preview => {
-                let (counts, resources) = stack.preview().await?;
-                return Ok(Done {
-                    counts,
-                    resources,
-                    ..Done::default()
-                });
-            }
-            Step::PreviewUpgrade => {
-                stack.configure(values, absent).await?;
+            Step::Preview | Step::PreviewUpgrade => {
+                if step == Step::PreviewUpgrade {
+                    stack.configure(values, absent).await?;
+                }
                 let (counts, resources) = stack.preview().await?;
                 return Ok(Done {
                     counts,
