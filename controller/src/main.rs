@@ -136,8 +136,9 @@ struct Args {
     #[arg(long, value_enum, default_value_t = controller::pod_security::Level::Baseline)]
     pod_security_standard: controller::pod_security::Level,
 
-    /// Run the platform program. `false` stops every instance at `Installing` with its vCluster
-    /// and kubeconfig (for benchmarks of the provisioning path).
+    /// Run the platform program (in install pods: `true` needs --install-image). `false` stops
+    /// every instance at `Installing` with its vCluster and kubeconfig (for benchmarks of the
+    /// provisioning path).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     install_platform: bool,
 
@@ -283,6 +284,10 @@ fn conflict(e: controller::marker::MarkerError) -> anyhow::Result<std::process::
 impl Args {
     /// Flags that only make sense together.
     fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.install_platform || self.installer.install_image.is_some(),
+            "--install-platform=true needs --install-image (the operator image, by digest): the platform program runs only in install pods, never in the controller's process (the chart sets it); or set --install-platform=false"
+        );
         self.installer.check_pods()?;
         if let Some(namespace) = &self.watch_namespace {
             anyhow::ensure!(
@@ -687,6 +692,8 @@ mod tests {
             "--vcluster-chart-sha256",
             "sha256:00",
             "--cleanup-image=x@sha256:00",
+            "--install-image=x@sha256:00",
+            "--install-state-claim=state",
         ];
         argv.extend_from_slice(flags);
         Args::try_parse_from(argv)
@@ -702,6 +709,9 @@ mod tests {
             "ghcr.io/di-framework/platform-operator@sha256:00",
         ])
         .expect("flags");
+        let error = args.check().expect_err("no install image").to_string();
+        assert!(error.contains("--install-image"), "{error}");
+        let args = parse_with(&[]).expect("flags");
         args.check().expect("defaults are consistent");
         assert_eq!(args.election.leader_lease_duration, Duration::from_secs(15));
         assert_eq!(args.election.leader_renew_interval, Duration::from_secs(4));

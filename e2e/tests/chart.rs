@@ -371,23 +371,6 @@ fn every_value_reaches_its_flag() {
         mutating["webhooks"][0]["failurePolicy"], "Ignore",
         "the mutating webhook is always Ignore"
     );
-    // installPod.enabled=false: no install pod flag, account or Job rule.
-    let r = render(&["installPod.enabled=false", "rbac.clusterAdmin=false"]);
-    let args = r.args("platform-operator-controller");
-    assert!(
-        args.iter()
-            .all(|a| !a.starts_with("--install-") || a.starts_with("--install-timeout")),
-        "{args:?}"
-    );
-    assert!(
-        r.find("ServiceAccount", "platform-operator-install")
-            .is_none()
-    );
-    let rules = &r.get("Role", "platform-operator")["rules"];
-    assert!(
-        !rules.to_string().contains("jobs"),
-        "no Job rule without install pods: {rules}"
-    );
     // The cleanup Jobs' Role follows cleanupNamespace.
     let r = render(&[
         "rbac.clusterAdmin=false",
@@ -891,8 +874,9 @@ fn the_schema_rejects_wrong_types_and_shapes() {
             "at '/headlamp/enabled': got number, want boolean",
         ),
         (
-            "installPod.enabled=yes",
-            "at '/installPod/enabled': got string, want boolean",
+            // The program never runs in the controller's container: no switch to make it.
+            "installPod.enabled=false",
+            "at '/installPod': additional properties 'enabled' not allowed",
         ),
         (
             "installPod.resources.limits.memory=null",

@@ -1,5 +1,6 @@
 //! The installer: runs the platform's existing-cluster program (`@di-framework/platform/existing`)
-//! at an instance's exact version with the Pulumi CLI, against the instance's vCluster. Each
+//! at an instance's exact version with the Pulumi CLI, against the instance's vCluster, in install
+//! pods ([`launch`]): the controller prepares each run and reads its outcome. Each
 //! instance's folder `<--state-dir>/<namespace>/<name>/` holds its project (`platform/`), its
 //! stack `dev` on a file backend (`platform/state/`) and its install record; npm's cache, Pulumi's
 //! plugins and the dependency trees are shared under `<--state-dir>/.cache/`. Installs and
@@ -134,8 +135,8 @@ pub struct Installer {
     pub pulumi_binary: String,
 
     /// Run the platform program in a pod of its own for each install, repair preview and
-    /// upgrade preview, from this image (the operator image, by digest; docs/controller.md#install-pods);
-    /// unset, it runs in the controller's container.
+    /// upgrade preview, from this image (the operator image, by digest; docs/controller.md#install-pods).
+    /// Required with --install-platform=true: the program never runs in the controller's process.
     #[arg(long)]
     pub install_image: Option<String>,
 
@@ -349,22 +350,17 @@ impl Installer {
     ) -> Result<(pulumi::Stack, state_key::KeyFile), TaskError> {
         let (stack, uid) = (self.stack(dir), target.uid);
         let recorded = rec.state_key_uid.as_deref();
-        let key = match &self.launcher {
-            None => state_key::instance_key(&stack, dir, uid, recorded).await?,
-            Some(launcher) => {
-                // What a re-encryption the controller ran itself, before install pods, left.
-                state_key::put_back_interrupted(&stack, dir)?;
-                let file = &stack.passphrase_file;
-                let operator =
-                    std::fs::read(file).map_err(io("reading the passphrase file", file))?;
-                let own = state_key::derive(&operator, uid);
-                if recorded.is_some_and(|r| r != uid) {
-                    let previous = state_key::previous(&operator, uid, recorded);
-                    (self.rekey_in_pod(launcher, own.as_bytes(), previous, target)).await?;
-                }
-                state_key::KeyFile::new(own)?
-            }
-        };
+        let launcher = self.pods()?;
+        // What a re-encryption the controller ran itself, before install pods, left.
+        state_key::put_back_interrupted(&stack, dir)?;
+        let file = &stack.passphrase_file;
+        let operator = std::fs::read(file).map_err(io("reading the passphrase file", file))?;
+        let own = state_key::derive(&operator, uid);
+        if recorded.is_some_and(|r| r != uid) {
+            let previous = state_key::previous(&operator, uid, recorded);
+            (self.rekey_in_pod(launcher, own.as_bytes(), previous, target)).await?;
+        }
+        let key = state_key::KeyFile::new(own)?;
         if rec.state_key_uid.as_deref() != Some(uid) {
             rec.state_key_uid = Some(uid.to_string());
             record::store(dir, rec).map_err(io("writing the install record in", dir))?;
@@ -483,7 +479,7 @@ impl Installer {
             &job.version,
             &self.pulumi_sdk_version,
         )?;
-        self.dependencies(&stack.project, dir, job).await?;
+        self.dependencies(&stack.project, job).await?;
         let step = run::Step::Install { interrupted };
         let run::Done {
             counts, outputs, ..
@@ -500,16 +496,14 @@ impl Installer {
 
     /// Checks and reuses, or builds with npm, the job's shared dependency tree ([`modules`]),
     /// then links it into the project.
-    async fn dependencies(&self, project: &Path, dir: &Path, job: &Job) -> Result<(), TaskError> {
+    async fn dependencies(&self, project: &Path, job: &Job) -> Result<(), TaskError> {
         let (key, files) = self.tree_key(project, &job.version);
         let trees = self.trees();
         let lock = trees.lock(&key).await?;
         let build = |build_dir: PathBuf| async move {
             write_files(&build_dir, &files)?;
-            match &self.launcher {
-                Some(launcher) => self.npm_in_pod(launcher, &build_dir, job.target()).await,
-                None => self.npm_install(&build_dir, dir, &job.version).await,
-            }
+            self.npm_in_pod(self.pods()?, &build_dir, job.target())
+                .await
         };
         let outcome = trees.ensure(&key, &lock, build).await?;
         let version = &job.version;
@@ -549,20 +543,6 @@ impl Installer {
         (key, files)
     }
 
-    /// Runs `npm install` in `folder` (a tree being built); `dir` holds the tool's pid file.
-    async fn npm_install(&self, folder: &Path, dir: &Path, version: &str) -> Result<(), TaskError> {
-        let registry = self
-            .registry()
-            .map_err(|e| TaskError::new(Failure::RegistryUnreachable, e))?;
-        let started = Instant::now();
-        let installed = self
-            .npm(registry)
-            .install(folder, PACKAGE, version, dir)
-            .await;
-        self.observe_tool("npm", installed.is_ok(), started.elapsed().as_secs_f64());
-        installed.map_err(npm_failure)
-    }
-
     /// npm with this installer's settings and `registry`.
     fn npm(&self, registry: String) -> npm::Npm {
         npm::Npm {
@@ -596,8 +576,15 @@ impl Installer {
         config: &ProgramConfig,
         target: Option<Target<'_>>,
     ) -> run::Ran {
-        if let (Some(launcher), Some(target)) = (&self.launcher, target) {
-            let ran = self.run_in_pod(launcher, stack, step, config, target).await;
+        if let Some(target) = target {
+            let ran = match self.pods() {
+                Ok(launcher) => (self.run_in_pod(launcher, stack, step, config, target)).await,
+                Err(e) => run::Ran {
+                    result: Err(e),
+                    up: None,
+                    other_seconds: 0.0,
+                },
+            };
             if let Some((seconds, ok)) = ran.up {
                 self.observe_tool("pulumi-up", ok, seconds);
             }
@@ -765,6 +752,15 @@ impl Installer {
         };
         let project = dir.join("platform");
         (launcher.run(&request, &files, &run_key, self.install_timeout, &project)).await
+    }
+
+    /// The launcher of the install pods, which run every install and preview of the
+    /// controller's (`--install-image` is required with `--install-platform=true`).
+    fn pods(&self) -> Result<&launch::Launcher, TaskError> {
+        self.launcher.as_ref().ok_or_else(|| {
+            let message = "no --install-image: the platform program runs only in install pods";
+            TaskError::new(Failure::ToolMissing, message)
+        })
     }
 
     /// Stops instance `uid`'s install pod, if one runs, and waits until it has (a run whose
@@ -1034,7 +1030,7 @@ impl Installer {
             let config = format!("Pulumi.{}.yaml", pulumi::STACK);
             let copied = std::fs::copy(installed.join(&config), stack.project.join(&config));
             copied.map_err(io("copying the stack config into", &stack.project))?;
-            self.dependencies(&stack.project, &dir, &job).await?;
+            self.dependencies(&stack.project, &job).await?;
             let step = run::Step::PreviewUpgrade;
             let done = (self
                 .run(&stack, step, &job.config, Some(job.target()))

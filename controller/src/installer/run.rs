@@ -1,8 +1,8 @@
 //! The Pulumi part of one run (an install, a repair preview, an upgrade preview) in a project the
 //! controller prepared: the stack, its config values and the instance's own key, nothing else.
-//! It reads and writes no Kubernetes object and needs no credential but that key. The controller
-//! runs it in process ([`run`]); `controller install --request <file>` runs one [`Request`] and
-//! writes its [`Outcome`] into the instance's project folder ([`OUTCOME`]), for a run in a pod of its own.
+//! It reads and writes no Kubernetes object and needs no credential but that key. It runs only in
+//! install pods: `controller install --request <file>` runs one [`Request`] ([`run`]) and writes
+//! its [`Outcome`] into the instance's project folder ([`OUTCOME`]), where the controller reads it.
 
 use std::time::Instant;
 

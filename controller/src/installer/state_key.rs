@@ -75,27 +75,6 @@ impl Drop for KeyFile {
     }
 }
 
-/// Finds the key that opens `stack`'s state (its `passphrase_file` the operator's), re-encrypts
-/// the state under the instance's own key when another opens it, and returns the instance's key.
-/// `recorded` is the UID whose key the record says encrypts the state. `dir` is the instance's
-/// folder (the migration copy lives there).
-pub async fn instance_key(
-    stack: &Stack,
-    dir: &Path,
-    uid: &str,
-    recorded: Option<&str>,
-) -> Result<KeyFile, TaskError> {
-    let file = &stack.passphrase_file;
-    let operator = std::fs::read(file).map_err(io("reading the passphrase file", file))?;
-    let own = KeyFile::new(derive(&operator, uid))?;
-    let with_own = Stack {
-        passphrase_file: own.path.clone(),
-        ..stack.clone()
-    };
-    settle(&with_own, dir, &previous(&operator, uid, recorded), file).await?;
-    Ok(own)
-}
-
 /// The keys other than instance `uid`'s own that may open its state, most likely first: the key
 /// of the UID the record names (an instance created again over retained state), then the
 /// operator's passphrase (state of an earlier release).
@@ -290,6 +269,27 @@ mod tests {
             passphrase_file: operator_file,
             ..stack
         }
+    }
+
+    /// As a rekey pod and the controller do it together: finds the key that opens `stack`'s state (its `passphrase_file` the operator's), re-encrypts
+    /// the state under the instance's own key when another opens it, and returns the instance's key.
+    /// `recorded` is the UID whose key the record says encrypts the state. `dir` is the instance's
+    /// folder (the migration copy lives there).
+    async fn instance_key(
+        stack: &Stack,
+        dir: &Path,
+        uid: &str,
+        recorded: Option<&str>,
+    ) -> Result<KeyFile, TaskError> {
+        let file = &stack.passphrase_file;
+        let operator = std::fs::read(file).map_err(io("reading the passphrase file", file))?;
+        let own = KeyFile::new(derive(&operator, uid))?;
+        let with_own = Stack {
+            passphrase_file: own.path.clone(),
+            ..stack.clone()
+        };
+        settle(&with_own, dir, &previous(&operator, uid, recorded), file).await?;
+        Ok(own)
     }
 
     /// Whether `passphrase` opens `stack`'s state.

@@ -15,7 +15,6 @@ metadata:
   labels:
     {{- $labels | nindent 4 }}
 ---
-{{- if .Values.installPod.enabled }}
 # The install pods' account: no permissions, and its token is never mounted.
 apiVersion: v1
 kind: ServiceAccount
@@ -26,7 +25,6 @@ metadata:
     {{- $labels | nindent 4 }}
 automountServiceAccountToken: false
 ---
-{{- end }}
 {{ include "platform-operator-controller.clusterRole" . }}
 ---
 {{- if .Values.rbac.clusterAdmin }}
@@ -74,13 +72,11 @@ rules:
   - apiGroups: [coordination.k8s.io]
     resources: [leases]
     verbs: [get, create, update]
-  {{- if .Values.installPod.enabled }}
   # The install Jobs: created, watched (by name) while they run, deleted (only the operator's,
   # by UID) when they end; their pods, logs and request Secrets are in the ClusterRole's rules.
   - apiGroups: [batch]
     resources: [jobs]
     verbs: [get, list, watch, create, delete]
-  {{- end }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -311,11 +307,9 @@ spec:
             - {{ printf "--npm-allow-scripts=%v" .Values.npmAllowScripts | quote }}
             - {{ printf "--pulumi-sdk-version=%v" .Values.pulumiSdkVersion | quote }}
             - {{ printf "--pod-security-standard=%v" .Values.podSecurityStandard | quote }}
-            {{- if .Values.installPod.enabled }}
             - {{ printf "--install-image=%v" (include "platform-operator.image" .) | quote }}
             - {{ printf "--install-state-claim=%v" (include "platform-operator.stateClaim" .) | quote }}
             - {{ printf "--install-pod-resources=%s" (toJson .Values.installPod.resources) | quote }}
-            {{- end }}
             - --state-dir={{ include "platform-operator.stateDir" . }}
             - --passphrase-file={{ include "platform-operator.passphraseDir" . }}/passphrase
             - --metrics-bind-address=0.0.0.0:{{ include "platform-operator.opsPort" . }}
