@@ -7,12 +7,13 @@
 //! and dependency trees):
 //!
 //! - **cold registry**: the registry this run started, serving its first requests;
-//! - **warm registry**: the same registry, which has just served the same packages;
-//! - **pods**: the warm registry, the controller with `--install-image` (the operator image the
-//!   real node imported): npm, the key check and every Pulumi run in install pods.
+//! - **warm registry**: the same registry, which has just served the same packages.
+//!
+//! Both controllers run with `--install-image` (the operator image the real node imported), as
+//! the chart ships them: npm, the key check and every Pulumi run in install pods.
 //!
 //! In each round a first instance at a version, then a second at the same version (in the warm
-//! and pods rounds then more, untimed, until `BENCH_INSTALLS` installs have run, default 10),
+//! round then more, untimed, until `BENCH_INSTALLS` installs have run, default 10),
 //! while the resident memory of the controller and every process under it is sampled every
 //! 100 ms (what its container's memory limit counts; an install pod's is its own). For each, the
 //! time from `kubectl apply` to `Ready` and where it went: inside npm (and how many npm runs),
@@ -460,16 +461,6 @@ async fn one(
     }
 }
 
-/// How a round's controller runs the platform program.
-#[derive(Clone, Copy, PartialEq)]
-enum Runs {
-    /// In its own process (no `--install-image`).
-    InProcess,
-    /// In install pods on the real node (`--install-image`, the operator image it imported:
-    /// what `Controller::start` gives an installing controller).
-    InPods,
-}
-
 /// A round's figures: the first and the second instance, and the controller's peak memory.
 struct Round {
     first: Figures,
@@ -519,7 +510,7 @@ async fn round(
     cluster: &e2e::shared::Shared,
     registry: &e2e::npm::RegistryHandle,
     (version, installs): (&str, usize),
-    (name, binary, runs): (&str, Option<&std::path::Path>, Runs),
+    (name, binary): (&str, Option<&std::path::Path>),
 ) -> Round {
     let fx =
         installing_fixture_for(cluster, &format!("bench-install-{name}"), installs.max(2)).await;
@@ -533,10 +524,10 @@ async fn round(
         "--log-level",
         &log_level,
     ];
-    let controller = match (binary, runs) {
-        (Some(binary), _) => Controller::start_binary(binary, cluster, &fx, &args),
-        (None, Runs::InProcess) => Controller::start_in_process(cluster, &fx, &args),
-        (None, Runs::InPods) => Controller::start(cluster, &fx, &args),
+    // npm and Pulumi run in install pods on the real node (`--install-image`).
+    let controller = match binary {
+        Some(binary) => Controller::start_binary(binary, cluster, &fx, &args),
+        None => Controller::start(cluster, &fx, &args),
     };
     let pid = controller.child.id();
     let peak = Arc::new(Mutex::new(0.0_f64));
@@ -624,28 +615,16 @@ async fn main() {
     let reg = &registry;
     let mut rounds = vec![(
         "cold",
-        round(
-            &cluster,
-            reg,
-            (&version, 2),
-            ("cold", None, Runs::InProcess),
-        )
-        .await,
+        round(&cluster, reg, (&version, 2), ("cold", None)).await,
     )];
-    // The baseline between the cold round and the warm ones, with a warm registry.
+    // The baseline between the cold round and the warm one, with a warm registry.
     if let Some(binary) = &baseline_binary {
-        let at = ("baseline", Some(binary.as_path()), Runs::InProcess);
+        let at = ("baseline", Some(binary.as_path()));
         rounds.push(("baseline", round(&cluster, reg, (&version, 2), at).await));
     }
-    let warm = ("warm", None, Runs::InProcess);
     rounds.push((
         "warm",
-        round(&cluster, reg, (&version, installs), warm).await,
-    ));
-    let pods = ("pods", None, Runs::InPods);
-    rounds.push((
-        "pods",
-        round(&cluster, reg, (&version, installs), pods).await,
+        round(&cluster, reg, (&version, installs), ("warm", None)).await,
     ));
     println!(
         "installer benchmark: {version} of the stand-in @di-framework/platform, real Pulumi CLI, one run; seconds"
@@ -657,7 +636,7 @@ async fn main() {
         );
     }
     println!(
-        "rounds: cold (a registry serving its first requests), warm (the same, warm), pods (warm, --install-image: npm and Pulumi in install pods on the real node)"
+        "rounds: cold (a registry serving its first requests), warm (the same, warm); npm and Pulumi run in install pods on the real node"
     );
     println!(
         "{:<15} {:>7} {:>6} {:>4} {:>9} {:>7} {:>5} {:>8} {:>9} {:>8} {:>10} {:>9}",

@@ -1,9 +1,9 @@
 //! End-to-end faults (issue 15, items 6, 9 and 11): the controller binary on the local control
 //! plane with the stand-in vCluster chart (named a stand-in: the real chart cannot be fetched
 //! here). A leader whose API connection stalls behind a loopback proxy is replaced only after it
-//! has stopped working; an install killed mid-way leaves no zombie; host namespaces and vCluster
-//! values carry the Pod Security levels. The control plane has a real node (where the installing
-//! controller runs, in its network namespace).
+//! has stopped working; an orphan of a tool the controller runs (helm) leaves no zombie; host
+//! namespaces and vCluster values carry the Pod Security levels. The control plane has a real
+//! node.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 mod support;
-use support::{Controller, fixture, get, installing_fixture, wait_for};
+use support::{Controller, fixture, get, wait_for};
 
 fn instance(ns: &str, name: &str) -> String {
     format!(
@@ -297,40 +297,35 @@ async fn a_leader_whose_api_connection_stalls_stops_working_before_another_takes
 }
 
 #[tokio::test]
-async fn a_killed_install_leaves_no_zombie_and_host_namespaces_carry_pod_security() {
+async fn an_orphan_of_helm_leaves_no_zombie_and_host_namespaces_carry_pod_security() {
     let cluster = e2e::shared_with_real_node().unwrap_or_else(|e| panic!("control plane: {e}"));
     cluster.install_crd().expect("CRD");
-    let fx = installing_fixture(&cluster, "zombie").await;
+    let fx = fixture(&cluster, "zombie").await;
     let team = cluster.create_namespace("team", &[]).expect("namespace");
 
-    // An npm that leaves an orphan (a child that starts a grandchild and exits at once, as a
-    // daemonising install script does) and then hangs until --install-timeout kills it.
+    // A helm that leaves an orphan (a child that starts a grandchild and exits at once, as a
+    // daemonising plugin does), then runs the real helm. The controller's only tools are helm and
+    // the post-renderer helm starts: the platform program runs in install pods.
     let orphans = fx.dir.join("orphans");
-    let npm = script(
+    let helm = script(
         &fx.dir,
-        "orphaning-npm",
+        "orphaning-helm",
         &format!(
-            "sh -c 'sleep 3600 & echo $! >> {}'\nexec sleep 3600\n",
-            orphans.display()
+            "sh -c 'sleep 5 & echo $! >> {}'\nexec {} \"$@\"\n",
+            orphans.display(),
+            cluster.helm.display()
         ),
     );
-    let npm = npm.display().to_string();
-    // In process: the reaper of the controller's own children is what this test is about.
-    let controller = Controller::start_in_process(
+    let helm = helm.display().to_string();
+    let controller = Controller::start(
         &cluster,
         &fx,
         &[
             "--leader-elect=false",
             "--watch-namespace",
             &team,
-            "--install-platform=true",
-            "--npm-binary",
-            &npm,
-            // Never reached: the stand-in npm asks no registry.
-            "--npm-registry",
-            "http://127.0.0.1:9/",
-            "--install-timeout",
-            "8s",
+            "--helm-binary",
+            &helm,
             "--pod-security-standard",
             "restricted",
         ],
@@ -342,6 +337,55 @@ async fn a_killed_install_leaves_no_zombie_and_host_namespaces_carry_pod_securit
             Some(&instance(&team, "orphans")),
         )
         .expect("apply");
+
+    // The orphan is adopted by the controller (its child subreaper) and reaped when it ends.
+    let orphan: i32 = wait_for(
+        "the stand-in helm to leave an orphan",
+        Duration::from_secs(120),
+        &controller,
+        || {
+            std::fs::read_to_string(&orphans)
+                .ok()?
+                .lines()
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        },
+    )
+    .await;
+    let adopted = controller::reaper::processes()
+        .into_iter()
+        .find(|p| p.pid == orphan)
+        .map(|p| p.ppid);
+    assert_eq!(
+        adopted,
+        Some(me),
+        "the orphan is re-parented to the controller"
+    );
+    wait_for(
+        "the orphan to end",
+        Duration::from_secs(60),
+        &controller,
+        || (!alive(orphan)).then_some(()),
+    )
+    .await;
+    // Reaping follows the child's exit signal; allow the sweep a moment, then count.
+    let zombies = wait_for(
+        "no zombie children of the controller",
+        Duration::from_secs(20),
+        &controller,
+        || {
+            let zombies: Vec<i32> = controller::reaper::processes()
+                .into_iter()
+                .filter(|p| p.ppid == me && p.state == 'Z')
+                .map(|p| p.pid)
+                .collect();
+            zombies.is_empty().then_some(zombies)
+        },
+    )
+    .await;
+    assert!(zombies.is_empty());
 
     // Pod Security: the host namespace admits the control plane and warns and audits at the
     // level enforced inside; the vCluster's values carry that level.
@@ -375,59 +419,4 @@ async fn a_killed_install_leaves_no_zombie_and_host_namespaces_carry_pod_securit
     )
     .await;
     assert_eq!(config["policies"]["podSecurityStandard"], "restricted");
-
-    // The orphan is adopted by the controller (its child subreaper), then killed with the
-    // install at the timeout, and reaped.
-    let orphan: i32 = wait_for(
-        "the stand-in npm to leave an orphan",
-        Duration::from_secs(120),
-        &controller,
-        || std::fs::read_to_string(&orphans).ok()?.trim().parse().ok(),
-    )
-    .await;
-    let adopted = controller::reaper::processes()
-        .into_iter()
-        .find(|p| p.pid == orphan)
-        .map(|p| p.ppid);
-    assert_eq!(
-        adopted,
-        Some(me),
-        "the orphan is re-parented to the controller"
-    );
-    wait_for(
-        "the install timeout to kill the orphan",
-        Duration::from_secs(60),
-        &controller,
-        || (!alive(orphan)).then_some(()),
-    )
-    .await;
-    // Reaping follows the child's exit signal; allow the sweep a moment, then count.
-    let zombies = wait_for(
-        "no zombie children of the controller",
-        Duration::from_secs(20),
-        &controller,
-        || {
-            let zombies: Vec<i32> = controller::reaper::processes()
-                .into_iter()
-                .filter(|p| p.ppid == me && p.state == 'Z')
-                .map(|p| p.pid)
-                .collect();
-            zombies.is_empty().then_some(zombies)
-        },
-    )
-    .await;
-    assert!(zombies.is_empty());
-    wait_for(
-        "the instance to say its install was stopped at the timeout",
-        Duration::from_secs(60),
-        &controller,
-        || {
-            let pi = get(&cluster, &["-n", &team, "get", "pi", "orphans"])?;
-            pi["status"]
-                .to_string()
-                .contains("--install-timeout")
-                .then_some(())
-        },
-    )
-    .await;
 }

@@ -237,15 +237,10 @@ async fn hostile_version_fails(
     std::fs::read_to_string(events).expect("the program's event log")
 }
 
-/// The event log of `pulumi up` in instance folder `dir`: in its project when an install pod ran
-/// it (the only folder of the instance it writes), beside it when the controller did.
+/// The event log of `pulumi up` in instance folder `dir`: in its project, the only folder of the
+/// instance an install pod writes.
 fn up_events(dir: &Path) -> PathBuf {
-    let in_pod = dir.join("platform/up-events.jsonl");
-    if in_pod.exists() {
-        in_pod
-    } else {
-        dir.join("up-events.jsonl")
-    }
+    dir.join("platform/up-events.jsonl")
 }
 
 fn instance_dir(fx: &Fixture, ns: &str, name: &str) -> PathBuf {
@@ -1058,64 +1053,6 @@ async fn a_killed_controller_resumes_and_bad_inputs_get_their_reasons() {
         |pi| condition(pi, "Installed").is_some_and(|c| c.1 == "RegistryUnreachable"),
     )
     .await;
-
-    // A program that tries to reach the cluster the operator runs in (the stand-in's 6.0.25)
-    // finds nothing there: the controller's own KUBECONFIG (the host's admin) and in-cluster
-    // variables naming the host API server (as the controller reaches it) do not reach it, and a
-    // kubernetes resource with no provider gets the engine's error instead of the host's ambient
-    // credentials.
-    drop(controller);
-    let controllers = cluster.node_kubeconfig.as_ref().expect("kubeconfig");
-    let host_kubeconfig = std::fs::read_to_string(controllers).expect("kubeconfig");
-    let server = host_kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("server")
-        .trim()
-        .to_string();
-    let authority = server.trim_start_matches("https://");
-    let (host, port) = authority.rsplit_once(':').expect("host:port");
-    let controller = Controller::start_with_env(
-        &cluster,
-        &fx,
-        &args,
-        &[
-            ("KUBERNETES_SERVICE_HOST", host),
-            ("KUBERNETES_SERVICE_PORT", port),
-        ],
-    );
-    let events = hostile_version_fails(&cluster, &controller, &fx, &team).await;
-    // Run in the controller's process, the program sees the operator's files (install pods,
-    // `with_an_install_image_the_install_runs_in_a_pod_of_its_own`, take them away): the probe
-    // itself works.
-    assert!(
-        events.contains("install record: read") && events.contains("other instances: listed ["),
-        "{events}"
-    );
-    assert!(
-        events.contains("stand-in host probe: the program's environment names no cluster"),
-        "the program found a cluster to reach: {}",
-        events
-            .lines()
-            .filter(|l| l.contains("host probe"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let reached = cluster
-        .kubectl()
-        .args([
-            "-n",
-            "default",
-            "get",
-            "configmap",
-            "standin-reached-the-host",
-        ])
-        .output()
-        .expect("kubectl");
-    assert!(
-        !reached.status.success(),
-        "the program wrote into the host cluster"
-    );
 }
 
 /// Issue 15, item 4: an instance deleted with `Retain` at 6.0.22 and created again at 6.0.21 is

@@ -37,14 +37,8 @@ impl Controller {
     /// platform program in install pods there, as the chart ships it (`--install-image`, the
     /// operator image the node imported; the state a hostPath of the test's folder).
     pub fn start(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
-        Self::spawn(
-            cluster,
-            fixture,
-            (&fixture.chart, &fixture.digest),
-            extra,
-            &[],
-            (true, true),
-        )
+        let ours = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
+        Self::spawn_binary(ours, cluster, fixture, extra, true)
     }
 
     /// As [`Controller::start`], watching every namespace: only for a process that has the API
@@ -57,87 +51,31 @@ impl Controller {
         extra: &[&str],
     ) -> Self {
         let ours = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
-        let chart = (fixture.chart.as_path(), fixture.digest.as_str());
-        Self::spawn_binary(
-            binary.unwrap_or(ours),
-            cluster,
-            fixture,
-            chart,
-            extra,
-            &[],
-            false,
-            true,
-        )
+        Self::spawn_binary(binary.unwrap_or(ours), cluster, fixture, extra, false)
     }
 
-    /// As [`Controller::start_in_process`], with more variables in the controller's environment
-    /// (what a program run in its process then sees).
-    pub fn start_with_env(
-        cluster: &Shared,
-        fixture: &Fixture,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Self {
-        Self::spawn(
-            cluster,
-            fixture,
-            (&fixture.chart, &fixture.digest),
-            extra,
-            env,
-            (true, false),
-        )
-    }
-
-    /// As [`Controller::start_in_process`], running `binary` (another build of the controller,
-    /// such as a benchmark's baseline) instead of this workspace's.
+    /// As [`Controller::start`], running `binary` (another build of the controller, such as a
+    /// benchmark's baseline) instead of this workspace's.
+    #[allow(dead_code)]
     pub fn start_binary(
         binary: &std::path::Path,
         cluster: &Shared,
         fixture: &Fixture,
         extra: &[&str],
     ) -> Self {
-        let chart = (fixture.chart.as_path(), fixture.digest.as_str());
-        Self::spawn_binary(binary, cluster, fixture, chart, extra, &[], true, false)
+        Self::spawn_binary(binary, cluster, fixture, extra, true)
     }
 
-    /// As [`Controller::start`], running the platform program in its own process even on a
-    /// real node (no `--install-image`): for what only an in-process run has (the reaper of its
-    /// tools' processes, the host files a program there can reach).
-    #[allow(dead_code)]
-    pub fn start_in_process(cluster: &Shared, fixture: &Fixture, extra: &[&str]) -> Self {
-        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
-        let chart = (fixture.chart.as_path(), fixture.digest.as_str());
-        Self::spawn_binary(binary, cluster, fixture, chart, extra, &[], true, false)
-    }
-
-    /// Starts this workspace's controller; `scoped`: it must watch one namespace
-    /// (`--watch-namespace`).
-    fn spawn(
-        cluster: &Shared,
-        fixture: &Fixture,
-        chart: (&std::path::Path, &str),
-        extra: &[&str],
-        env: &[(&str, &str)],
-        (scoped, pods): (bool, bool),
-    ) -> Self {
-        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_controller"));
-        Self::spawn_binary(binary, cluster, fixture, chart, extra, env, scoped, pods)
-    }
-
-    /// Starts the controller `binary`; `scoped`: it must watch one namespace
-    /// (`--watch-namespace`); `pods`: an installing controller on a cluster with a real node
-    /// runs the platform program in install pods, as the chart ships it.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts the controller `binary` with the fixture's chart; `scoped`: it must watch one
+    /// namespace (`--watch-namespace`).
     fn spawn_binary(
         binary: &std::path::Path,
         cluster: &Shared,
         fixture: &Fixture,
-        chart: (&std::path::Path, &str),
         extra: &[&str],
-        env: &[(&str, &str)],
         scoped: bool,
-        pods: bool,
     ) -> Self {
+        let chart = (fixture.chart.as_path(), fixture.digest.as_str());
         // Tests share one API server: a controller that watched every namespace would reconcile
         // the instances of the tests running beside it (with other flags), and each test would
         // see a mix of both controllers' work.
@@ -198,7 +136,7 @@ impl Controller {
                 // Install pods on the real node, their state the test's folder (a hostPath).
                 let image = cluster.operator_image.as_deref();
                 let chosen = extra.iter().any(|a| a.starts_with("--install-image"));
-                if let Some(image) = image.filter(|_| pods && !chosen) {
+                if let Some(image) = image.filter(|_| !chosen) {
                     install_account(cluster, &fixture.operator_ns);
                     cmd.arg(format!("--install-image={image}"));
                     cmd.arg(format!("--install-node={}", e2e::real_node::NODE_NAME));
@@ -210,8 +148,7 @@ impl Controller {
                     .expect("the node's kubeconfig")
             }
         };
-        cmd.envs(env.iter().copied())
-            .env("KUBECONFIG", kubeconfig)
+        cmd.env("KUBECONFIG", kubeconfig)
             .args(["--metrics-bind-address", &format!("127.0.0.1:{ops_port}")])
             // Plain HTTP: the tests read /metrics directly (e2e/tests/chart_install.rs tests
             // the secure port).
