@@ -2,7 +2,9 @@
 # The demo: a local control plane with a real node, the operator chart installed there with the
 # operator image built from the Dockerfile, the real vCluster, and the example instance, running
 # until Ctrl-C (needs root). `e2e/run-demo.sh --process` runs the webhook and the controller as
-# processes with the stand-in vCluster instead (no root needed). The first run builds the control
+# processes with the stand-in vCluster instead (no root needed); it installs no platform (the
+# program runs only in install pods: its controller runs with --install-platform=false), so the
+# example stops at Installing with its vCluster and kubeconfig. The first run builds the control
 # plane, the real node's kubelet and the real vCluster's tools from pinned sources (cached).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -3,16 +3,19 @@
 //! published into it (the real package cannot be fetched here), builds the operator image from
 //! the `Dockerfile` with the real vCluster chart inside, `helm install`s the operator chart on the
 //! real node ([`e2e::operator_on_node`]), applies the example instance, waits for it to be
-//! `Ready` (the real vCluster, the platform installed by the real Pulumi CLI from the
-//! controller's pod), prints `kubectl get pi -A`, its endpoints and where its kubeconfig is, and
+//! `Ready` (the real vCluster, the platform installed by the real Pulumi CLI in an install pod
+//! on the node), prints `kubectl get pi -A`, its endpoints and where its kubeconfig is, and
 //! runs until Ctrl-C.
 //!
-//! `up --process` keeps the older, lighter mode (no root needed): the webhook and the controller
-//! run as processes on this machine with the **stand-in** vCluster chart and syncer, which
-//! export a kubeconfig for a second API server with exactly the certificate names vCluster would
-//! serve.
+//! `up --process` is the lighter mode (no root needed): the webhook and the controller run as
+//! processes on this machine with the **stand-in** vCluster chart and syncer, which export a
+//! kubeconfig for a second API server with exactly the certificate names vCluster would serve.
+//! The platform program runs only in install pods, which this mode does not start: its
+//! controller runs with `--install-platform=false`, and the example stops at `Installing` with
+//! its vCluster serving and its kubeconfig written (condition `Installed`, reason
+//! `InstallerDisabled`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -47,7 +50,9 @@ enum Cmd {
         /// Run the webhook and the controller as processes on this machine with the stand-in
         /// vCluster, instead of the operator chart and the real vCluster on a real node (which
         /// need root, the Debian packages e2e/run-tests.sh installs and the real vCluster's
-        /// tools, `e2e/tools/build.sh vcluster`).
+        /// tools, `e2e/tools/build.sh vcluster`). The platform program is not installed: the
+        /// controller runs with --install-platform=false (the program runs only in install
+        /// pods), so the example stops at Installing with its vCluster and kubeconfig.
         #[arg(long)]
         process: bool,
         /// With --process: also start a real node (containerd, runc, CNI, kubelet, kube-proxy
@@ -78,10 +83,11 @@ enum Operator {
     },
 }
 
-/// The running demo: the control plane, the npm registry and the operator.
+/// The running demo: the control plane, the npm registry (with the chart: the process mode
+/// installs no platform) and the operator.
 struct Demo {
     cp: ControlPlane,
-    registry: e2e::npm::Registry,
+    registry: Option<e2e::npm::Registry>,
     operator: Operator,
 }
 
@@ -150,9 +156,19 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     print!("{out}");
-    eprintln!(
-        "waiting for the example to be Ready (the vCluster starts, npm and pulumi install the platform)"
-    );
+    // With the chart: Ready. As processes the platform is not installed (no install pods): the
+    // instance stops at Installing, its vCluster serving and its kubeconfig written.
+    let (goal, done) = match demo.operator {
+        Operator::Chart => (
+            "Ready (the vCluster starts, npm and pulumi install the platform in install pods)",
+            "Ready",
+        ),
+        Operator::Process { .. } => (
+            "Installing with its vCluster and kubeconfig (--process installs no platform: the program runs only in install pods)",
+            "Installing",
+        ),
+    };
+    eprintln!("waiting for the example to be {goal}");
     let deadline = Instant::now() + Duration::from_secs(900);
     let mut last = String::new();
     loop {
@@ -169,12 +185,13 @@ async fn main() -> anyhow::Result<()> {
             );
             last = phases.clone();
         }
-        if !phases.is_empty() && phases.split_whitespace().all(|p| p == "Ready") {
+        let reached = !phases.is_empty() && phases.split_whitespace().all(|p| p == done);
+        if reached && (done == "Ready" || installer_disabled(&cluster)) {
             break;
         }
         if Instant::now() > deadline {
             eprintln!(
-                "the example is not Ready yet; see kubectl describe pi -A and {}",
+                "the example is not {done} yet; see kubectl describe pi -A and {}",
                 demo.controller_logs()
             );
             break;
@@ -211,11 +228,13 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "Then: kubectl describe pi -n {namespace} {name}; kubectl get secret -n {namespace}; kubectl get ns -l platform.di-framework.dev/host-namespace"
     );
-    println!(
-        "The stand-in platform package is served by the npm registry at {} (log {}).",
-        demo.registry.url(),
-        demo.registry.handle().log().display()
-    );
+    if let Some(registry) = &demo.registry {
+        println!(
+            "The stand-in platform package is served by the npm registry at {} (log {}).",
+            registry.url(),
+            registry.handle().log().display()
+        );
+    }
     demo.print_notes(&namespace, &name)?;
     println!(
         "Logs: {}; the control plane's in {}/logs. Press Ctrl-C to stop.",
@@ -265,12 +284,33 @@ async fn up_chart() -> anyhow::Result<Demo> {
     );
     Ok(Demo {
         cp,
-        registry,
+        registry: Some(registry),
         operator: Operator::Chart,
     })
 }
 
-/// The webhook and the controller as processes, with the stand-in vCluster.
+/// Whether every instance says the platform program is not run (condition `Installed`, reason
+/// `InstallerDisabled`): its vCluster serves and its kubeconfig is written, all a controller with
+/// `--install-platform=false` does.
+fn installer_disabled(cluster: &e2e::shared::Shared) -> bool {
+    let reasons = cluster
+        .kubectl_ok(
+            &[
+                "get",
+                "pi",
+                "-A",
+                "-o",
+                r#"jsonpath={range .items[*]}{.status.conditions[?(@.type=="Installed")].reason}{" "}{end}"#,
+            ],
+            None,
+        )
+        .unwrap_or_default();
+    let reasons: Vec<&str> = reasons.split_whitespace().collect();
+    !reasons.is_empty() && reasons.iter().all(|r| *r == "InstallerDisabled")
+}
+
+/// The webhook and the controller as processes, with the stand-in vCluster; the controller runs
+/// with `--install-platform=false` (the platform program runs only in install pods).
 async fn up_process(bin_dir: Option<PathBuf>, real_node: bool) -> anyhow::Result<Demo> {
     let bin_dir = bin_dir.unwrap_or_else(|| {
         std::env::var_os("CARGO_TARGET_DIR")
@@ -321,16 +361,6 @@ async fn up_process(bin_dir: Option<PathBuf>, real_node: bool) -> anyhow::Result
     let values = chart_dir.join("standin-values.yaml");
     std::fs::write(&values, "{}\n")?;
 
-    // The npm registry with the stand-in platform package, and the installer's tools.
-    eprintln!("starting the npm registry with the stand-in @di-framework/platform");
-    let registry = e2e::npm::Registry::start(&cp.dir().join("npm-registry"))?;
-    registry.publish_standins()?;
-    let tools = e2e::tools::Tools::locate()?;
-    let tool_bin = tools
-        .bin("pulumi")
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
     let passphrase = cp.dir().join("passphrase");
     std::fs::write(&passphrase, format!("demo-{}", std::process::id()))?;
 
@@ -355,21 +385,13 @@ async fn up_process(bin_dir: Option<PathBuf>, real_node: bool) -> anyhow::Result
     let mut controller = Command::new(bin_dir.join("controller"));
     controller
         .env("KUBECONFIG", cp.kubeconfig())
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                tool_bin.display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .args(["--npm-registry", registry.url()])
+        // The platform program runs only in install pods, which this mode does not start: the
+        // instance stops at Installing with its vCluster and kubeconfig.
+        .arg("--install-platform=false")
         .arg(format!(
             "--cleanup-image={}",
             cp.operator_image().unwrap_or(e2e::chart::TEST_IMAGE)
         ))
-        .arg("--pulumi-binary")
-        .arg(tools.bin("pulumi"))
         .arg("--passphrase-file")
         .arg(&passphrase)
         .args([
@@ -406,7 +428,7 @@ async fn up_process(bin_dir: Option<PathBuf>, real_node: bool) -> anyhow::Result
 
     Ok(Demo {
         cp,
-        registry,
+        registry: None,
         operator: Operator::Process {
             inner: Box::new(inner),
             _syncer: syncer,
@@ -496,9 +518,8 @@ impl Demo {
             }
             Operator::Process { inner, .. } => {
                 println!(
-                    "The stand-in vCluster's API server is at {}; the instance's Pulumi project is under {}/state.",
-                    inner.server(),
-                    self.cp.dir().display()
+                    "The stand-in vCluster's API server is at {}; the platform is not installed into it (--process runs the controller with --install-platform=false: the program runs only in install pods, which the chart mode starts on its real node).",
+                    inner.server()
                 );
                 let storage = self.cp.dir().join("storage");
                 println!(
