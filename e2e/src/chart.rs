@@ -282,12 +282,39 @@ pub fn service_account_kubeconfig(
     account: &str,
     path: &Path,
 ) -> Result<(), HarnessError> {
+    account_kubeconfig(cluster, (namespace, account), path, &cluster.kubeconfig)
+}
+
+/// As [`service_account_kubeconfig`], for a process started in the real node's network namespace
+/// ([`Shared::node_netns`]): its server is the API server as the node reaches it, that of
+/// [`Shared::node_kubeconfig`] (`https://127.0.0.1:6443`, the API server relay there).
+pub fn service_account_node_kubeconfig(
+    cluster: &Shared,
+    namespace: &str,
+    account: &str,
+    path: &Path,
+) -> Result<(), HarnessError> {
+    let node = cluster
+        .node_kubeconfig
+        .as_deref()
+        .ok_or_else(|| HarnessError::Node("the control plane has no real node".into()))?;
+    account_kubeconfig(cluster, (namespace, account), path, node)
+}
+
+/// Writes to `path` a kubeconfig for `account` of `namespace` with a fresh token, its cluster
+/// (server and CA) that of the admin kubeconfig `server_from`.
+fn account_kubeconfig(
+    cluster: &Shared,
+    (namespace, account): (&str, &str),
+    path: &Path,
+    server_from: &Path,
+) -> Result<(), HarnessError> {
     let token = cluster.kubectl_ok(
         &["create", "token", account, "-n", namespace, "--duration=2h"],
         None,
     )?;
-    let admin = std::fs::read_to_string(&cluster.kubeconfig)
-        .map_err(|e| HarnessError::io(&cluster.kubeconfig, e))?;
+    let admin =
+        std::fs::read_to_string(server_from).map_err(|e| HarnessError::io(server_from, e))?;
     let admin: Value = serde_saphyr::from_str(&admin)
         .map_err(|e| HarnessError::Client(format!("admin kubeconfig: {e}")))?;
     let cluster_entry = admin["clusters"][0]["cluster"].clone();

@@ -12,7 +12,9 @@
 //!   node's namespace, only IP addresses (no name is ever looked up).
 //!
 //! More doors are [`Relay`]s: a port in the namespace (any free one with port 0) carried to a
-//! server of the test on the machine's loopback, closed when dropped.
+//! server of the test on the machine's loopback, closed when dropped; and [`ReverseRelay`]s, the
+//! other way: a port on the machine's loopback carried to a server a test started on the
+//! namespace's own loopback.
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -481,37 +483,7 @@ impl Relay {
             .local_addr()
             .map_err(|e| HarnessError::io(Path::new(name), e))?
             .port();
-        let (stop, mut stopped) = tokio::sync::watch::channel(());
-        let thread = crate::process::spawn_on_own_runtime(name, move || async move {
-            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                return;
-            };
-            let slots = Arc::new(Semaphore::new(in_flight));
-            let upstream = SocketAddr::from(([127, 0, 0, 1], upstream));
-            loop {
-                let accepted = tokio::select! {
-                    _ = stopped.changed() => return,
-                    accepted = listener.accept() => accepted,
-                };
-                let Ok((mut inside, _)) = accepted else {
-                    continue;
-                };
-                let permit = tokio::select! {
-                    _ = stopped.changed() => return,
-                    permit = slots.clone().acquire_owned() => permit,
-                };
-                let Ok(permit) = permit else {
-                    return;
-                };
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    if let Ok(mut outside) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inside, &mut outside).await;
-                    }
-                });
-            }
-        })
-        .map_err(|e| HarnessError::io(Path::new(name), e))?;
+        let (stop, thread) = carry(name, listener, upstream, in_flight, None)?;
         Ok(Relay {
             name,
             port,
@@ -533,6 +505,114 @@ impl Drop for Relay {
             let _ = thread.join();
         }
     }
+}
+
+/// A door out of a network namespace: a port on the machine's 127.0.0.1 whose connections are
+/// carried to `127.0.0.1:<inner>` inside the namespace (a server a test started there, such as
+/// the operations port of a controller run in a real node's namespace), which so becomes
+/// reachable from the machine. It carries at most [`MAX_IN_FLIGHT`] connections at once (more
+/// wait) and stops when dropped: its listener closed and the connections it carries ended.
+pub struct ReverseRelay {
+    name: &'static str,
+    port: u16,
+    /// Dropped (or sent) to stop it.
+    stop: tokio::sync::watch::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ReverseRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReverseRelay")
+            .field("name", &self.name)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+impl ReverseRelay {
+    /// Opens a free port on the machine's 127.0.0.1 ([`ReverseRelay::port`] says which), carrying
+    /// each connection to `127.0.0.1:inner` inside the namespace `netns` (dialled from a thread
+    /// that entered it).
+    pub fn open(netns: &NetnsHandle, name: &'static str, inner: u16) -> Result<Self, HarnessError> {
+        let io = |e| HarnessError::io(Path::new(name), e);
+        // Bound by the calling thread, in the machine's namespace; the socket stays there.
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io)?;
+        listener.set_nonblocking(true).map_err(io)?;
+        let port = listener.local_addr().map_err(io)?.port();
+        let netns = netns
+            .try_clone()
+            .map_err(|e| HarnessError::io(Path::new("/run/netns"), e))?;
+        let (stop, thread) = carry(name, listener, inner, MAX_IN_FLIGHT, Some(netns))?;
+        Ok(ReverseRelay {
+            name,
+            port,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The port it listens on, on the machine's 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for ReverseRelay {
+    fn drop(&mut self) {
+        self.stop.send_replace(());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Carries each connection `listener` accepts to `127.0.0.1:upstream`, at most `in_flight` at
+/// once, on a thread of its own (named `name`) with a runtime of its own, which first enters
+/// `dial_in` when given: the connections to `upstream` are made in that namespace. Stops when
+/// the returned sender is dropped or sent to.
+fn carry(
+    name: &'static str,
+    listener: std::net::TcpListener,
+    upstream: u16,
+    in_flight: usize,
+    dial_in: Option<NetnsHandle>,
+) -> Result<(tokio::sync::watch::Sender<()>, std::thread::JoinHandle<()>), HarnessError> {
+    let (stop, mut stopped) = tokio::sync::watch::channel(());
+    let thread = crate::process::spawn_on_own_runtime(name, move || async move {
+        // A current-thread runtime: every socket its tasks dial is made on this thread.
+        if dial_in.is_some_and(|netns| netns.enter_thread().is_err()) {
+            return;
+        }
+        let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+            return;
+        };
+        let slots = Arc::new(Semaphore::new(in_flight));
+        let upstream = SocketAddr::from(([127, 0, 0, 1], upstream));
+        loop {
+            let accepted = tokio::select! {
+                _ = stopped.changed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((mut inside, _)) = accepted else {
+                continue;
+            };
+            let permit = tokio::select! {
+                _ = stopped.changed() => return,
+                permit = slots.clone().acquire_owned() => permit,
+            };
+            let Ok(permit) = permit else {
+                return;
+            };
+            tokio::spawn(async move {
+                let _permit = permit;
+                if let Ok(mut outside) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inside, &mut outside).await;
+                }
+            });
+        }
+    })
+    .map_err(|e| HarnessError::io(Path::new(name), e))?;
+    Ok((stop, thread))
 }
 
 impl Drop for NodeNetwork {

@@ -10,8 +10,10 @@
 //!   chart's own arguments under the chart's ServiceAccounts (tokens from the TokenRequest API):
 //!   the webhook defaults and validates an instance, the controller provisions it with the
 //!   **stand-in** vCluster chart and installs the **stand-in** `@di-framework/platform` (the real
-//!   ones cannot be fetched here) from a local npm registry, restores a deleted `service/vcluster`,
-//!   and deletes it with `deletionPolicy: Delete`. Any `forbidden` in either log fails the test.
+//!   ones cannot be fetched here) from a local npm registry in install pods on the real node,
+//!   restores a deleted `service/vcluster`, and deletes it with `deletionPolicy: Delete`. Any
+//!   `forbidden` in either log, and any npm, node or Pulumi process in the controller's process
+//!   tree, fails the test.
 //!   Both serve `/metrics` securely (the chart's default): 401 without or with a bad token, 403
 //!   for a ServiceAccount without platform-operator-metrics-reader; a real Prometheus (Debian's
 //!   package) scrapes both over HTTPS with a reader's token, and the key series, `promtool check
@@ -20,9 +22,14 @@
 //! The chart's Deployments never run the binaries here (KWOK runs no containers, and the chart's
 //! digest is one no image has): the processes run on the host with the flags the chart rendered,
 //! and only paths and listen addresses changed for the host. The `rbac.clusterAdmin=false` test's
-//! control plane has a real node, where the vCluster's control plane pod and the cleanup Job run
-//! (the chart's `cleanupImage` is the operator image built from the Dockerfile, its
-//! `storageRootBase` a folder of the test).
+//! control plane has a real node, where the vCluster's control plane pod, the install pods and
+//! the cleanup Job run (the chart's `cleanupImage` and the controller's `--install-image` are the
+//! operator image built from the Dockerfile, its `storageRootBase` a folder of the test). Its
+//! controller runs in the node's network namespace, as in its pod: it reaches the API server
+//! through the node's relay, the stand-in vCluster and the npm registry (as its install pods do)
+//! through relays on the node's address, and the tests and Prometheus reach its operations port
+//! through a door on the machine's loopback (`node_net::ReverseRelay`). Its install pods mount
+//! `--state-dir` from the node (no `--install-state-claim`; the node is this machine).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,8 +38,10 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use e2e::chart::{
     Helm, Rendered, TEST_DIGEST, chart_dir, operator_binaries, service_account_kubeconfig,
+    service_account_node_kubeconfig,
 };
 use e2e::control_plane::free_port;
+use e2e::node_net::{NODE_IP, NetnsHandle, Relay, ReverseRelay};
 use e2e::shared::Shared;
 use e2e::standin_vcluster::StandInSyncer;
 use e2e::{ControlPlane, Options};
@@ -165,19 +174,26 @@ struct Proc {
     name: &'static str,
     child: std::cell::RefCell<Child>,
     log: PathBuf,
+    /// The operations port on the machine's loopback (a reverse relay's for a process in the
+    /// real node's network namespace).
     ops_port: u16,
     metrics_ca: String,
+    /// For a process in the real node's network namespace: the door from the machine's
+    /// loopback to its operations port there.
+    _door: Option<ReverseRelay>,
 }
 
 impl Proc {
+    /// Starts `bin`, listening on `ops_port` (with the certificate of `metrics_ca`) on the
+    /// loopback of the namespace it runs in: the machine's, or `netns`, whose port is then
+    /// carried to a free one on the machine's loopback ([`ReverseRelay`]).
     fn start(
         name: &'static str,
-        bin: &Path,
-        args: &[String],
+        (bin, args): (&Path, &[String]),
         env: &[(&str, String)],
         log: PathBuf,
-        ops_port: u16,
-        metrics_ca: String,
+        (ops_port, metrics_ca): (u16, String),
+        netns: Option<&NetnsHandle>,
     ) -> Self {
         let file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(bin);
@@ -189,13 +205,18 @@ impl Proc {
             cmd.env(k, v);
         }
         e2e::process::die_with_parent(&mut cmd);
+        let door = netns.map(|netns| {
+            netns.enter_on_spawn(&mut cmd);
+            ReverseRelay::open(netns, "ops-door", ops_port).expect("a door to the ops port")
+        });
         let child = cmd.spawn().unwrap_or_else(|e| panic!("{name} starts: {e}"));
         Proc {
             name,
             child: std::cell::RefCell::new(child),
             log,
-            ops_port,
+            ops_port: door.as_ref().map_or(ops_port, ReverseRelay::port),
             metrics_ca,
+            _door: door,
         }
     }
 
@@ -278,15 +299,24 @@ impl Drop for Proc {
     }
 }
 
-/// The arguments of Deployment `name` as rendered, each `--flag=...` in `replace` swapped for
-/// the value given, and `add` appended.
+/// The arguments of Deployment `name` as rendered, each `--flag=...` in `remove` dropped, each
+/// in `replace` swapped for the value given, and `add` appended.
 fn host_args(
     rendered: &Rendered,
     deployment: &str,
-    replace: &[(&str, String)],
+    (remove, replace): (&[&str], &[(&str, String)]),
     add: &[String],
 ) -> Vec<String> {
     let mut args = rendered.args(deployment);
+    for flag in remove {
+        let prefix = format!("{flag}=");
+        let before = args.len();
+        args.retain(|a| !a.starts_with(&prefix));
+        assert!(
+            args.len() < before,
+            "the chart does not pass {flag} to {deployment}: {args:?}"
+        );
+    }
     for (flag, value) in replace {
         let prefix = format!("{flag}=");
         let at = args
@@ -330,13 +360,16 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
     let args = host_args(
         &rendered,
         "platform-operator-webhook",
-        &[
-            (
-                "--admission-bind-address",
-                format!("127.0.0.1:{admission_port}"),
-            ),
-            ("--metrics-bind-address", format!("127.0.0.1:{ops_port}")),
-        ],
+        (
+            &[],
+            &[
+                (
+                    "--admission-bind-address",
+                    format!("127.0.0.1:{admission_port}"),
+                ),
+                ("--metrics-bind-address", format!("127.0.0.1:{ops_port}")),
+            ],
+        ),
         &[
             "--extra-san=127.0.0.1".into(),
             "--log-level=info,webhook=debug".into(),
@@ -345,16 +378,15 @@ fn start_webhook(cluster: &Shared, helm: &Helm, ns: &str, dir: &Path, admission_
     );
     Proc::start(
         "webhook",
-        &webhook_bin,
-        &args,
+        (&webhook_bin, &args),
         &[
             ("KUBECONFIG", kubeconfig.display().to_string()),
             ("POD_NAMESPACE", ns.to_string()),
             ("POD_NAME", "platform-operator-webhook-e2e".to_string()),
         ],
         dir.join(format!("webhook-{ops_port}.log")),
-        ops_port,
-        metrics_ca,
+        (ops_port, metrics_ca),
+        None,
     )
 }
 
@@ -657,14 +689,34 @@ fn condition(pi: &Value, type_: &str) -> Option<(String, String)> {
         })
 }
 
-/// The stand-in vCluster chart (`e2e/standin-vcluster`; the real chart cannot be fetched here),
-/// packaged, its digest, (empty) extra values, a second API server (the vCluster's inside) and
-/// the stand-in syncer in front of it for the cluster of `host_kubeconfig`.
+/// The stand-in vCluster (`e2e/standin-vcluster`; the real chart cannot be fetched here).
+struct StandIn {
+    /// The packaged chart.
+    chart: PathBuf,
+    /// Its digest.
+    digest: String,
+    /// The (empty) extra values.
+    values: PathBuf,
+    /// The stand-in syncer, held while the test runs; stopped before the inside API server.
+    _syncer: StandInSyncer,
+    /// The vCluster's inside: a second API server.
+    _inner: ControlPlane,
+    /// The door to it from the real node's network namespace, the server its exported
+    /// kubeconfigs name.
+    _relay: Relay,
+}
+
+/// The stand-in vCluster chart, packaged, its digest, (empty) extra values, a second API server
+/// (the vCluster's inside) and the stand-in syncer in front of it for the cluster of
+/// `host_kubeconfig`, exporting kubeconfigs whose server is a relay from the node's address in
+/// `netns` to that API server (`https://10.254.0.2:<port>`, the same `tls-server-name`): where
+/// the controller and its install pods reach it.
 async fn standin_vcluster(
     helm: &Helm,
     dir: &Path,
     host_kubeconfig: &Path,
-) -> (PathBuf, String, PathBuf, StandInSyncer, ControlPlane) {
+    netns: &NetnsHandle,
+) -> StandIn {
     let chart =
         e2e::standin_vcluster::package_chart(helm.bin(), dir, e2e::standin_vcluster::CHART_VERSION)
             .expect("helm package");
@@ -677,10 +729,21 @@ async fn standin_vcluster(
     let inner = ControlPlane::start(Options::new("chart-vcluster-inside").standin_vcluster())
         .await
         .expect("inner API server");
-    let syncer = StandInSyncer::start(host_kubeconfig, &inner).expect("stand-in syncer");
+    let relay =
+        Relay::open(netns, "vcluster-relay", 0, inner.port()).expect("relay the inner API server");
+    let advertised = format!("https://{NODE_IP}:{}", relay.port());
+    let syncer = StandInSyncer::start_advertising(host_kubeconfig, &inner, Some(advertised))
+        .expect("stand-in syncer");
     let values = dir.join("standin-values.yaml");
     std::fs::write(&values, "{}\n").expect("values");
-    (chart, format!("sha256:{digest}"), values, syncer, inner)
+    StandIn {
+        chart,
+        digest: format!("sha256:{digest}"),
+        values,
+        _syncer: syncer,
+        _inner: inner,
+        _relay: relay,
+    }
 }
 
 /// Audit every request of every ServiceAccount (metadata only), once per request.
@@ -691,14 +754,21 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStage
 const NOT_SEEN_HERE: &[(&str, &str)] = &[
     // What the vCluster chart's Role grants its syncer (Kubernetes lets Helm create that Role
     // only with permissions the operator holds): the stand-in chart creates the same Role, but
-    // no syncer runs under it here.
-    ("pods", "*"),
+    // no syncer runs under it here. The controller itself lists and watches pods (the control
+    // planes' and its install pods) and deletes an ended install pod the garbage collector has
+    // not reached yet (a race it may lose to the collector).
+    ("pods", "get"),
+    ("pods", "create"),
+    ("pods", "update"),
+    ("pods", "patch"),
+    ("pods", "delete"),
     ("pods/attach", "*"),
     ("pods/portforward", "*"),
     ("pods/exec", "*"),
     ("pods/status", "*"),
     ("pods/ephemeralcontainers", "*"),
     ("pods/resize", "*"),
+    // The controller reads an install pod's log only when the pod ended without an outcome.
     ("pods/log", "*"),
     ("persistentvolumeclaims", "*"),
     ("endpoints", "*"),
@@ -724,10 +794,6 @@ const NOT_SEEN_HERE: &[(&str, &str)] = &[
     // the controller scales the control plane to zero first (a patch), only when it exists.
     ("services", "patch"),
     ("deployments", "patch"),
-    // The cleanup Role's `delete jobs`: used only to replace a cleanup Job another instance of
-    // the same name left (a Job of another UID), which this install never meets; the
-    // replacement is exercised in controller/tests/ownership.rs.
-    ("jobs", "delete"),
     // PersistentVolumes: read and set to Retain only while an instance whose host namespace has
     // bound volumes is deleted with Retain, which this install never does; exercised in
     // controller/tests/e2e.rs retain_keeps_the_volumes_bound_in_the_host_namespace.
@@ -773,6 +839,25 @@ fn secrets_touched(audit: &Path, user: &str) -> std::collections::BTreeSet<(Stri
         .collect()
 }
 
+/// `(verb, namespace, name)` of every request `user` made on `resource`, from the audit log (name
+/// empty for a create or a list).
+fn requests_on(
+    audit: &Path,
+    user: &str,
+    resource: &str,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    let text = std::fs::read_to_string(audit).expect("audit log");
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["user"]["username"] == user && e["objectRef"]["resource"] == resource)
+        .map(|e| {
+            let r = &e["objectRef"];
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (text(&e["verb"]), text(&r["namespace"]), text(&r["name"]))
+        })
+        .collect()
+}
+
 /// `(group, resource, verb)` of every rule of the `Kind/name` roles in `rendered`.
 fn granted(rendered: &Rendered, roles: &[&str]) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
@@ -793,6 +878,59 @@ fn granted(rendered: &Rendered, roles: &[&str]) -> Vec<(String, String, String)>
         }
     }
     out
+}
+
+/// Samples, every 200 ms until `stop` is set, the processes descended from `pid` (the
+/// controller: its container's processes); ends with the command lines of those that were the
+/// platform program's tools (npm, node, Pulumi), which run only in install pods.
+fn watch_for_tools(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<std::collections::BTreeSet<String>> {
+    std::thread::spawn(move || {
+        let mut seen = std::collections::BTreeSet::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // Every process's parent, from /proc/<pid>/stat (after the command's closing paren).
+            let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|entry| {
+                    let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+                    let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    let parent = rest.split_whitespace().nth(1)?.parse().ok()?;
+                    Some((child, parent))
+                })
+                .collect();
+            let mut tree = vec![pid];
+            let mut at = 0;
+            while let Some(&parent) = tree.get(at) {
+                tree.extend(
+                    parents
+                        .iter()
+                        .filter(|(_, p)| *p == parent)
+                        .map(|(c, _)| *c),
+                );
+                at += 1;
+            }
+            for descendant in &tree[1..] {
+                let path = format!("/proc/{descendant}/cmdline");
+                let cmdline = std::fs::read(path).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                let tool = cmdline.split(' ').take(2).any(|word| {
+                    let file = word.rsplit('/').next().unwrap_or(word);
+                    ["npm", "npx", "node", "npm-cli.js"].contains(&file)
+                        || file.starts_with("pulumi")
+                });
+                if tool {
+                    seen.insert(cmdline);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        seen
+    })
 }
 
 fn scraper_token(cluster: &Shared, ns: &str, account: &str, reader: bool) -> String {
@@ -978,7 +1116,7 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
     let policy = dir.join("audit-policy.yaml");
     std::fs::write(&policy, AUDIT_POLICY).expect("audit policy");
     let audit = dir.join("audit.log");
-    // A real node runs the vCluster's control plane pod and the cleanup Job.
+    // A real node runs the vCluster's control plane pod, the install pods and the cleanup Job.
     let plane = ControlPlane::start(
         Options::new("chart-rbac")
             .real_node_for_jobs()
@@ -991,9 +1129,20 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
     .await
     .expect("control plane");
     let cluster = plane.handle();
-    let cleanup_image = cluster.operator_image.clone().expect("the operator image");
+    let operator_image = cluster.operator_image.clone().expect("the operator image");
     let helm = Helm::for_cluster(&cluster);
+    // The controller runs in the real node's network namespace, as in its pod, and each install
+    // in an install pod on the node: both reach the npm registry through a relay on the node's
+    // address.
+    let netns = cluster
+        .node_netns
+        .as_deref()
+        .expect("the real node's namespace");
+    let netns = NetnsHandle::open(netns).expect("the node's network namespace");
     let registry = e2e::npm::shared().expect("npm registry");
+    let registry_port = registry.port().expect("the registry's port");
+    let npm_relay = Relay::open(&netns, "npm-relay", 0, registry_port).expect("relay the registry");
+    let registry_url = format!("http://{NODE_IP}:{}/", npm_relay.port());
     let (controller_bin, _) = operator_binaries().expect("operator binaries");
     // The seed: the namespace the cleanup Jobs run in admits privileged pods.
     let ns = cluster
@@ -1002,8 +1151,8 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
             &[("pod-security.kubernetes.io/enforce", "privileged")],
         )
         .expect("namespace");
-    let registry_set = format!("npmRegistry={}", registry.url());
-    let cleanup_image_set = format!("cleanupImage={cleanup_image}");
+    let registry_set = format!("npmRegistry={registry_url}");
+    let cleanup_image_set = format!("cleanupImage={operator_image}");
     let storage_set = format!("storageRootBase={}", dir.join("storage").display());
     let out = helm_release(
         &helm,
@@ -1011,12 +1160,9 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
         &ns,
         &[
             "rbac.clusterAdmin=false",
-            // The controller runs here as a process beside the node with the stand-in vCluster,
-            // its installs in process; install pods under these accounts run in real_vcluster.rs.
-            "installPod.enabled=false",
             "targetPoll=1s",
             "webhook.certLifetime=60s",
-            "installTimeout=5m",
+            "installTimeout=10m",
             &registry_set,
             &cleanup_image_set,
             &storage_set,
@@ -1074,35 +1220,43 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
     )
     .await;
 
-    // The controller: the chart's arguments, with the state volume and the mounted passphrase
-    // as host paths, and the image's vCluster chart and tools as the stand-in chart and the
-    // tools on PATH (helm, pulumi and its Node.js language host from the tool cache; node, npm).
-    let (chart, chart_digest, values, syncer, inner) =
-        standin_vcluster(&helm, &dir, &cluster.kubeconfig).await;
+    // The controller: the chart's arguments, in the real node's network namespace (its API
+    // server on https://127.0.0.1:6443 there, its operations port carried to the machine's
+    // loopback), with the state volume and the mounted passphrase as host paths, the image's
+    // vCluster chart and helm as the stand-in chart and the tool cache's helm on PATH. Its
+    // installs run in install pods on the node from the operator image the node imported,
+    // their state a hostPath of --state-dir (no claim: the node is this machine).
+    let standin = standin_vcluster(&helm, &dir, &cluster.kubeconfig, &netns).await;
     let passphrase_file = dir.join("passphrase");
     std::fs::write(&passphrase_file, passphrase(&cluster, &ns).1).expect("passphrase file");
     let kubeconfig = dir.join("controller.kubeconfig");
-    service_account_kubeconfig(&cluster, &ns, "platform-operator", &kubeconfig)
+    service_account_node_kubeconfig(&cluster, &ns, "platform-operator", &kubeconfig)
         .expect("controller token");
     let ops_port = free_port().expect("port");
+    let state = dir.join("state");
     let args = host_args(
         &rendered,
         "platform-operator-controller",
+        (
+            &["--install-state-claim"],
+            &[
+                ("--state-dir", state.display().to_string()),
+                ("--passphrase-file", passphrase_file.display().to_string()),
+                ("--metrics-bind-address", format!("127.0.0.1:{ops_port}")),
+                ("--install-image", operator_image.clone()),
+            ],
+        ),
         &[
-            ("--state-dir", dir.join("state").display().to_string()),
-            ("--passphrase-file", passphrase_file.display().to_string()),
-            ("--metrics-bind-address", format!("127.0.0.1:{ops_port}")),
-        ],
-        &[
-            format!("--vcluster-chart={}", chart.display()),
-            format!("--vcluster-extra-values={}", values.display()),
+            format!("--vcluster-chart={}", standin.chart.display()),
+            format!("--vcluster-extra-values={}", standin.values.display()),
             "--log-level=info,controller=debug".into(),
             // The webhook's certificate folder (start_webhook wrote it).
             format!("--metrics-cert-dir={}", dir.join("metrics-tls").display()),
+            format!("--install-node={}", e2e::real_node::NODE_NAME),
         ],
     );
     assert!(
-        args.contains(&format!("--npm-registry={}", registry.url())),
+        args.contains(&format!("--npm-registry={registry_url}")),
         "{args:?}"
     );
     let tools = e2e::tools::Tools::locate().expect("tools");
@@ -1114,21 +1268,27 @@ async fn the_operator_runs_under_the_charts_accounts_with_rbac_cluster_admin_fal
     );
     let controller = Proc::start(
         "controller",
-        &controller_bin,
-        &args,
+        (&controller_bin, &args),
         &[
             ("KUBECONFIG", kubeconfig.display().to_string()),
             ("POD_NAMESPACE", ns.clone()),
             ("POD_NAME", "platform-operator-controller-e2e".into()),
-            ("VCLUSTER_CHART_SHA256", chart_digest),
+            ("VCLUSTER_CHART_SHA256", standin.digest.clone()),
             ("PATH", path),
         ],
         dir.join(format!("controller-{ops_port}.log")),
-        ops_port,
-        std::fs::read_to_string(dir.join("metrics-tls/ca.crt")).expect("metrics CA"),
+        (
+            ops_port,
+            std::fs::read_to_string(dir.join("metrics-tls/ca.crt")).expect("metrics CA"),
+        ),
+        Some(&netns),
     );
     controller.wait_ready().await;
     let procs = [&webhook, &controller];
+    // No npm, node or Pulumi process ever runs in the controller's process tree.
+    let stop_watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let controller_pid = controller.child.borrow().id();
+    let tools_seen = watch_for_tools(controller_pid, stop_watching.clone());
 
     // Secure metrics: only a token the API server accepts, whose user may get /metrics.
     let reader = scraper_token(&cluster, &ns, "prometheus-e2e", true);
@@ -1216,7 +1376,8 @@ spec:
     };
     let pi = eventually(
         "the instance to be Ready",
-        Duration::from_secs(480),
+        // npm and then Pulumi, each in an install pod of its own, on two shared cores.
+        Duration::from_secs(900),
         &procs,
         show,
         || {
@@ -1355,7 +1516,26 @@ spec:
     }
     webhook.assert_never_forbidden();
     controller.assert_never_forbidden();
+    stop_watching.store(true, std::sync::atomic::Ordering::Relaxed);
+    let tools_seen = tools_seen.join().expect("the process watch");
+    assert!(
+        tools_seen.is_empty(),
+        "the platform program's tools ran in the controller's process tree: {tools_seen:?}"
+    );
     check_prometheus(&prometheus, &prometheus_tools, &procs, &reader, exported).await;
+
+    // The install ran in an install Job of the release namespace, which the controller deleted
+    // when it ended.
+    let install_job = format!("pi-install-{}", uid(&pi));
+    let jobs = requests_on(
+        &audit,
+        &format!("system:serviceaccount:{ns}:platform-operator"),
+        "jobs",
+    );
+    assert!(
+        jobs.contains(&("delete".into(), ns.clone(), install_job.clone())),
+        "no install Job {install_job} in {ns}: {jobs:?}"
+    );
 
     // Every permission the chart grants was used, but those the controller holds only so that
     // Helm may create the vCluster chart's Role (the stand-in creates the same Role).
@@ -1413,7 +1593,7 @@ spec:
         foreign.is_empty(),
         "the webhook touched other Secrets: {foreign:?}"
     );
-    drop(syncer);
-    drop(inner);
+    drop(standin);
+    drop(npm_relay);
     let _ = std::fs::remove_dir_all(&dir);
 }
