@@ -10,7 +10,7 @@
 //! starts the virtual control plane (kine, kube-apiserver, controller-manager) and exports its
 //! kubeconfig Secret, the controller copies it to `<name>-kubeconfig` and runs the platform program
 //! (the STAND-IN `@di-framework/platform`, from a local npm registry relayed into the node's
-//! namespace) in an install pod of its own (the chart's `installPod.enabled`), through the
+//! namespace) in an install pod of its own (as the chart runs every install), through the
 //! in-cluster address that kubeconfig names; `pulumi` never runs in a controller's container. The test
 //! then asks the vCluster's API itself (from the node's namespace, through `service/vcluster`)
 //! for the objects the program applied. Prints the seconds from apply to `VClusterReady` and to
