@@ -860,6 +860,7 @@ async fn a_chart_digest_mismatch_stops_the_controller() {
             "--metrics-bind-address",
             "127.0.0.1:0",
             &format!("--cleanup-image={}", e2e::chart::TEST_IMAGE),
+            "--install-platform=false",
         ])
         .output()
         .expect("runs");
@@ -896,6 +897,7 @@ async fn a_chart_digest_mismatch_stops_the_controller() {
             "--metrics-bind-address",
             "127.0.0.1:0",
             &format!("--cleanup-image={}", e2e::chart::TEST_IMAGE),
+            "--install-platform=false",
         ])
         .output()
         .expect("runs");

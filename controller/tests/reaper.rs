@@ -48,6 +48,7 @@ fn controller(name: &str, helm: &str) -> (Child, PathBuf) {
         .arg(format!("--vcluster-chart-sha256=sha256:{digest}"))
         .arg(format!("--helm-binary={}", script.display()))
         .arg("--cleanup-image=x@sha256:00")
+        .arg("--install-platform=false")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
